@@ -1,0 +1,10 @@
+//! The guest side of rgpu below the CUDA API: carriers move rgpu-proto
+//! batches to the host; a [`channel::Channel`] is one CUDA context's command
+//! ring, reply area and bounce area on top of a carrier.
+
+pub mod carrier;
+pub mod channel;
+pub mod guest_memory;
+
+pub use carrier::{BlobMapping, Carrier, CarrierError, FenceToken};
+pub use channel::{Channel, Reply};

@@ -1,0 +1,140 @@
+//! rgpu-executor: what actually runs a session's CUDA work (ARCHITECTURE.md §5).
+//!
+//! - [`cuda`]: NVIDIA's driver through cudarc (dynamic loading), the real thing;
+//! - [`sim`]: host memory and a few named reference kernels, a test fixture
+//!   for machines without a GPU.
+//!
+//! An [`Executor`] is shared by the whole daemon. A [`ContextExecutor`] is one
+//! session's device context; it is created, used and dropped on that
+//! session's worker thread only (CUDA contexts are bound per thread), so it
+//! need not be `Send`. Dropping it frees every device resource it holds.
+//!
+//! CUDA results travel as plain `u32` codes (`rgpu_proto::cuda_result`).
+
+pub mod cuda;
+pub mod ptx;
+pub mod sim;
+
+use rgpu_proto::capset::DeviceInfo;
+use rgpu_proto::reply::FunctionInfo;
+
+/// A CUDA driver result code (`CUDA_SUCCESS` is never an error value).
+pub type CuResult<T> = Result<T, u32>;
+
+/// A contiguous piece of guest memory, mapped in the daemon. The session
+/// checked that it lies inside a blob and inside guest memory; it stays
+/// mapped while the connection lives.
+#[derive(Debug, Clone, Copy)]
+pub struct HostRun {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+/// A stream as the executor sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamRef {
+    /// The legacy default stream (NULL / `CU_STREAM_LEGACY`).
+    Legacy,
+    /// The per-thread default stream (`CU_STREAM_PER_THREAD`).
+    PerThread,
+    /// A stream this context created ([`ContextExecutor::stream_create`]).
+    Created(u64),
+}
+
+/// The daemon-wide executor.
+pub trait Executor: Send + Sync {
+    /// "cuda" or "sim".
+    fn kind(&self) -> &'static str;
+    /// `cuDriverGetVersion` of the host driver.
+    fn driver_version(&self) -> i32;
+    /// The GPUs offered to guests, in guest ordinal order.
+    fn devices(&self) -> Vec<DeviceInfo>;
+    /// Creates a device context for guest device `device`. Called on the
+    /// session's worker thread, which then owns it.
+    fn create_context(&self, device: u32) -> CuResult<Box<dyn ContextExecutor>>;
+}
+
+/// One session's device context. Handles (`u64`) are the executor's own; the
+/// session maps the guest's handles onto them and never passes one that this
+/// context did not return, except in tests of that very check.
+pub trait ContextExecutor {
+    fn synchronize(&mut self) -> CuResult<()>;
+    fn get_limit(&mut self, limit: u32) -> CuResult<u64>;
+    fn set_limit(&mut self, limit: u32, value: u64) -> CuResult<()>;
+
+    fn mem_alloc(&mut self, size: u64) -> CuResult<u64>;
+    fn mem_free(&mut self, device_ptr: u64) -> CuResult<()>;
+    /// `(free, total)` bytes.
+    fn mem_get_info(&mut self) -> CuResult<(u64, u64)>;
+
+    /// Makes guest memory DMA-able (page-locked, device-mapped) so copies from
+    /// and to it run at full speed. Best effort: failure only costs speed.
+    fn register_host_memory(&mut self, run: HostRun) -> CuResult<()>;
+    fn unregister_host_memory(&mut self, run: HostRun);
+
+    /// Copies `src` (in order, concatenated) to device memory at `dst`.
+    /// `wait_for_source`: return only once the source has been read (it is
+    /// reused by the guest as soon as the command is consumed).
+    fn memcpy_htod(
+        &mut self,
+        stream: StreamRef,
+        dst: u64,
+        src: &[HostRun],
+        wait_for_source: bool,
+    ) -> CuResult<()>;
+    /// Copies device memory at `src` into `dst` (in order). `wait`: return
+    /// only once the data is in `dst`.
+    fn memcpy_dtoh(
+        &mut self,
+        stream: StreamRef,
+        dst: &[HostRun],
+        src: u64,
+        wait: bool,
+    ) -> CuResult<()>;
+    fn memcpy_dtod(&mut self, stream: StreamRef, dst: u64, src: u64, size: u64) -> CuResult<()>;
+    /// `count` elements of `element_size` (1, 2 or 4) bytes set to `value`.
+    fn memset(
+        &mut self,
+        stream: StreamRef,
+        dst: u64,
+        value: u32,
+        element_size: u32,
+        count: u64,
+    ) -> CuResult<()>;
+
+    /// Loads PTX, a cubin or a fatbin.
+    fn module_load(&mut self, image: &[u8]) -> CuResult<u64>;
+    fn module_unload(&mut self, module: u64) -> CuResult<()>;
+    /// The function and its parameter layout.
+    fn module_get_function(&mut self, module: u64, name: &str) -> CuResult<(u64, FunctionInfo)>;
+    /// `(device pointer, size)` of a global.
+    fn module_get_global(&mut self, module: u64, name: &str) -> CuResult<(u64, u64)>;
+    fn func_get_attribute(&mut self, function: u64, attribute: i32) -> CuResult<i32>;
+    /// `params` is the parameter buffer laid out as the function's
+    /// [`FunctionInfo`] says.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_kernel(
+        &mut self,
+        function: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        stream: StreamRef,
+        params: &[u8],
+    ) -> CuResult<()>;
+
+    fn stream_create(&mut self, flags: u32, priority: i32) -> CuResult<u64>;
+    fn stream_destroy(&mut self, stream: u64) -> CuResult<()>;
+    fn stream_synchronize(&mut self, stream: StreamRef) -> CuResult<()>;
+    /// `Ok(())` when idle, `Err(CUDA_ERROR_NOT_READY)` when busy.
+    fn stream_query(&mut self, stream: StreamRef) -> CuResult<()>;
+    fn stream_wait_event(&mut self, stream: StreamRef, event: u64, flags: u32) -> CuResult<()>;
+
+    fn event_create(&mut self, flags: u32) -> CuResult<u64>;
+    fn event_destroy(&mut self, event: u64) -> CuResult<()>;
+    fn event_record(&mut self, event: u64, stream: StreamRef) -> CuResult<()>;
+    fn event_synchronize(&mut self, event: u64) -> CuResult<()>;
+    fn event_query(&mut self, event: u64) -> CuResult<()>;
+    /// Milliseconds between two recorded events.
+    fn event_elapsed_time(&mut self, start: u64, end: u64) -> CuResult<f32>;
+}

@@ -1,0 +1,79 @@
+//! The shared-memory channel of a session: a command ring the host worker
+//! drains, a reply area it answers in, and a bounce area for data that must
+//! come back through guest memory the application did not allocate with us.
+//!
+//! All of it lives in one guest blob described by
+//! [`crate::command::ChannelLayout`]. The control header holds three counters
+//! on separate cache lines:
+//!
+//! - `produced` (guest writes): bytes of commands published in the ring;
+//! - `consumed` (host writes): bytes the host has executed (space before it
+//!   may be reused, including data carried inline in the ring);
+//! - `host_idle` (host writes 1 before it blocks): the guest must ring the
+//!   doorbell (a `SUBMIT_3D` with `Doorbell`) after publishing.
+//!
+//! The guest stores `produced` then loads `host_idle`; the host stores
+//! `host_idle` then loads `produced`; both with sequentially consistent
+//! ordering, so one of them always sees the other (no lost wake-up).
+//!
+//! A command never wraps around the ring's end: the guest fills the tail with
+//! a `Padding` command instead. Ring size is a power of two.
+
+/// "RGCH" little-endian, at the start of the control header.
+pub const CHANNEL_MAGIC: u32 = 0x4843_4752;
+pub const HEADER_SIZE: u64 = 4096;
+pub const OFFSET_MAGIC: u64 = 0;
+pub const OFFSET_VERSION: u64 = 4;
+pub const OFFSET_PRODUCED: u64 = 64;
+pub const OFFSET_CONSUMED: u64 = 128;
+pub const OFFSET_HOST_IDLE: u64 = 192;
+
+/// The reply record at the start of the reply area: the sequence number is
+/// written last (release), so a guest that reads it (acquire) sees the rest.
+pub const REPLY_OFFSET_SEQ: u64 = 0;
+pub const REPLY_OFFSET_RESULT: u64 = 8;
+pub const REPLY_OFFSET_LEN: u64 = 12;
+pub const REPLY_OFFSET_PAYLOAD: u64 = 16;
+
+pub const MIN_RING_SIZE: u64 = 4096;
+pub const MAX_RING_SIZE: u64 = 1 << 30;
+pub const MIN_REPLY_SIZE: u64 = 4096;
+
+/// Checks a layout against the size of the blob that holds it: every part in
+/// bounds, 8-byte aligned, not overlapping, ring size a power of two.
+pub fn validate_layout(
+    layout: &crate::command::ChannelLayout,
+    blob_size: u64,
+) -> Result<(), &'static str> {
+    let parts = [
+        (layout.header_offset, HEADER_SIZE),
+        (layout.ring_offset, layout.ring_size),
+        (layout.reply_offset, layout.reply_size),
+        (layout.bounce_offset, layout.bounce_size),
+    ];
+    for (offset, size) in parts {
+        if offset % 8 != 0 {
+            return Err("channel part not 8-byte aligned");
+        }
+        match offset.checked_add(size) {
+            Some(end) if end <= blob_size => {}
+            _ => return Err("channel part outside its blob"),
+        }
+    }
+    if !layout.ring_size.is_power_of_two()
+        || !(MIN_RING_SIZE..=MAX_RING_SIZE).contains(&layout.ring_size)
+    {
+        return Err("ring size must be a power of two between 4 KiB and 1 GiB");
+    }
+    if layout.reply_size < MIN_REPLY_SIZE {
+        return Err("reply area smaller than 4 KiB");
+    }
+    for (i, (a_off, a_len)) in parts.iter().enumerate() {
+        for (b_off, b_len) in parts.iter().skip(i + 1) {
+            if *a_len > 0 && *b_len > 0 && a_off < &(b_off + b_len) && b_off < &(a_off + a_len) {
+                return Err("channel parts overlap");
+            }
+        }
+    }
+    Ok(())
+}

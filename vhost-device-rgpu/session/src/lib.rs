@@ -1,0 +1,20 @@
+//! Host sessions (ARCHITECTURE.md §5): a session is one guest CUDA context
+//! (one virtio-gpu `CTX_CREATE` with the rgpu capset). It owns a device
+//! context of the executor, its handle tables, the blobs attached to it and
+//! a worker thread that drains the channel's command ring in order.
+//!
+//! The virtio-gpu device model (in vhost-device-rgpu) only decodes requests
+//! and hands them over; it never blocks on the GPU.
+
+pub mod blob;
+pub mod counters;
+pub mod session;
+
+pub use blob::{Blob, BlobError};
+pub use counters::Counters;
+pub use session::{Completion, Session, SessionError};
+
+/// The guest memory type of the daemon (vhost-user shared memory regions).
+pub type GuestMemory = vm_memory::GuestMemoryMmap<()>;
+/// Guest memory that may be replaced when the frontend sends a new table.
+pub type AtomicGuestMemory = vm_memory::GuestMemoryAtomic<GuestMemory>;
