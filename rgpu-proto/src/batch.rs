@@ -55,3 +55,50 @@ pub fn batch_commands(bytes: &[u8]) -> Result<&[u8], DecodeError> {
 pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Decoded>, DecodeError> {
     decode_all(batch_commands(bytes)?).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::BlobRange;
+
+    #[test]
+    fn batch_round_trip() {
+        let commands = vec![
+            (0, Command::Doorbell { until: 4096 }),
+            (
+                7,
+                Command::MemcpyHtoD {
+                    stream: 3,
+                    dst: 0x7000_0000,
+                    src: BlobRange {
+                        resource_id: 9,
+                        offset: 64,
+                        length: 128,
+                    },
+                },
+            ),
+        ];
+        let bytes = encode_batch(&commands);
+        let decoded = decode_batch(&bytes).expect("valid batch");
+        assert_eq!(decoded.len(), 2);
+        for ((seq, command), d) in commands.iter().zip(&decoded) {
+            assert_eq!(*seq, d.reply_seq);
+            assert_eq!(command, &d.command);
+        }
+    }
+
+    #[test]
+    fn batch_rejects_bad_header() {
+        let mut bytes = encode_batch(&[(0, Command::Doorbell { until: 1 })]);
+        let mut wrong_version = bytes.clone();
+        wrong_version[4] = 99;
+        assert_eq!(
+            decode_batch(&wrong_version),
+            Err(DecodeError::UnsupportedVersion(99))
+        );
+        bytes[0] ^= 0xff;
+        assert!(matches!(decode_batch(&bytes), Err(DecodeError::BadMagic(_))));
+        let short = encode_batch(&[(0, Command::Doorbell { until: 1 })]);
+        assert!(decode_batch(&short[..short.len() - 3]).is_err());
+    }
+}

@@ -137,3 +137,33 @@ fn c_string(bytes: &[u8]) -> String {
     let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
     String::from_utf8_lossy(bytes.get(..end).unwrap_or_default()).into_owned()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capset_round_trip() {
+        let mut attributes = vec![ATTRIBUTE_UNSUPPORTED; ATTRIBUTE_SLOTS];
+        attributes[75] = 9;
+        attributes[76] = 0;
+        let capset = Capset {
+            protocol_version: crate::PROTOCOL_VERSION,
+            driver_version: 13000,
+            executor: "sim".into(),
+            devices: vec![DeviceInfo {
+                name: "NVIDIA H200".into(),
+                uuid: [7; 16],
+                total_mem: 143_771 << 20,
+                host_ordinal: 0,
+                attributes,
+            }],
+        };
+        let decoded = Capset::decode(&capset.encode()).expect("valid capset");
+        assert_eq!(decoded, capset);
+        assert_eq!(decoded.devices[0].attribute(75), Some(9));
+        assert_eq!(decoded.devices[0].attribute(1), None);
+        assert_eq!(decoded.devices[0].attribute(-1), None);
+        assert_eq!(decoded.devices[0].attribute(100_000), None);
+    }
+}

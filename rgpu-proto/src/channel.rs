@@ -52,7 +52,7 @@ pub fn validate_layout(
         (layout.bounce_offset, layout.bounce_size),
     ];
     for (offset, size) in parts {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err("channel part not 8-byte aligned");
         }
         match offset.checked_add(size) {
@@ -76,4 +76,48 @@ pub fn validate_layout(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::ChannelLayout;
+
+    fn layout() -> ChannelLayout {
+        ChannelLayout {
+            resource_id: 1,
+            header_offset: 0,
+            ring_offset: HEADER_SIZE,
+            ring_size: 1 << 20,
+            reply_offset: HEADER_SIZE + (1 << 20),
+            reply_size: 65536,
+            bounce_offset: HEADER_SIZE + (1 << 20) + 65536,
+            bounce_size: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn accepts_a_well_formed_layout() {
+        let l = layout();
+        assert_eq!(validate_layout(&l, l.bounce_offset + l.bounce_size), Ok(()));
+    }
+
+    #[test]
+    fn rejects_bad_layouts() {
+        let l = layout();
+        let size = l.bounce_offset + l.bounce_size;
+        assert!(validate_layout(&l, size - 1).is_err());
+        let mut overlap = l;
+        overlap.reply_offset = l.ring_offset + 8;
+        assert!(validate_layout(&overlap, size).is_err());
+        let mut odd_ring = l;
+        odd_ring.ring_size = 3 << 12;
+        assert!(validate_layout(&odd_ring, size).is_err());
+        let mut unaligned = l;
+        unaligned.bounce_offset += 1;
+        assert!(validate_layout(&unaligned, size + 1).is_err());
+        let mut overflow = l;
+        overflow.bounce_offset = u64::MAX - 4;
+        assert!(validate_layout(&overflow, size).is_err());
+    }
 }

@@ -178,7 +178,7 @@ impl WireWriter {
     }
     /// Pads with zero bytes up to a multiple of `align`.
     pub fn pad_to(&mut self, align: usize) -> &mut Self {
-        while self.bytes.len() % align != 0 {
+        while !self.bytes.len().is_multiple_of(align) {
             self.bytes.push(0);
         }
         self

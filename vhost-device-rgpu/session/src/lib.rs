@@ -7,10 +7,15 @@
 //! and hands them over; it never blocks on the GPU.
 
 pub mod blob;
+pub mod channel;
 pub mod counters;
+mod execute;
+mod handles;
 pub mod session;
+mod worker;
 
 pub use blob::{Blob, BlobError};
+pub use channel::ChannelError;
 pub use counters::Counters;
 pub use session::{Completion, Session, SessionError};
 

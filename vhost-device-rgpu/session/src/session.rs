@@ -2,14 +2,30 @@
 //!
 //! Interface used by the device model:
 //! - `Session::spawn(ctx_id, debug_name, device: u32, executor: Arc<dyn Executor>,
-//!    counters: Arc<Counters>) -> Result<Session, SessionError>`
-//! - `attach_blob(Arc<Blob>)`, `detach_blob(resource_id)`
+//!    counters: Arc<Counters>) -> Result<Session, SessionError>`: starts the
+//!   worker thread ("rgpu-ctx-<id>"), which creates the device context on
+//!   itself (CUDA contexts are per thread); a failure comes back from spawn;
+//! - `attach_blob(Arc<Blob>)`, `detach_blob(resource_id)`;
 //! - `submit(commands: Vec<rgpu_proto::command::Decoded>, completion: Option<Box<dyn Completion>>)`:
 //!   a decoded SUBMIT_3D batch (BindChannel, Doorbell); the completion is
 //!   completed once the worker has executed the ring up to the doorbell's
 //!   `until` (or at once for a batch without a doorbell, or on shutdown);
 //! - `shutdown(self)`: completes pending completions, frees every host
-//!   resource of the session and joins the worker.
+//!   resource of the session and joins the worker;
+//! - `ctx_id()`, `debug_name()`.
+//!
+//! Everything but `spawn` and `shutdown` only posts a message to the worker
+//! and never blocks on the GPU.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use rgpu_executor::Executor;
+use rgpu_proto::command::Decoded;
+
+use crate::worker::{Message, Worker};
+use crate::{Blob, Counters};
 
 /// A deferred virtio response (a fenced SUBMIT_3D): completing it writes the
 /// response into its descriptor chain and notifies the guest.
@@ -17,10 +33,135 @@ pub trait Completion: Send {
     fn complete(self: Box<Self>);
 }
 
-pub struct Session;
-
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
-    #[error("placeholder")]
-    Placeholder,
+    #[error("cannot start the session worker thread: {0}")]
+    Spawn(#[from] std::io::Error),
+    #[error("the executor cannot create a context on device {device}: CUDA error {code}")]
+    CreateContext { device: u32, code: u32 },
+    #[error("the session worker thread ended before it created its context")]
+    WorkerDied,
+}
+
+/// One guest CUDA context on the host.
+pub struct Session {
+    ctx_id: u32,
+    debug_name: String,
+    sender: mpsc::Sender<Message>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("ctx_id", &self.ctx_id)
+            .field("debug_name", &self.debug_name)
+            .finish()
+    }
+}
+
+impl Session {
+    pub fn spawn(
+        ctx_id: u32,
+        debug_name: String,
+        device: u32,
+        executor: Arc<dyn Executor>,
+        counters: Arc<Counters>,
+    ) -> Result<Session, SessionError> {
+        let (sender, receiver) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let name = debug_name.clone();
+        let worker = std::thread::Builder::new()
+            .name(format!("rgpu-ctx-{ctx_id}"))
+            .spawn(move || {
+                let context = match executor.create_context(device) {
+                    Ok(context) => context,
+                    Err(code) => {
+                        let _ = ready_tx.send(Err(code));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                Worker::new(ctx_id, name, context, receiver, counters).run();
+            })?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(code)) => {
+                let _ = worker.join();
+                return Err(SessionError::CreateContext { device, code });
+            }
+            Err(_) => {
+                let _ = worker.join();
+                return Err(SessionError::WorkerDied);
+            }
+        }
+        log::info!("session {ctx_id} ({debug_name}) started on device {device}");
+        Ok(Session {
+            ctx_id,
+            debug_name,
+            sender,
+            worker: Some(worker),
+        })
+    }
+
+    pub fn ctx_id(&self) -> u32 {
+        self.ctx_id
+    }
+
+    pub fn debug_name(&self) -> &str {
+        &self.debug_name
+    }
+
+    pub fn attach_blob(&self, blob: Arc<Blob>) {
+        self.post(Message::Attach(blob));
+    }
+
+    pub fn detach_blob(&self, resource_id: u32) {
+        self.post(Message::Detach(resource_id));
+    }
+
+    pub fn submit(&self, commands: Vec<Decoded>, completion: Option<Box<dyn Completion>>) {
+        if let Err(mpsc::SendError(message)) = self.sender.send(Message::Submit {
+            commands,
+            completion,
+        }) {
+            // The worker is gone: the guest must not wait for it.
+            log::error!("session {}: worker gone, completing at once", self.ctx_id);
+            if let Message::Submit {
+                completion: Some(completion),
+                ..
+            } = message
+            {
+                completion.complete();
+            }
+        }
+    }
+
+    /// Completes pending completions, frees every host resource of the
+    /// session and waits for its worker to end.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn post(&self, message: Message) {
+        if self.sender.send(message).is_err() {
+            log::error!("session {}: worker gone", self.ctx_id);
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(worker) = self.worker.take() {
+            let _ = self.sender.send(Message::Shutdown);
+            if worker.join().is_err() {
+                log::error!("session {}: worker panicked", self.ctx_id);
+            }
+            log::info!("session {} ({}) ended", self.ctx_id, self.debug_name);
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }

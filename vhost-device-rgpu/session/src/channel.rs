@@ -1,0 +1,255 @@
+//! The host end of a session's channel (rgpu_proto::channel): reads commands
+//! out of the guest's ring, publishes `consumed` and `host_idle`, and writes
+//! reply records.
+//!
+//! `consumed` is owned by the host: the copy kept here is the truth, the one
+//! in guest memory is only published for the guest.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use rgpu_proto::channel::{
+    validate_layout, CHANNEL_MAGIC, OFFSET_CONSUMED, OFFSET_HOST_IDLE, OFFSET_MAGIC,
+    OFFSET_PRODUCED, OFFSET_VERSION, REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT,
+    REPLY_OFFSET_SEQ,
+};
+use rgpu_proto::command::{
+    decode_one, ChannelLayout, CommandHeader, Decoded, Opcode, COMMAND_ALIGN, COMMAND_HEADER_SIZE,
+};
+use rgpu_proto::cuda_result::CUDA_ERROR_INVALID_VALUE;
+use rgpu_proto::{Command, DecodeError, PROTOCOL_VERSION};
+
+use crate::{Blob, BlobError};
+
+/// Why a `BindChannel` was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChannelError {
+    #[error("channel blob {0} is not attached to the session")]
+    NotAttached(u32),
+    #[error("bad channel layout: {0}")]
+    Layout(&'static str),
+    #[error("channel header magic {0:#x}, expected {CHANNEL_MAGIC:#x}")]
+    BadMagic(u32),
+    #[error("channel protocol version {0}, expected {PROTOCOL_VERSION}")]
+    BadVersion(u32),
+    #[error("channel consumed counter {0} not aligned to commands")]
+    BadConsumed(u64),
+    #[error(transparent)]
+    Blob(#[from] BlobError),
+}
+
+/// What the ring holds at the host's position.
+#[derive(Debug)]
+pub enum RingEntry {
+    /// A command; `Err` carries the reply number of a command whose header
+    /// was sound but whose body did not decode.
+    Command(Result<Decoded, (u64, DecodeError)>),
+    /// The ring cannot be read at this position: the channel is poisoned.
+    Bad(String),
+}
+
+pub struct Channel {
+    blob: Arc<Blob>,
+    layout: ChannelLayout,
+    consumed: u64,
+    /// Reused buffer for copying commands out of guest memory.
+    scratch: Vec<u8>,
+}
+
+impl Channel {
+    /// Checks a channel the guest asks to bind in `blob`.
+    pub fn bind(blob: Arc<Blob>, layout: ChannelLayout) -> Result<Self, ChannelError> {
+        validate_layout(&layout, blob.size()).map_err(ChannelError::Layout)?;
+        let header = layout.header_offset;
+        let mut word = [0u8; 4];
+        blob.read(header + OFFSET_MAGIC, &mut word)?;
+        let magic = u32::from_le_bytes(word);
+        if magic != CHANNEL_MAGIC {
+            return Err(ChannelError::BadMagic(magic));
+        }
+        blob.read(header + OFFSET_VERSION, &mut word)?;
+        let version = u32::from_le_bytes(word);
+        if version != PROTOCOL_VERSION {
+            return Err(ChannelError::BadVersion(version));
+        }
+        // The counters must be usable as atomics before anything else runs.
+        blob.atomic_u64(header + OFFSET_PRODUCED)?;
+        blob.atomic_u64(header + OFFSET_HOST_IDLE)?;
+        // Resume where the guest says the host is (zero for a fresh channel).
+        let consumed = blob
+            .atomic_u64(header + OFFSET_CONSUMED)?
+            .load(Ordering::Acquire);
+        if consumed & (COMMAND_ALIGN as u64 - 1) != 0 {
+            return Err(ChannelError::BadConsumed(consumed));
+        }
+        let channel = Self {
+            blob,
+            layout,
+            consumed,
+            scratch: Vec::new(),
+        };
+        channel.set_host_idle(false);
+        Ok(channel)
+    }
+
+    pub fn resource_id(&self) -> u32 {
+        self.blob.resource_id()
+    }
+
+    pub fn consumed(&self) -> u64 {
+        self.consumed
+    }
+
+    /// The guest's `produced` counter.
+    pub fn produced(&self) -> u64 {
+        self.blob
+            .atomic_u64(self.layout.header_offset + OFFSET_PRODUCED)
+            .map(|a| a.load(Ordering::SeqCst))
+            .unwrap_or(self.consumed)
+    }
+
+    /// Whether the ring holds commands the host has not executed.
+    pub fn has_work(&self) -> bool {
+        self.produced() > self.consumed
+    }
+
+    pub fn set_host_idle(&self, idle: bool) {
+        if let Ok(a) = self
+            .blob
+            .atomic_u64(self.layout.header_offset + OFFSET_HOST_IDLE)
+        {
+            a.store(u64::from(idle), Ordering::SeqCst);
+        }
+    }
+
+    /// Reads the command at the host's position (the caller checked that the
+    /// ring is not empty). Does not advance.
+    pub fn read(&mut self) -> (RingEntry, u64) {
+        let produced = self.produced();
+        let available = produced.saturating_sub(self.consumed);
+        let ring_size = self.layout.ring_size;
+        // Ring size is a power of two (validated at bind).
+        let position = self.consumed & (ring_size - 1);
+        let to_end = ring_size - position;
+        if available > ring_size {
+            return (
+                RingEntry::Bad(format!(
+                    "produced {produced} is more than a ring ahead of consumed {}",
+                    self.consumed
+                )),
+                0,
+            );
+        }
+        if to_end < COMMAND_HEADER_SIZE as u64 && available >= to_end {
+            // No header fits before the ring's end: the guest skips such a
+            // tail without writing a command.
+            return (
+                RingEntry::Command(Ok(Decoded {
+                    reply_seq: 0,
+                    command: Command::Padding,
+                    wire_len: to_end as usize,
+                })),
+                to_end,
+            );
+        }
+        let limit = available.min(to_end);
+        if limit < COMMAND_HEADER_SIZE as u64 {
+            return (
+                RingEntry::Bad(format!("{limit} bytes left, less than a command header")),
+                0,
+            );
+        }
+        let at = self.layout.ring_offset + position;
+        let mut raw = [0u8; COMMAND_HEADER_SIZE];
+        if let Err(e) = self.blob.read(at, &mut raw) {
+            return (RingEntry::Bad(e.to_string()), 0);
+        }
+        let header = match CommandHeader::decode(&raw) {
+            Ok(h) => h,
+            Err(e) => return (RingEntry::Bad(format!("bad command header: {e}")), 0),
+        };
+        let padded = header.padded_len() as u64;
+        if padded > limit {
+            return (
+                RingEntry::Bad(format!(
+                    "command of {padded} bytes at ring position {position} passes the end of the \
+                     ring or of produced ({limit} bytes left)"
+                )),
+                0,
+            );
+        }
+        if header.opcode == Opcode::Padding as u16 {
+            // Filler or inline data for the next command: nothing to copy.
+            return (
+                RingEntry::Command(Ok(Decoded {
+                    reply_seq: header.reply_seq,
+                    command: Command::Padding,
+                    wire_len: padded as usize,
+                })),
+                padded,
+            );
+        }
+        let length = COMMAND_HEADER_SIZE + header.body_len as usize;
+        self.scratch.resize(length, 0);
+        if let Err(e) = self.blob.read(at, &mut self.scratch) {
+            return (RingEntry::Bad(e.to_string()), 0);
+        }
+        let entry = decode_one(&self.scratch).map_err(|e| (header.reply_seq, e));
+        (RingEntry::Command(entry), padded)
+    }
+
+    /// Moves past `len` bytes and publishes the new position.
+    pub fn advance(&mut self, len: u64) {
+        self.consumed = self.consumed.saturating_add(len);
+        self.publish_consumed();
+    }
+
+    /// Skips everything the guest has produced (a poisoned ring). Exactly to
+    /// `produced`, aligned or not, so that the ring is empty afterwards.
+    pub fn skip_to_produced(&mut self) {
+        self.consumed = self.consumed.max(self.produced());
+        self.publish_consumed();
+    }
+
+    fn publish_consumed(&self) {
+        if let Ok(a) = self
+            .blob
+            .atomic_u64(self.layout.header_offset + OFFSET_CONSUMED)
+        {
+            a.store(self.consumed, Ordering::Release);
+        }
+    }
+
+    /// Writes a reply record; the sequence number last, with release. A
+    /// payload that does not fit the reply area turns into
+    /// `CUDA_ERROR_INVALID_VALUE`. Returns the payload bytes written.
+    pub fn write_reply(&self, seq: u64, result: u32, payload: &[u8]) -> usize {
+        let room = self.layout.reply_size - REPLY_OFFSET_PAYLOAD;
+        let (result, payload) = if payload.len() as u64 > room {
+            (CUDA_ERROR_INVALID_VALUE, &[][..])
+        } else {
+            (result, payload)
+        };
+        let base = self.layout.reply_offset;
+        // The reply area was validated at bind: these writes are in bounds.
+        let written = self
+            .blob
+            .write(base + REPLY_OFFSET_PAYLOAD, payload)
+            .and_then(|()| {
+                self.blob.write(
+                    base + REPLY_OFFSET_LEN,
+                    &(payload.len() as u32).to_le_bytes(),
+                )
+            })
+            .and_then(|()| {
+                self.blob
+                    .write(base + REPLY_OFFSET_RESULT, &result.to_le_bytes())
+            })
+            .and_then(|()| self.blob.atomic_u64(base + REPLY_OFFSET_SEQ));
+        match written {
+            Ok(seq_word) => seq_word.store(seq, Ordering::Release),
+            Err(e) => log::error!("cannot write reply {seq}: {e}"),
+        }
+        payload.len()
+    }
+}

@@ -1,0 +1,289 @@
+//! Executing one ring command against the session's device context: guest
+//! handles and blob ranges are checked and translated here, then handed to
+//! the executor.
+
+use rgpu_executor::{CuResult, HostRun};
+use rgpu_proto::command::Launch;
+use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE};
+use rgpu_proto::reply::u64_payload;
+use rgpu_proto::wire::WireWriter;
+use rgpu_proto::{BlobRange, Command, STREAM_PER_THREAD};
+
+use crate::handles::{check_new, FunctionEntry};
+use crate::worker::{Attached, Worker};
+use crate::Counters;
+
+/// Where a blob range of a copy lives.
+struct Resolved {
+    runs: Vec<HostRun>,
+    /// In the channel's own blob: staged by the guest library, reused as soon
+    /// as the command is consumed.
+    staged: bool,
+}
+
+fn resolve(
+    blobs: &std::collections::HashMap<u32, Attached>,
+    channel_blob: Option<u32>,
+    range: &BlobRange,
+) -> CuResult<Resolved> {
+    let attached = blobs
+        .get(&range.resource_id)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let runs = attached
+        .blob
+        .host_runs(range.offset, range.length)
+        .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    Ok(Resolved {
+        runs,
+        staged: channel_blob == Some(range.resource_id),
+    })
+}
+
+fn empty(_: ()) -> Vec<u8> {
+    Vec::new()
+}
+
+impl Worker {
+    /// Runs one command; the reply payload on success.
+    pub(crate) fn execute(&mut self, command: &Command, reply_seq: u64) -> CuResult<Vec<u8>> {
+        let ctx = &mut *self.context;
+        let handles = &mut self.handles;
+        let counters = &*self.counters;
+        let blobs = &self.blobs;
+        let channel_blob = self.channel.as_ref().map(|c| c.resource_id());
+        let count_copy = |resolved: &Resolved, bytes: u64| {
+            let counter = if resolved.staged {
+                &counters.staged_bytes
+            } else {
+                &counters.zero_copy_bytes
+            };
+            Counters::add(counter, bytes);
+        };
+        match command {
+            Command::Padding => Ok(Vec::new()),
+            // Channel control travels only in SUBMIT_3D.
+            Command::BindChannel(_) | Command::Doorbell { .. } => Err(CUDA_ERROR_INVALID_VALUE),
+            Command::CtxSynchronize => ctx.synchronize().map(empty),
+            Command::CtxGetLimit { limit } => ctx.get_limit(*limit).map(|v| u64_payload(&[v])),
+            Command::CtxSetLimit { limit, value } => ctx.set_limit(*limit, *value).map(empty),
+            Command::MemAlloc { size } => {
+                let ptr = ctx.mem_alloc(*size)?;
+                if let Some(old) = handles.allocations.insert(ptr, *size) {
+                    Counters::sub(&counters.device_memory_bytes, old);
+                }
+                Counters::add(&counters.device_memory_bytes, *size);
+                Ok(u64_payload(&[ptr]))
+            }
+            Command::MemFree { device_ptr } => {
+                let size = *handles
+                    .allocations
+                    .get(device_ptr)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                ctx.mem_free(*device_ptr)?;
+                handles.allocations.remove(device_ptr);
+                Counters::sub(&counters.device_memory_bytes, size);
+                Ok(Vec::new())
+            }
+            Command::MemGetInfo => ctx
+                .mem_get_info()
+                .map(|(free, total)| u64_payload(&[free, total])),
+            Command::MemcpyHtoD { stream, dst, src } => {
+                let stream = handles.stream(*stream)?;
+                let source = resolve(blobs, channel_blob, src)?;
+                let wait = source.staged || reply_seq != 0;
+                ctx.memcpy_htod(stream, *dst, &source.runs, wait)?;
+                count_copy(&source, src.length);
+                Ok(Vec::new())
+            }
+            Command::MemcpyDtoH { stream, dst, src } => {
+                let stream = handles.stream(*stream)?;
+                let target = resolve(blobs, channel_blob, dst)?;
+                let wait = target.staged || reply_seq != 0;
+                ctx.memcpy_dtoh(stream, &target.runs, *src, wait)?;
+                count_copy(&target, dst.length);
+                Ok(Vec::new())
+            }
+            Command::MemcpyDtoD {
+                stream,
+                dst,
+                src,
+                size,
+            } => {
+                let stream = handles.stream(*stream)?;
+                ctx.memcpy_dtod(stream, *dst, *src, *size).map(empty)
+            }
+            Command::Memset {
+                stream,
+                dst,
+                value,
+                element_size,
+                count,
+            } => {
+                let stream = handles.stream(*stream)?;
+                ctx.memset(stream, *dst, *value, *element_size, *count)
+                    .map(empty)
+            }
+            Command::ModuleLoad { module, image } => {
+                check_new(&handles.modules, *module)?;
+                let attached = blobs
+                    .get(&image.resource_id)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                // Checked before allocating: the length comes from the guest.
+                image
+                    .end()
+                    .filter(|end| *end <= attached.blob.size())
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                let length = usize::try_from(image.length).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+                let mut bytes = vec![0u8; length];
+                attached
+                    .blob
+                    .read(image.offset, &mut bytes)
+                    .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+                Counters::add(&counters.host_cpu_copy_bytes, image.length);
+                let loaded = ctx.module_load(&bytes)?;
+                handles.modules.insert(*module, loaded);
+                Ok(Vec::new())
+            }
+            Command::ModuleUnload { module } => {
+                let loaded = handles.module(*module)?;
+                ctx.module_unload(loaded)?;
+                handles.remove_module(*module);
+                Ok(Vec::new())
+            }
+            Command::ModuleGetFunction {
+                module,
+                function,
+                name,
+            } => {
+                let loaded = handles.module(*module)?;
+                if *function == 0 {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                let name = std::str::from_utf8(name).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+                let (handle, info) = ctx.module_get_function(loaded, name)?;
+                let mut w = WireWriter::new();
+                info.encode(&mut w);
+                // An existing guest handle is re-pointed: the guest reuses
+                // handles of functions it looked up again.
+                handles.functions.insert(
+                    *function,
+                    FunctionEntry {
+                        handle,
+                        module: *module,
+                        info,
+                    },
+                );
+                Ok(w.into_bytes())
+            }
+            Command::ModuleGetGlobal { module, name } => {
+                let loaded = handles.module(*module)?;
+                let name = std::str::from_utf8(name).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+                ctx.module_get_global(loaded, name)
+                    .map(|(ptr, size)| u64_payload(&[ptr, size]))
+            }
+            Command::FuncGetAttribute {
+                function,
+                attribute,
+            } => {
+                let handle = handles.function(*function)?.handle;
+                ctx.func_get_attribute(handle, *attribute)
+                    .map(|v| v.to_le_bytes().to_vec())
+            }
+            Command::LaunchKernel(launch) => {
+                let Launch {
+                    function,
+                    grid,
+                    block,
+                    shared_mem_bytes,
+                    stream,
+                    params,
+                } = launch;
+                let entry = handles.function(*function)?;
+                if params.len() != entry.info.buffer_size() {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                let stream = handles.stream(*stream)?;
+                ctx.launch_kernel(
+                    entry.handle,
+                    *grid,
+                    *block,
+                    *shared_mem_bytes,
+                    stream,
+                    params,
+                )
+                .map(empty)
+            }
+            Command::StreamCreate {
+                stream,
+                flags,
+                priority,
+            } => {
+                if *stream == STREAM_PER_THREAD {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                check_new(&handles.streams, *stream)?;
+                let created = ctx.stream_create(*flags, *priority)?;
+                handles.streams.insert(*stream, created);
+                Ok(Vec::new())
+            }
+            Command::StreamDestroy { stream } => {
+                // The default streams are not the guest's to destroy.
+                let created = *handles
+                    .streams
+                    .get(stream)
+                    .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+                ctx.stream_destroy(created)?;
+                handles.streams.remove(stream);
+                Ok(Vec::new())
+            }
+            Command::StreamSynchronize { stream } => {
+                let stream = handles.stream(*stream)?;
+                ctx.stream_synchronize(stream).map(empty)
+            }
+            Command::StreamQuery { stream } => {
+                let stream = handles.stream(*stream)?;
+                ctx.stream_query(stream).map(empty)
+            }
+            Command::StreamWaitEvent {
+                stream,
+                event,
+                flags,
+            } => {
+                let stream = handles.stream(*stream)?;
+                let event = handles.event(*event)?;
+                ctx.stream_wait_event(stream, event, *flags).map(empty)
+            }
+            Command::EventCreate { event, flags } => {
+                check_new(&handles.events, *event)?;
+                let created = ctx.event_create(*flags)?;
+                handles.events.insert(*event, created);
+                Ok(Vec::new())
+            }
+            Command::EventDestroy { event } => {
+                let created = handles.event(*event)?;
+                ctx.event_destroy(created)?;
+                handles.events.remove(event);
+                Ok(Vec::new())
+            }
+            Command::EventRecord { event, stream } => {
+                let event = handles.event(*event)?;
+                let stream = handles.stream(*stream)?;
+                ctx.event_record(event, stream).map(empty)
+            }
+            Command::EventSynchronize { event } => {
+                let event = handles.event(*event)?;
+                ctx.event_synchronize(event).map(empty)
+            }
+            Command::EventQuery { event } => {
+                let event = handles.event(*event)?;
+                ctx.event_query(event).map(empty)
+            }
+            Command::EventElapsedTime { start, end } => {
+                let start = handles.event(*start)?;
+                let end = handles.event(*end)?;
+                ctx.event_elapsed_time(start, end)
+                    .map(|ms| ms.to_le_bytes().to_vec())
+            }
+        }
+    }
+}

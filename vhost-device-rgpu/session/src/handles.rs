@@ -1,0 +1,78 @@
+//! A session's handle tables: the guest's u32 handles mapped onto the
+//! executor's u64 ones, and the device allocations the session made.
+
+use std::collections::HashMap;
+
+use rgpu_executor::{CuResult, StreamRef};
+use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE};
+use rgpu_proto::reply::FunctionInfo;
+use rgpu_proto::{STREAM_LEGACY, STREAM_PER_THREAD};
+
+/// A function the guest looked up.
+#[derive(Debug, Clone)]
+pub struct FunctionEntry {
+    pub handle: u64,
+    /// Guest handle of the module it belongs to.
+    pub module: u32,
+    pub info: FunctionInfo,
+}
+
+#[derive(Debug, Default)]
+pub struct Handles {
+    pub streams: HashMap<u32, u64>,
+    pub events: HashMap<u32, u64>,
+    pub modules: HashMap<u32, u64>,
+    pub functions: HashMap<u32, FunctionEntry>,
+    /// Device pointer -> size of every live allocation.
+    pub allocations: HashMap<u64, u64>,
+}
+
+fn lookup(table: &HashMap<u32, u64>, handle: u32) -> CuResult<u64> {
+    table.get(&handle).copied().ok_or(CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// A handle the guest wants to create: non-zero and not in use. A clash is
+/// a guest bug; refusing it keeps the old object reachable (and freed at
+/// the end) instead of leaking it.
+pub fn check_new<V>(table: &HashMap<u32, V>, handle: u32) -> CuResult<()> {
+    if handle == 0 || table.contains_key(&handle) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+impl Handles {
+    /// Any stream a command may name, including the two default streams.
+    pub fn stream(&self, handle: u32) -> CuResult<StreamRef> {
+        match handle {
+            STREAM_LEGACY => Ok(StreamRef::Legacy),
+            STREAM_PER_THREAD => Ok(StreamRef::PerThread),
+            h => lookup(&self.streams, h).map(StreamRef::Created),
+        }
+    }
+
+    pub fn event(&self, handle: u32) -> CuResult<u64> {
+        lookup(&self.events, handle)
+    }
+
+    pub fn module(&self, handle: u32) -> CuResult<u64> {
+        lookup(&self.modules, handle)
+    }
+
+    pub fn function(&self, handle: u32) -> CuResult<&FunctionEntry> {
+        self.functions.get(&handle).ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    /// Forgets a module and every function looked up in it.
+    pub fn remove_module(&mut self, handle: u32) {
+        self.modules.remove(&handle);
+        self.functions.retain(|_, f| f.module != handle);
+    }
+
+    /// Bytes of device memory still allocated.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.allocations
+            .values()
+            .fold(0u64, |sum, size| sum.saturating_add(*size))
+    }
+}

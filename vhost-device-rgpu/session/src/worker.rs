@@ -1,0 +1,454 @@
+//! The session's worker thread: owns the device context, the attached blobs,
+//! the handle tables and the bound channel, and drains the channel's ring in
+//! order, following the doorbell protocol of rgpu_proto::channel.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rgpu_executor::{ContextExecutor, CuResult, HostRun};
+use rgpu_proto::command::{ChannelLayout, Decoded};
+use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_READY, CUDA_SUCCESS};
+use rgpu_proto::Command;
+
+use crate::channel::{Channel, RingEntry};
+use crate::handles::Handles;
+use crate::{Blob, Completion, Counters};
+
+/// Runs at least this long are registered with the executor for DMA; smaller
+/// ones are not worth a registration (they go through the gather path).
+const REGISTER_MIN_BYTES: usize = 64 * 1024;
+/// Commands executed between two looks at the message queue, so detach and
+/// shutdown are not starved by a guest that keeps the ring full.
+const COMMANDS_PER_ROUND: usize = 256;
+const DEFAULT_SPIN_US: u64 = 50;
+
+pub enum Message {
+    Attach(Arc<Blob>),
+    Detach(u32),
+    Submit {
+        commands: Vec<Decoded>,
+        completion: Option<Box<dyn Completion>>,
+    },
+    Shutdown,
+}
+
+/// A blob attached to the session and the runs of it registered for DMA.
+pub struct Attached {
+    pub blob: Arc<Blob>,
+    registered: Vec<HostRun>,
+}
+
+pub struct Worker {
+    pub(crate) ctx_id: u32,
+    debug_name: String,
+    receiver: Receiver<Message>,
+    pub(crate) counters: Arc<Counters>,
+    spin: Duration,
+    pub(crate) blobs: HashMap<u32, Attached>,
+    pub(crate) channel: Option<Channel>,
+    /// Fenced doorbells: completed once `consumed >= until`.
+    pending: Vec<(u64, Box<dyn Completion>)>,
+    /// The first error of a command that asked for no reply.
+    sticky: Option<u32>,
+    pub(crate) handles: Handles,
+    /// Declared last: dropped after everything that refers to its objects.
+    pub(crate) context: Box<dyn ContextExecutor>,
+}
+
+enum Wake {
+    Work,
+    Message(Message),
+    Idle,
+}
+
+fn spin_from_env() -> Duration {
+    let micros = std::env::var("RGPU_HOST_SPIN_US")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(DEFAULT_SPIN_US);
+    Duration::from_micros(micros)
+}
+
+impl Worker {
+    pub fn new(
+        ctx_id: u32,
+        debug_name: String,
+        context: Box<dyn ContextExecutor>,
+        receiver: Receiver<Message>,
+        counters: Arc<Counters>,
+    ) -> Self {
+        Counters::add(&counters.sessions_active, 1);
+        Counters::add(&counters.sessions_total, 1);
+        Self {
+            ctx_id,
+            debug_name,
+            receiver,
+            counters,
+            spin: spin_from_env(),
+            blobs: HashMap::new(),
+            channel: None,
+            pending: Vec::new(),
+            sticky: None,
+            handles: Handles::default(),
+            context,
+        }
+    }
+
+    pub fn run(mut self) {
+        'serve: loop {
+            loop {
+                match self.receiver.try_recv() {
+                    Ok(message) => {
+                        if !self.handle(message) {
+                            break 'serve;
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => break 'serve,
+                }
+            }
+            if self.drain_ring() {
+                continue;
+            }
+            match self.spin_for_work() {
+                Wake::Work => continue,
+                Wake::Message(message) => {
+                    if !self.handle(message) {
+                        break;
+                    }
+                    continue;
+                }
+                Wake::Idle => {}
+            }
+            if let Some(channel) = &self.channel {
+                channel.set_host_idle(true);
+                // The guest may have published just before it saw the flag.
+                if channel.has_work() {
+                    channel.set_host_idle(false);
+                    continue;
+                }
+            }
+            let message = self.receiver.recv();
+            if let Some(channel) = &self.channel {
+                channel.set_host_idle(false);
+            }
+            let Ok(message) = message else {
+                break;
+            };
+            if !self.handle(message) {
+                break;
+            }
+        }
+        self.finish();
+    }
+
+    /// Handles one message; false means shut down.
+    fn handle(&mut self, message: Message) -> bool {
+        match message {
+            Message::Attach(blob) => self.attach(blob),
+            Message::Detach(resource_id) => self.detach(resource_id),
+            Message::Submit {
+                commands,
+                completion,
+            } => self.submit(commands, completion),
+            Message::Shutdown => return false,
+        }
+        true
+    }
+
+    fn attach(&mut self, blob: Arc<Blob>) {
+        let resource_id = blob.resource_id();
+        self.detach(resource_id);
+        let mut registered = Vec::new();
+        for run in blob.runs().iter().filter(|r| r.len >= REGISTER_MIN_BYTES) {
+            match self.context.register_host_memory(*run) {
+                Ok(()) => registered.push(*run),
+                Err(code) => log::debug!(
+                    "ctx {}: registering {} bytes of blob {resource_id} failed ({code}), copies \
+                     will be slower",
+                    self.ctx_id,
+                    run.len
+                ),
+            }
+        }
+        log::debug!(
+            "ctx {}: attached blob {resource_id} ({} bytes, {} runs, {} registered)",
+            self.ctx_id,
+            blob.size(),
+            blob.runs().len(),
+            registered.len()
+        );
+        self.blobs
+            .insert(resource_id, Attached { blob, registered });
+    }
+
+    fn detach(&mut self, resource_id: u32) {
+        let Some(attached) = self.blobs.remove(&resource_id) else {
+            return;
+        };
+        if self
+            .channel
+            .as_ref()
+            .is_some_and(|c| c.resource_id() == resource_id)
+        {
+            log::debug!("ctx {}: channel blob {resource_id} detached", self.ctx_id);
+            self.channel = None;
+            self.complete_all();
+        }
+        // Copies queued on the GPU may still read or write this memory.
+        if let Err(code) = self.context.synchronize() {
+            self.remember(code);
+        }
+        self.release(attached);
+        log::debug!("ctx {}: detached blob {resource_id}", self.ctx_id);
+    }
+
+    fn release(&mut self, attached: Attached) {
+        for run in attached.registered {
+            self.context.unregister_host_memory(run);
+        }
+    }
+
+    fn submit(&mut self, commands: Vec<Decoded>, completion: Option<Box<dyn Completion>>) {
+        let mut until: Option<u64> = None;
+        for decoded in commands {
+            match decoded.command {
+                Command::BindChannel(layout) => self.bind(layout),
+                Command::Doorbell { until: u } => until = Some(until.map_or(u, |v| v.max(u))),
+                other => {
+                    log::warn!(
+                        "ctx {}: {:?} is not allowed in SUBMIT_3D (CUDA commands travel in the \
+                         ring); ignored",
+                        self.ctx_id,
+                        other.opcode()
+                    );
+                    Counters::add(&self.counters.command_errors, 1);
+                }
+            }
+        }
+        let Some(completion) = completion else {
+            return;
+        };
+        match (until, &self.channel) {
+            (Some(until), Some(channel)) if channel.consumed() < until => {
+                self.pending.push((until, completion));
+            }
+            _ => completion.complete(),
+        }
+    }
+
+    fn bind(&mut self, layout: ChannelLayout) {
+        let Some(attached) = self.blobs.get(&layout.resource_id) else {
+            log::error!(
+                "ctx {}: BindChannel names blob {} which is not attached",
+                self.ctx_id,
+                layout.resource_id
+            );
+            Counters::add(&self.counters.command_errors, 1);
+            return;
+        };
+        match Channel::bind(attached.blob.clone(), layout) {
+            Ok(channel) => {
+                if self.channel.is_some() {
+                    log::info!("ctx {}: channel replaced", self.ctx_id);
+                    // The old ring's positions mean nothing in the new one.
+                    self.complete_all();
+                }
+                log::debug!(
+                    "ctx {}: channel bound in blob {} (ring {} bytes at {}, consumed {})",
+                    self.ctx_id,
+                    layout.resource_id,
+                    layout.ring_size,
+                    layout.ring_offset,
+                    channel.consumed()
+                );
+                self.channel = Some(channel);
+            }
+            Err(e) => {
+                log::error!("ctx {}: BindChannel refused: {e}", self.ctx_id);
+                Counters::add(&self.counters.command_errors, 1);
+            }
+        }
+    }
+
+    /// Executes up to a round of commands; true if it did anything.
+    fn drain_ring(&mut self) -> bool {
+        let mut worked = false;
+        for _ in 0..COMMANDS_PER_ROUND {
+            let Some(channel) = self.channel.as_mut() else {
+                break;
+            };
+            if !channel.has_work() {
+                break;
+            }
+            worked = true;
+            let (entry, len) = channel.read();
+            match entry {
+                RingEntry::Bad(reason) => {
+                    log::error!(
+                        "ctx {}: command ring poisoned at {}: {reason}; skipping to produced",
+                        self.ctx_id,
+                        channel.consumed()
+                    );
+                    channel.skip_to_produced();
+                    Counters::add(&self.counters.command_errors, 1);
+                    self.sticky.get_or_insert(CUDA_ERROR_INVALID_VALUE);
+                }
+                RingEntry::Command(Err((reply_seq, e))) => {
+                    log::warn!(
+                        "ctx {}: undecodable command at {} skipped: {e}",
+                        self.ctx_id,
+                        channel.consumed()
+                    );
+                    self.finish_command(reply_seq, Err(CUDA_ERROR_INVALID_VALUE));
+                    self.advance(len);
+                }
+                RingEntry::Command(Ok(decoded)) => {
+                    if decoded.command != Command::Padding {
+                        let result = self.execute(&decoded.command, decoded.reply_seq);
+                        log::trace!(
+                            "ctx {} seq {}: {:?} -> {}",
+                            self.ctx_id,
+                            decoded.reply_seq,
+                            decoded.command,
+                            match &result {
+                                Ok(_) => CUDA_SUCCESS,
+                                Err(code) => *code,
+                            }
+                        );
+                        self.finish_command(decoded.reply_seq, result);
+                    }
+                    self.advance(len);
+                }
+            }
+        }
+        self.complete_reached();
+        worked
+    }
+
+    fn advance(&mut self, len: u64) {
+        if let Some(channel) = self.channel.as_mut() {
+            channel.advance(len);
+        }
+    }
+
+    /// Accounts a command's result and answers it if it asked for a reply.
+    fn finish_command(&mut self, reply_seq: u64, result: CuResult<Vec<u8>>) {
+        Counters::add(&self.counters.commands_executed, 1);
+        // A busy stream or event is an answer, not a failure.
+        let failed = matches!(result, Err(code) if code != CUDA_ERROR_NOT_READY);
+        if failed {
+            Counters::add(&self.counters.command_errors, 1);
+        }
+        if reply_seq == 0 {
+            if let (true, Err(code)) = (failed, &result) {
+                self.remember(*code);
+            }
+            return;
+        }
+        let Some(channel) = &self.channel else {
+            return;
+        };
+        match result {
+            Ok(payload) => match self.sticky.take() {
+                Some(code) => {
+                    channel.write_reply(reply_seq, code, &[]);
+                }
+                None => {
+                    let written = channel.write_reply(reply_seq, CUDA_SUCCESS, &payload);
+                    Counters::add(&self.counters.host_cpu_copy_bytes, written as u64);
+                }
+            },
+            Err(code) => {
+                channel.write_reply(reply_seq, code, &[]);
+            }
+        }
+    }
+
+    /// Keeps the first asynchronous error for the next reply.
+    fn remember(&mut self, code: u32) {
+        self.sticky.get_or_insert(code);
+    }
+
+    /// Spins a bounded time for new ring entries or messages.
+    fn spin_for_work(&mut self) -> Wake {
+        let Some(channel) = &self.channel else {
+            return Wake::Idle;
+        };
+        let deadline = Instant::now() + self.spin;
+        while Instant::now() < deadline {
+            if channel.has_work() {
+                return Wake::Work;
+            }
+            match self.receiver.try_recv() {
+                Ok(message) => return Wake::Message(message),
+                Err(TryRecvError::Disconnected) => return Wake::Message(Message::Shutdown),
+                Err(TryRecvError::Empty) => {}
+            }
+            std::hint::spin_loop();
+        }
+        Wake::Idle
+    }
+
+    /// Completes the doorbells the host has caught up with.
+    fn complete_reached(&mut self) {
+        let consumed = match &self.channel {
+            Some(channel) => channel.consumed(),
+            None => return self.complete_all(),
+        };
+        let mut i = 0;
+        while i < self.pending.len() {
+            if self
+                .pending
+                .get(i)
+                .is_some_and(|(until, _)| *until <= consumed)
+            {
+                let (_, completion) = self.pending.swap_remove(i);
+                completion.complete();
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn complete_all(&mut self) {
+        for (_, completion) in self.pending.drain(..) {
+            completion.complete();
+        }
+    }
+
+    /// Frees everything of the session; the device context goes last.
+    fn finish(mut self) {
+        self.complete_all();
+        // Nothing may still be reading or writing guest memory we release.
+        if let Err(code) = self.context.synchronize() {
+            log::debug!("ctx {}: synchronize at shutdown: {code}", self.ctx_id);
+        }
+        self.channel = None;
+        let blobs: Vec<Attached> = self.blobs.drain().map(|(_, a)| a).collect();
+        for attached in blobs {
+            self.release(attached);
+        }
+        Counters::sub(
+            &self.counters.device_memory_bytes,
+            self.handles.allocated_bytes(),
+        );
+        log::debug!(
+            "ctx {} ({}): worker done, {} allocations freed with the context",
+            self.ctx_id,
+            self.debug_name,
+            self.handles.allocations.len()
+        );
+        let Self {
+            handles,
+            context,
+            counters,
+            ..
+        } = self;
+        drop(handles);
+        drop(context);
+        Counters::sub(&counters.sessions_active, 1);
+    }
+}

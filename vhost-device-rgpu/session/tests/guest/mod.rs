@@ -1,0 +1,300 @@
+//! The guest side of a channel, played by hand for the session tests: a
+//! channel blob and a data blob in anonymous "guest memory", commands
+//! written into the ring with rgpu-proto's encoders, doorbells through
+//! `Session::submit`.
+
+#![allow(dead_code)] // Each test crate uses a different part of it.
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rgpu_executor::Executor;
+use rgpu_proto::channel::{
+    CHANNEL_MAGIC, OFFSET_CONSUMED, OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_VERSION,
+    REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
+};
+use rgpu_proto::command::{ChannelLayout, CommandHeader, Decoded, COMMAND_HEADER_SIZE};
+use rgpu_proto::cuda_result::CUDA_SUCCESS;
+use rgpu_proto::reply::decode_u64s;
+use rgpu_proto::virtio_gpu::MemEntry;
+use rgpu_proto::wire::WireWriter;
+use rgpu_proto::{BlobRange, Command, PROTOCOL_VERSION};
+use rgpu_session::{AtomicGuestMemory, Blob, Completion, Counters, GuestMemory, Session};
+use vm_memory::GuestAddress;
+
+pub const CHANNEL_BLOB: u32 = 1;
+pub const DATA_BLOB: u32 = 2;
+pub const HEADER_OFFSET: u64 = 0;
+pub const RING_OFFSET: u64 = 4096;
+pub const RING_SIZE: u64 = 8192;
+pub const REPLY_OFFSET: u64 = 12288;
+pub const REPLY_SIZE: u64 = 4096;
+pub const CHANNEL_SIZE: u64 = 16384;
+pub const DATA_SIZE: u64 = 256 * 1024;
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// The channel blob's pages, scattered so that nothing in it is contiguous
+/// on the host: header, ring (two pages), reply area.
+pub fn channel_entries() -> Vec<MemEntry> {
+    [0x10000, 0x15000, 0x12000, 0x11000]
+        .into_iter()
+        .map(|addr| MemEntry {
+            addr,
+            length: 0x1000,
+        })
+        .collect()
+}
+
+pub fn data_entries() -> Vec<MemEntry> {
+    vec![MemEntry {
+        addr: 0x100000,
+        length: DATA_SIZE as u32,
+    }]
+}
+
+pub fn layout() -> ChannelLayout {
+    ChannelLayout {
+        resource_id: CHANNEL_BLOB,
+        header_offset: HEADER_OFFSET,
+        ring_offset: RING_OFFSET,
+        ring_size: RING_SIZE,
+        reply_offset: REPLY_OFFSET,
+        reply_size: REPLY_SIZE,
+        bounce_offset: 0,
+        bounce_size: 0,
+    }
+}
+
+pub fn decoded(command: Command) -> Decoded {
+    Decoded {
+        reply_seq: 0,
+        command,
+        wire_len: 0,
+    }
+}
+
+pub struct Signal(mpsc::Sender<()>);
+
+impl Completion for Signal {
+    fn complete(self: Box<Self>) {
+        let _ = self.0.send(());
+    }
+}
+
+pub fn signal() -> (Box<dyn Completion>, mpsc::Receiver<()>) {
+    let (tx, rx) = mpsc::channel();
+    (Box::new(Signal(tx)), rx)
+}
+
+/// The guest side: its own views of the blobs, its ring position.
+pub struct Guest {
+    pub memory: AtomicGuestMemory,
+    pub channel: Blob,
+    pub data: Blob,
+    pub produced: u64,
+    pub next_seq: u64,
+}
+
+impl Guest {
+    pub fn new() -> Self {
+        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x200000)])
+            .unwrap_or_else(|e| panic!("guest memory: {e}"));
+        let memory = AtomicGuestMemory::new(mem);
+        let channel = Blob::new(CHANNEL_BLOB, CHANNEL_SIZE, &channel_entries(), &memory).unwrap();
+        let data = Blob::new(DATA_BLOB, DATA_SIZE, &data_entries(), &memory).unwrap();
+        channel
+            .write(HEADER_OFFSET + OFFSET_MAGIC, &CHANNEL_MAGIC.to_le_bytes())
+            .unwrap();
+        channel
+            .write(
+                HEADER_OFFSET + OFFSET_VERSION,
+                &PROTOCOL_VERSION.to_le_bytes(),
+            )
+            .unwrap();
+        Self {
+            memory,
+            channel,
+            data,
+            produced: 0,
+            next_seq: 1,
+        }
+    }
+
+    /// A session with both blobs attached and the channel bound.
+    pub fn start(&self, executor: Arc<dyn Executor>, counters: Arc<Counters>) -> Session {
+        let session = Session::spawn(7, "test".into(), 0, executor, counters).unwrap();
+        session.attach_blob(Arc::new(
+            Blob::new(CHANNEL_BLOB, CHANNEL_SIZE, &channel_entries(), &self.memory).unwrap(),
+        ));
+        session.attach_blob(Arc::new(
+            Blob::new(DATA_BLOB, DATA_SIZE, &data_entries(), &self.memory).unwrap(),
+        ));
+        let (done, rx) = signal();
+        session.submit(vec![decoded(Command::BindChannel(layout()))], Some(done));
+        rx.recv_timeout(WAIT).unwrap();
+        session
+    }
+
+    pub fn counter(&self, offset: u64) -> u64 {
+        self.channel
+            .atomic_u64(HEADER_OFFSET + offset)
+            .unwrap()
+            .load(Ordering::SeqCst)
+    }
+
+    pub fn consumed(&self) -> u64 {
+        self.counter(OFFSET_CONSUMED)
+    }
+
+    pub fn publish(&self) {
+        self.channel
+            .atomic_u64(HEADER_OFFSET + OFFSET_PRODUCED)
+            .unwrap()
+            .store(self.produced, Ordering::SeqCst);
+    }
+
+    /// Waits (fenced doorbell) until the host executed everything produced.
+    pub fn kick(&self, session: &Session) {
+        let (done, rx) = signal();
+        session.submit(
+            vec![decoded(Command::Doorbell {
+                until: self.produced,
+            })],
+            Some(done),
+        );
+        rx.recv_timeout(WAIT).expect("doorbell fence");
+        assert!(self.consumed() >= self.produced);
+    }
+
+    /// Ring position where `bytes` will land, after making room (waiting
+    /// for the host, padding the ring's tail).
+    pub fn reserve(&mut self, session: &Session, len: u64) -> u64 {
+        let position = self.produced % RING_SIZE;
+        let tail = RING_SIZE - position;
+        let needed = if tail < len { tail + len } else { len };
+        if self.produced + needed - self.consumed() > RING_SIZE {
+            self.publish();
+            self.kick(session);
+        }
+        if tail < len {
+            if tail >= COMMAND_HEADER_SIZE as u64 {
+                let mut w = WireWriter::new();
+                CommandHeader {
+                    opcode: 0,
+                    flags: 0,
+                    body_len: (tail - COMMAND_HEADER_SIZE as u64) as u32,
+                    reply_seq: 0,
+                }
+                .encode(&mut w);
+                self.channel
+                    .write(RING_OFFSET + position, w.as_bytes())
+                    .unwrap();
+            }
+            // A tail shorter than a header is skipped without a command.
+            self.produced += tail;
+        }
+        self.produced % RING_SIZE
+    }
+
+    /// Writes raw bytes into the ring (not published).
+    pub fn push_raw(&mut self, session: &Session, bytes: &[u8]) {
+        let position = self.reserve(session, bytes.len() as u64);
+        self.channel.write(RING_OFFSET + position, bytes).unwrap();
+        self.produced += bytes.len() as u64;
+    }
+
+    pub fn push(&mut self, session: &Session, command: &Command, seq: u64) {
+        self.push_raw(session, &command.to_bytes(seq));
+    }
+
+    /// A command without reply, published but without a doorbell.
+    pub fn send(&mut self, session: &Session, command: Command) {
+        self.push(session, &command, 0);
+        self.publish();
+    }
+
+    pub fn reply(&self) -> (u64, u32, Vec<u8>) {
+        let seq = self
+            .channel
+            .atomic_u64(REPLY_OFFSET + REPLY_OFFSET_SEQ)
+            .unwrap()
+            .load(Ordering::Acquire);
+        let mut word = [0u8; 4];
+        self.channel
+            .read(REPLY_OFFSET + REPLY_OFFSET_RESULT, &mut word)
+            .unwrap();
+        let result = u32::from_le_bytes(word);
+        self.channel
+            .read(REPLY_OFFSET + REPLY_OFFSET_LEN, &mut word)
+            .unwrap();
+        let mut payload = vec![0u8; u32::from_le_bytes(word) as usize];
+        self.channel
+            .read(REPLY_OFFSET + REPLY_OFFSET_PAYLOAD, &mut payload)
+            .unwrap();
+        (seq, result, payload)
+    }
+
+    /// Pushes raw command bytes carrying `seq`, waits, returns the reply.
+    pub fn call_raw(&mut self, session: &Session, bytes: &[u8], seq: u64) -> (u32, Vec<u8>) {
+        self.push_raw(session, bytes);
+        self.publish();
+        self.kick(session);
+        let (got, result, payload) = self.reply();
+        assert_eq!(got, seq, "reply sequence number");
+        (result, payload)
+    }
+
+    pub fn call(&mut self, session: &Session, command: Command) -> (u32, Vec<u8>) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.call_raw(session, &command.to_bytes(seq), seq)
+    }
+
+    /// Stages `data` in the ring as a Padding body; returns its blob range.
+    pub fn stage(&mut self, session: &Session, data: &[u8]) -> BlobRange {
+        let mut w = WireWriter::new();
+        CommandHeader {
+            opcode: 0,
+            flags: 0,
+            body_len: data.len() as u32,
+            reply_seq: 0,
+        }
+        .encode(&mut w);
+        w.raw(data).pad_to(8);
+        let position = self.reserve(session, w.len() as u64);
+        self.channel
+            .write(RING_OFFSET + position, w.as_bytes())
+            .unwrap();
+        self.produced += w.len() as u64;
+        BlobRange {
+            resource_id: CHANNEL_BLOB,
+            offset: RING_OFFSET + position + COMMAND_HEADER_SIZE as u64,
+            length: data.len() as u64,
+        }
+    }
+
+    pub fn alloc(&mut self, session: &Session, size: u64) -> u64 {
+        let (result, payload) = self.call(session, Command::MemAlloc { size });
+        assert_eq!(result, CUDA_SUCCESS);
+        let [ptr] = decode_u64s::<1>(&payload).unwrap();
+        assert_ne!(ptr, 0);
+        ptr
+    }
+
+    pub fn data_range(offset: u64, length: u64) -> BlobRange {
+        BlobRange {
+            resource_id: DATA_BLOB,
+            offset,
+            length,
+        }
+    }
+}
+
+pub fn u32s(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}

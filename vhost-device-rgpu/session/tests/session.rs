@@ -1,0 +1,631 @@
+//! Sessions end to end with the guest side played by hand: a channel blob and
+//! a data blob in anonymous "guest memory", commands written into the ring
+//! with rgpu-proto's encoders, doorbells through `Session::submit`.
+
+mod fake_executor;
+mod guest;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fake_executor::FakeExecutor;
+use guest::*;
+use rgpu_proto::channel::{OFFSET_HOST_IDLE, OFFSET_MAGIC};
+use rgpu_proto::command::{CommandHeader, Launch};
+use rgpu_proto::cuda_result::{
+    CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS,
+};
+use rgpu_proto::reply::{decode_u64s, FunctionInfo};
+use rgpu_proto::wire::WireWriter;
+use rgpu_proto::{BlobRange, Command};
+use rgpu_session::{Blob, Counters, Session};
+
+fn setup() -> (Guest, Session, Arc<Counters>, Arc<FakeExecutor>) {
+    let guest = Guest::new();
+    let executor = Arc::new(FakeExecutor::new());
+    let counters = Arc::new(Counters::default());
+    let session = guest.start(executor.clone(), counters.clone());
+    (guest, session, counters, executor)
+}
+
+#[test]
+fn alloc_copy_memset_copy_back() {
+    let (mut guest, session, counters, executor) = setup();
+    assert_eq!(Counters::get(&counters.sessions_active), 1);
+    assert_eq!(Counters::get(&counters.sessions_total), 1);
+    // The 256 KiB data blob is one run, registered for DMA; the channel's
+    // 4 KiB pages are not worth it.
+    assert_eq!(
+        executor.state.lock().unwrap().registered_bytes,
+        DATA_SIZE as usize
+    );
+
+    let ptr = guest.alloc(&session, 4096);
+    assert_eq!(Counters::get(&counters.device_memory_bytes), 4096);
+
+    let input: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 256) as u8).collect();
+    guest.data.write(0, &input).unwrap();
+    guest.send(
+        &session,
+        Command::MemcpyHtoD {
+            stream: 0,
+            dst: ptr,
+            src: Guest::data_range(0, 4096),
+        },
+    );
+    guest.send(
+        &session,
+        Command::Memset {
+            stream: 0,
+            dst: ptr + 1024,
+            value: 0xabcd_1234,
+            element_size: 4,
+            count: 16,
+        },
+    );
+    let (result, _) = guest.call(
+        &session,
+        Command::MemcpyDtoH {
+            stream: 0,
+            dst: Guest::data_range(8192, 4096),
+            src: ptr,
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+
+    let mut expected = input.clone();
+    for chunk in expected[1024..1024 + 64].chunks_mut(4) {
+        chunk.copy_from_slice(&0xabcd_1234u32.to_le_bytes());
+    }
+    let mut back = vec![0u8; 4096];
+    guest.data.read(8192, &mut back).unwrap();
+    assert_eq!(back, expected);
+    assert_eq!(Counters::get(&counters.zero_copy_bytes), 8192);
+
+    // Staged: the source is a Padding body in the ring itself.
+    let staged: Vec<u8> = (0..100u8).collect();
+    let src = guest.stage(&session, &staged);
+    guest.send(
+        &session,
+        Command::MemcpyHtoD {
+            stream: 0,
+            dst: ptr + 8,
+            src,
+        },
+    );
+    let (result, _) = guest.call(
+        &session,
+        Command::MemcpyDtoH {
+            stream: 0,
+            dst: Guest::data_range(0, 100),
+            src: ptr + 8,
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    let mut back = vec![0u8; 100];
+    guest.data.read(0, &mut back).unwrap();
+    assert_eq!(back, staged);
+    assert_eq!(Counters::get(&counters.staged_bytes), 100);
+
+    let (result, payload) = guest.call(&session, Command::MemGetInfo);
+    assert_eq!(result, CUDA_SUCCESS);
+    let [free, total] = decode_u64s::<2>(&payload).unwrap();
+    assert_eq!((free, total), ((1 << 30) - 4096, 1 << 30));
+
+    let (result, _) = guest.call(&session, Command::MemFree { device_ptr: ptr });
+    assert_eq!(result, CUDA_SUCCESS);
+    assert_eq!(Counters::get(&counters.device_memory_bytes), 0);
+    assert_eq!(Counters::get(&counters.command_errors), 0);
+    session.shutdown();
+}
+
+#[test]
+fn ring_wraps_around_with_padding_and_short_tails() {
+    let (mut guest, session, counters, _executor) = setup();
+    let count = 1000u32;
+    let ptr = guest.alloc(&session, u64::from(count) * 4);
+    // 48-byte memsets leave a 32-byte tail at the ring's end (a Padding).
+    for i in 0..count {
+        guest.send(
+            &session,
+            Command::Memset {
+                stream: 0,
+                dst: ptr + u64::from(i) * 4,
+                value: i * 3,
+                element_size: 4,
+                count: 1,
+            },
+        );
+    }
+    // 24-byte commands leave an 8-byte tail: no room for a header.
+    for limit in 0..700 {
+        guest.send(&session, Command::CtxGetLimit { limit });
+    }
+    let mut expected: Vec<u32> = (0..count).map(|i| i * 3).collect();
+    // Staged copies of odd sizes move the wrap point around.
+    for i in 0..300u32 {
+        for k in 0..=(i % 37) {
+            expected[k as usize] = i * 1000 + k;
+        }
+        let values: Vec<u8> = (0..(i % 37) + 1)
+            .flat_map(|k| (i * 1000 + k).to_le_bytes())
+            .collect();
+        let src = guest.stage(&session, &values);
+        guest.send(
+            &session,
+            Command::MemcpyHtoD {
+                stream: 0,
+                dst: ptr,
+                src,
+            },
+        );
+    }
+    assert!(guest.produced > 4 * RING_SIZE);
+    let (result, _) = guest.call(
+        &session,
+        Command::MemcpyDtoH {
+            stream: 0,
+            dst: Guest::data_range(0, u64::from(count) * 4),
+            src: ptr,
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    let mut back = vec![0u8; count as usize * 4];
+    guest.data.read(0, &mut back).unwrap();
+    assert_eq!(u32s(&back), expected);
+    assert_eq!(Counters::get(&counters.command_errors), 0);
+    session.shutdown();
+}
+
+#[test]
+fn unknown_handles_and_bad_ranges() {
+    let (mut guest, session, counters, _executor) = setup();
+    let ptr = guest.alloc(&session, 1024);
+    let invalid_handle = [
+        Command::StreamSynchronize { stream: 77 },
+        Command::StreamDestroy { stream: 0 },
+        Command::EventRecord {
+            event: 5,
+            stream: 0,
+        },
+        Command::ModuleUnload { module: 3 },
+        Command::FuncGetAttribute {
+            function: 9,
+            attribute: 0,
+        },
+        Command::LaunchKernel(Launch {
+            function: 9,
+            ..Launch::default()
+        }),
+        Command::MemcpyHtoD {
+            stream: 12,
+            dst: ptr,
+            src: Guest::data_range(0, 16),
+        },
+    ];
+    for command in invalid_handle {
+        let (result, _) = guest.call(&session, command.clone());
+        assert_eq!(result, CUDA_ERROR_INVALID_HANDLE, "{command:?}");
+    }
+    let bad_ranges = [
+        Guest::data_range(DATA_SIZE - 8, 16),
+        Guest::data_range(u64::MAX - 4, 16),
+        BlobRange {
+            resource_id: 99,
+            offset: 0,
+            length: 16,
+        },
+    ];
+    for range in bad_ranges {
+        let (result, _) = guest.call(
+            &session,
+            Command::MemcpyHtoD {
+                stream: 0,
+                dst: ptr,
+                src: range,
+            },
+        );
+        assert_eq!(result, CUDA_ERROR_INVALID_VALUE, "{range:?}");
+        let (result, _) = guest.call(
+            &session,
+            Command::MemcpyDtoH {
+                stream: 0,
+                dst: range,
+                src: ptr,
+            },
+        );
+        assert_eq!(result, CUDA_ERROR_INVALID_VALUE, "{range:?}");
+    }
+    // Handles the guest may not create: zero, duplicates, the per-thread stream.
+    let (result, _) = guest.call(
+        &session,
+        Command::StreamCreate {
+            stream: 4,
+            flags: 0,
+            priority: 0,
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    for stream in [0, 4, u32::MAX] {
+        let (result, _) = guest.call(
+            &session,
+            Command::StreamCreate {
+                stream,
+                flags: 0,
+                priority: 0,
+            },
+        );
+        assert_eq!(result, CUDA_ERROR_INVALID_VALUE, "stream {stream}");
+    }
+    let (result, _) = guest.call(&session, Command::StreamSynchronize { stream: 4 });
+    assert_eq!(result, CUDA_SUCCESS);
+    let (result, _) = guest.call(&session, Command::StreamDestroy { stream: 4 });
+    assert_eq!(result, CUDA_SUCCESS);
+    let (result, _) = guest.call(&session, Command::StreamSynchronize { stream: 4 });
+    assert_eq!(result, CUDA_ERROR_INVALID_HANDLE);
+    // Unknown device pointer.
+    let (result, _) = guest.call(&session, Command::MemFree { device_ptr: 12345 });
+    assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(Counters::get(&counters.command_errors), 18);
+    session.shutdown();
+}
+
+#[test]
+fn modules_functions_launches_and_events() {
+    let (mut guest, session, _counters, executor) = setup();
+    let image = b"FAKEMODULE with some bytes";
+    guest.data.write(4096, image).unwrap();
+    let (result, _) = guest.call(
+        &session,
+        Command::ModuleLoad {
+            module: 1,
+            image: Guest::data_range(4096, image.len() as u64),
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    let (result, _) = guest.call(
+        &session,
+        Command::ModuleLoad {
+            module: 2,
+            image: Guest::data_range(4097, 10),
+        },
+    );
+    assert_eq!(result, rgpu_proto::cuda_result::CUDA_ERROR_INVALID_IMAGE);
+
+    let get = |function, name: &[u8]| Command::ModuleGetFunction {
+        module: 1,
+        function,
+        name: name.to_vec(),
+    };
+    let (result, payload) = guest.call(&session, get(10, b"rgpu_fill_index"));
+    assert_eq!(result, CUDA_SUCCESS);
+    let info = FunctionInfo::decode(&payload).unwrap();
+    assert_eq!(info.buffer_size(), 16);
+    // Looking the same handle up again replaces it.
+    let (result, _) = guest.call(&session, get(10, b"rgpu_fill_index"));
+    assert_eq!(result, CUDA_SUCCESS);
+    let (result, _) = guest.call(&session, get(11, b"missing"));
+    assert_eq!(result, CUDA_ERROR_NOT_FOUND);
+    let (result, _) = guest.call(&session, get(11, &[0xff, 0xfe]));
+    assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
+    let (result, payload) = guest.call(
+        &session,
+        Command::FuncGetAttribute {
+            function: 10,
+            attribute: 4,
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    assert_eq!(payload, 1004i32.to_le_bytes());
+
+    let out = guest.alloc(&session, 256);
+    let mut params = out.to_le_bytes().to_vec();
+    params.extend_from_slice(&500u32.to_le_bytes());
+    params.extend_from_slice(&64u32.to_le_bytes());
+    let launch = |params: Vec<u8>| {
+        Command::LaunchKernel(Launch {
+            function: 10,
+            grid: [2, 1, 1],
+            block: [32, 1, 1],
+            shared_mem_bytes: 0,
+            stream: 0,
+            params,
+        })
+    };
+    let (result, _) = guest.call(&session, launch(params[..12].to_vec()));
+    assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
+    guest.send(&session, launch(params.clone()));
+    let (result, _) = guest.call(
+        &session,
+        Command::MemcpyDtoH {
+            stream: 0,
+            dst: Guest::data_range(0, 256),
+            src: out,
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    let mut back = vec![0u8; 256];
+    guest.data.read(0, &mut back).unwrap();
+    assert_eq!(u32s(&back), (500..564).collect::<Vec<u32>>());
+    assert_eq!(executor.state.lock().unwrap().launches, 1);
+
+    for event in [20, 21] {
+        guest.send(&session, Command::EventCreate { event, flags: 0 });
+        guest.send(&session, Command::EventRecord { event, stream: 0 });
+    }
+    let (result, payload) = guest.call(&session, Command::EventElapsedTime { start: 20, end: 21 });
+    assert_eq!(result, CUDA_SUCCESS);
+    assert_eq!(payload.len(), 4);
+    let (result, _) = guest.call(&session, Command::EventDestroy { event: 20 });
+    assert_eq!(result, CUDA_SUCCESS);
+    let (result, _) = guest.call(&session, Command::EventQuery { event: 20 });
+    assert_eq!(result, CUDA_ERROR_INVALID_HANDLE);
+
+    // Unloading the module forgets its functions.
+    let (result, _) = guest.call(&session, Command::ModuleUnload { module: 1 });
+    assert_eq!(result, CUDA_SUCCESS);
+    let (result, _) = guest.call(&session, launch(params));
+    assert_eq!(result, CUDA_ERROR_INVALID_HANDLE);
+    session.shutdown();
+}
+
+#[test]
+fn garbage_poisons_the_ring_but_the_session_keeps_answering() {
+    let (mut guest, session, counters, _executor) = setup();
+    // A header whose body length is past any limit.
+    guest.push_raw(&session, &[0xff; 16]);
+    guest.publish();
+    guest.kick(&session);
+    // The poison surfaces as the result of the next request, once.
+    let (result, _) = guest.call(&session, Command::CtxSynchronize);
+    assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
+    let (result, _) = guest.call(&session, Command::CtxSynchronize);
+    assert_eq!(result, CUDA_SUCCESS);
+
+    // A sound header whose body runs past `produced`.
+    let mut w = WireWriter::new();
+    CommandHeader {
+        opcode: rgpu_proto::Opcode::MemAlloc as u16,
+        flags: 0,
+        body_len: 8,
+        reply_seq: 0,
+    }
+    .encode(&mut w);
+    guest.push_raw(&session, w.as_bytes());
+    guest.publish();
+    guest.kick(&session);
+    let (result, _) = guest.call(&session, Command::CtxSynchronize);
+    assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
+
+    // A sound header with an unknown opcode: skipped, answered with an error.
+    let seq = 9999;
+    let mut w = WireWriter::new();
+    CommandHeader {
+        opcode: 0x7777,
+        flags: 0,
+        body_len: 8,
+        reply_seq: seq,
+    }
+    .encode(&mut w);
+    w.u64(0);
+    let (result, _) = guest.call_raw(&session, w.as_bytes(), seq);
+    assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
+
+    let ptr = guest.alloc(&session, 64);
+    assert_ne!(ptr, 0);
+    assert_eq!(Counters::get(&counters.command_errors), 3);
+    session.shutdown();
+}
+
+#[test]
+fn a_wild_produced_counter_is_skipped_once() {
+    let (mut guest, session, counters, _executor) = setup();
+    // Far more than a ring ahead, and not even command aligned.
+    guest.produced = (1 << 62) + 3;
+    guest.publish();
+    guest.kick(&session);
+    assert_eq!(guest.consumed(), guest.produced);
+    assert_eq!(Counters::get(&counters.command_errors), 1);
+    // The ring works on from there.
+    let (result, _) = guest.call(&session, Command::CtxSynchronize);
+    assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
+    for _ in 0..400 {
+        let (result, _) = guest.call(&session, Command::CtxGetLimit { limit: 1 });
+        assert_eq!(result, CUDA_SUCCESS);
+    }
+    assert_eq!(Counters::get(&counters.command_errors), 1);
+    session.shutdown();
+}
+
+#[test]
+fn sessions_and_blobs_cross_threads() {
+    fn shared<T: Send + Sync>() {}
+    shared::<Session>();
+    shared::<Blob>();
+}
+
+#[test]
+fn asynchronous_errors_are_sticky_until_reported() {
+    let (mut guest, session, counters, _executor) = setup();
+    guest.send(&session, Command::MemFree { device_ptr: 0xdead });
+    guest.send(&session, Command::StreamQuery { stream: 55 });
+    // The first error wins, and a successful request reports it.
+    let (result, payload) = guest.call(&session, Command::MemGetInfo);
+    assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
+    assert!(payload.is_empty());
+    let (result, payload) = guest.call(&session, Command::MemGetInfo);
+    assert_eq!(result, CUDA_SUCCESS);
+    assert_eq!(payload.len(), 16);
+    // A request that fails itself reports its own error; the sticky one
+    // waits for the next success.
+    guest.send(&session, Command::EventSynchronize { event: 3 });
+    let (result, _) = guest.call(&session, Command::MemFree { device_ptr: 1 });
+    assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
+    let (result, _) = guest.call(&session, Command::CtxSynchronize);
+    assert_eq!(result, CUDA_ERROR_INVALID_HANDLE);
+    let (result, _) = guest.call(&session, Command::CtxSynchronize);
+    assert_eq!(result, CUDA_SUCCESS);
+    assert_eq!(Counters::get(&counters.command_errors), 4);
+    session.shutdown();
+}
+
+#[test]
+fn idle_host_needs_a_doorbell() {
+    let (mut guest, session, _counters, _executor) = setup();
+    let (result, _) = guest.call(&session, Command::CtxSynchronize);
+    assert_eq!(result, CUDA_SUCCESS);
+    // Past the bounded spin the worker announces that it sleeps.
+    let deadline = Instant::now() + WAIT;
+    while guest.counter(OFFSET_HOST_IDLE) != 1 {
+        assert!(Instant::now() < deadline, "host never went idle");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let seq = 500;
+    guest.push(&session, &Command::CtxSynchronize, seq);
+    guest.publish();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_ne!(
+        guest.reply().0,
+        seq,
+        "an idle host must not run without a doorbell"
+    );
+    // An unfenced doorbell wakes it.
+    session.submit(
+        vec![decoded(Command::Doorbell {
+            until: guest.produced,
+        })],
+        None,
+    );
+    let deadline = Instant::now() + WAIT;
+    while guest.reply().0 != seq {
+        assert!(Instant::now() < deadline, "doorbell did not wake the host");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(guest.reply().1, CUDA_SUCCESS);
+    session.shutdown();
+}
+
+#[test]
+fn shutdown_completes_pending_and_frees_everything() {
+    let (mut guest, session, counters, executor) = setup();
+    guest.alloc(&session, 1000);
+    guest.alloc(&session, 3000);
+    let (result, _) = guest.call(
+        &session,
+        Command::StreamCreate {
+            stream: 1,
+            flags: 0,
+            priority: 0,
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    assert_eq!(Counters::get(&counters.device_memory_bytes), 4000);
+    // A fence for commands the guest never writes stays pending...
+    let (done, rx) = signal();
+    session.submit(
+        vec![decoded(Command::Doorbell {
+            until: guest.produced + 4096,
+        })],
+        Some(done),
+    );
+    assert!(rx.recv_timeout(Duration::from_millis(50)).is_err());
+    // ...until the session ends.
+    session.shutdown();
+    rx.recv_timeout(WAIT).expect("completion at shutdown");
+    assert_eq!(Counters::get(&counters.sessions_active), 0);
+    assert_eq!(Counters::get(&counters.sessions_total), 1);
+    assert_eq!(Counters::get(&counters.device_memory_bytes), 0);
+    let state = executor.state.lock().unwrap();
+    assert_eq!(state.live_contexts, 0);
+    assert_eq!(state.registered_bytes, 0);
+}
+
+#[test]
+fn detached_blobs_are_gone_and_unregistered() {
+    let (mut guest, session, _counters, executor) = setup();
+    let ptr = guest.alloc(&session, 64);
+    session.detach_blob(DATA_BLOB);
+    let (result, _) = guest.call(
+        &session,
+        Command::MemcpyHtoD {
+            stream: 0,
+            dst: ptr,
+            src: Guest::data_range(0, 64),
+        },
+    );
+    assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(executor.state.lock().unwrap().registered_bytes, 0);
+    // Detaching the channel's blob unbinds the channel: doorbells complete
+    // at once.
+    session.detach_blob(CHANNEL_BLOB);
+    let (done, rx) = signal();
+    session.submit(
+        vec![decoded(Command::Doorbell {
+            until: guest.produced + 64,
+        })],
+        Some(done),
+    );
+    rx.recv_timeout(WAIT).expect("doorbell without channel");
+    session.shutdown();
+}
+
+#[test]
+fn submit_rejects_bad_channels_and_ring_commands() {
+    let guest = Guest::new();
+    let executor = Arc::new(FakeExecutor::new());
+    let counters = Arc::new(Counters::default());
+    let session = Session::spawn(3, "bad".into(), 0, executor, counters.clone()).unwrap();
+    assert_eq!(session.ctx_id(), 3);
+    assert_eq!(session.debug_name(), "bad");
+    // Not attached yet.
+    let (done, rx) = signal();
+    session.submit(vec![decoded(Command::BindChannel(layout()))], Some(done));
+    rx.recv_timeout(WAIT).unwrap();
+    assert_eq!(Counters::get(&counters.command_errors), 1);
+    // Attached, but the guest did not write the magic.
+    session.attach_blob(Arc::new(
+        Blob::new(
+            CHANNEL_BLOB,
+            CHANNEL_SIZE,
+            &channel_entries(),
+            &guest.memory,
+        )
+        .unwrap(),
+    ));
+    guest
+        .channel
+        .write(HEADER_OFFSET + OFFSET_MAGIC, &0u32.to_le_bytes())
+        .unwrap();
+    let (done, rx) = signal();
+    session.submit(
+        vec![
+            decoded(Command::BindChannel(layout())),
+            decoded(Command::CtxSynchronize),
+            decoded(Command::Doorbell { until: 64 }),
+        ],
+        Some(done),
+    );
+    // No channel bound: the doorbell completes at once.
+    rx.recv_timeout(WAIT).unwrap();
+    assert_eq!(Counters::get(&counters.command_errors), 3);
+    session.shutdown();
+}
+
+#[test]
+fn context_creation_failure_comes_back_from_spawn() {
+    let executor = Arc::new(FakeExecutor::new());
+    let counters = Arc::new(Counters::default());
+    let err = Session::spawn(1, "x".into(), 5, executor, counters.clone()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            rgpu_session::SessionError::CreateContext {
+                device: 5,
+                code: rgpu_proto::cuda_result::CUDA_ERROR_INVALID_DEVICE
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(Counters::get(&counters.sessions_active), 0);
+    assert_eq!(Counters::get(&counters.sessions_total), 0);
+}

@@ -1,0 +1,213 @@
+//! Sessions against the `sim` executor: reference kernels loaded from PTX
+//! text, data through zero-copy and staged copies, the gauges at the end.
+
+mod guest;
+
+use std::sync::Arc;
+
+use guest::*;
+use rgpu_executor::sim::SimExecutor;
+use rgpu_proto::command::Launch;
+use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
+use rgpu_proto::reply::FunctionInfo;
+use rgpu_proto::Command;
+use rgpu_session::Counters;
+
+const PTX: &str = r#"
+.version 8.0
+.target sm_80
+.address_size 64
+
+.visible .entry rgpu_vector_add(
+	.param .u64 .ptr .global .align 4 rgpu_vector_add_param_0,
+	.param .u64 .ptr .global .align 4 rgpu_vector_add_param_1,
+	.param .u64 .ptr .global .align 4 rgpu_vector_add_param_2,
+	.param .u32 rgpu_vector_add_param_3
+)
+{
+	ret;
+}
+.visible .entry rgpu_fill_index(
+	.param .u64 .ptr .global .align 4 rgpu_fill_index_param_0,
+	.param .u32 rgpu_fill_index_param_1,
+	.param .u32 rgpu_fill_index_param_2
+)
+{
+	ret;
+}
+"#;
+
+const MODULE: u32 = 1;
+const VECTOR_ADD: u32 = 2;
+const FILL_INDEX: u32 = 3;
+
+fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn float_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Loads the reference module and looks up both kernels.
+fn load(guest: &mut Guest, session: &rgpu_session::Session) -> (FunctionInfo, FunctionInfo) {
+    guest.data.write(0, PTX.as_bytes()).unwrap();
+    let (result, _) = guest.call(
+        session,
+        Command::ModuleLoad {
+            module: MODULE,
+            image: Guest::data_range(0, PTX.len() as u64),
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    let mut get = |function, name: &str| {
+        let (result, payload) = guest.call(
+            session,
+            Command::ModuleGetFunction {
+                module: MODULE,
+                function,
+                name: name.as_bytes().to_vec(),
+            },
+        );
+        assert_eq!(result, CUDA_SUCCESS, "{name}");
+        FunctionInfo::decode(&payload).unwrap()
+    };
+    (
+        get(VECTOR_ADD, "rgpu_vector_add"),
+        get(FILL_INDEX, "rgpu_fill_index"),
+    )
+}
+
+fn launch(function: u32, threads: u32, params: Vec<u8>) -> Command {
+    Command::LaunchKernel(Launch {
+        function,
+        grid: [threads.div_ceil(128), 1, 1],
+        block: [128, 1, 1],
+        shared_mem_bytes: 0,
+        stream: 0,
+        params,
+    })
+}
+
+#[test]
+fn vector_add_with_zero_copy_and_staged_inputs() {
+    let mut guest = Guest::new();
+    let counters = Arc::new(Counters::default());
+    let session = guest.start(Arc::new(SimExecutor::new()), counters.clone());
+    let (add, _) = load(&mut guest, &session);
+    assert_eq!(add.params.len(), 4);
+    assert_eq!(add.buffer_size(), 28);
+
+    let n = 1000u32;
+    let bytes = u64::from(n) * 4;
+    let (a, b, c) = (
+        guest.alloc(&session, bytes),
+        guest.alloc(&session, bytes),
+        guest.alloc(&session, bytes),
+    );
+    assert_eq!(Counters::get(&counters.device_memory_bytes), 3 * bytes);
+    let xs: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let ys: Vec<f32> = (0..n).map(|i| 1000.0 - i as f32).collect();
+    // `a` from an application blob (zero-copy), `b` staged in the ring in
+    // chunks as the guest library does for pageable memory.
+    guest.data.write(65536, &float_bytes(&xs)).unwrap();
+    guest.send(
+        &session,
+        Command::MemcpyHtoD {
+            stream: 0,
+            dst: a,
+            src: Guest::data_range(65536, bytes),
+        },
+    );
+    for (k, chunk) in float_bytes(&ys).chunks(1024).enumerate() {
+        let src = guest.stage(&session, chunk);
+        guest.send(
+            &session,
+            Command::MemcpyHtoD {
+                stream: 0,
+                dst: b + k as u64 * 1024,
+                src,
+            },
+        );
+    }
+    let mut params = Vec::new();
+    for ptr in [a, b, c] {
+        params.extend_from_slice(&ptr.to_le_bytes());
+    }
+    params.extend_from_slice(&n.to_le_bytes());
+    guest.send(&session, launch(VECTOR_ADD, n, params));
+    let (result, _) = guest.call(
+        &session,
+        Command::MemcpyDtoH {
+            stream: 0,
+            dst: Guest::data_range(131072, bytes),
+            src: c,
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    let mut back = vec![0u8; bytes as usize];
+    guest.data.read(131072, &mut back).unwrap();
+    let expected: Vec<f32> = xs.iter().zip(&ys).map(|(x, y)| x + y).collect();
+    assert_eq!(floats(&back), expected);
+    assert_eq!(Counters::get(&counters.zero_copy_bytes), 2 * bytes);
+    assert_eq!(Counters::get(&counters.staged_bytes), bytes);
+    assert_eq!(Counters::get(&counters.command_errors), 0);
+
+    session.shutdown();
+    assert_eq!(Counters::get(&counters.sessions_active), 0);
+    assert_eq!(Counters::get(&counters.device_memory_bytes), 0);
+}
+
+#[test]
+fn many_launches_wrap_the_ring_and_errors_stay_sticky() {
+    let mut guest = Guest::new();
+    let counters = Arc::new(Counters::default());
+    let session = guest.start(Arc::new(SimExecutor::new()), counters.clone());
+    let (_, fill) = load(&mut guest, &session);
+    assert_eq!(fill.buffer_size(), 16);
+    let n = 256u32;
+    let out = guest.alloc(&session, u64::from(n) * 4);
+    let fill_params = |base: u32| {
+        let mut p = out.to_le_bytes().to_vec();
+        p.extend_from_slice(&base.to_le_bytes());
+        p.extend_from_slice(&n.to_le_bytes());
+        p
+    };
+    // Each launch is 64 bytes of ring: 500 of them wrap it several times.
+    for base in 0..500 {
+        guest.send(&session, launch(FILL_INDEX, n, fill_params(base * 10)));
+    }
+    assert!(guest.produced > 3 * RING_SIZE);
+    let (result, _) = guest.call(
+        &session,
+        Command::MemcpyDtoH {
+            stream: 0,
+            dst: Guest::data_range(0, u64::from(n) * 4),
+            src: out,
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    let mut back = vec![0u8; n as usize * 4];
+    guest.data.read(0, &mut back).unwrap();
+    assert_eq!(u32s(&back), (4990..4990 + n).collect::<Vec<u32>>());
+
+    // A launch with a short parameter buffer, then an unknown stream: the
+    // first failure is what the next request reports.
+    guest.send(
+        &session,
+        launch(FILL_INDEX, n, fill_params(0)[..12].to_vec()),
+    );
+    guest.send(&session, Command::StreamSynchronize { stream: 42 });
+    let (result, _) = guest.call(&session, Command::CtxSynchronize);
+    assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
+    let (result, _) = guest.call(&session, Command::CtxSynchronize);
+    assert_eq!(result, CUDA_SUCCESS);
+    let (result, _) = guest.call(&session, Command::EventQuery { event: 8 });
+    assert_eq!(result, CUDA_ERROR_INVALID_HANDLE);
+    assert_eq!(Counters::get(&counters.command_errors), 3);
+    session.shutdown();
+    assert_eq!(Counters::get(&counters.device_memory_bytes), 0);
+}
