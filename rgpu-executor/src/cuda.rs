@@ -1,0 +1,908 @@
+//! The `cuda` executor: NVIDIA's driver through cudarc's raw bindings
+//! (`cudarc::driver::sys`, CUDA 13.0, dynamic loading).
+//!
+//! cudarc resolves each entry point on first use and panics when no driver
+//! library loads, so [`CudaExecutor::new`] first looks for the library itself
+//! with cudarc's own candidate names and refuses rgpu's guest library (which
+//! is also called `libcuda.so`). Entry points whose arguments are enums in
+//! cudarc (device and function attributes, context limits) are called
+//! through our own integer signatures: a guest's number never becomes a Rust
+//! enum. Results are read as plain `u32` codes.
+//!
+//! Every context handle given out (modules, functions, streams, events) is a
+//! number of this context's own tables, so a guest can only name objects its
+//! own context created.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::ptr::{null_mut, without_provenance_mut};
+
+use cudarc::driver::sys;
+use log::{debug, info, trace, warn};
+use rgpu_proto::capset::{DeviceInfo, ATTRIBUTE_SLOTS, ATTRIBUTE_UNSUPPORTED};
+use rgpu_proto::cuda_result::*;
+use rgpu_proto::reply::{FunctionInfo, ParamSlot};
+use rgpu_proto::MAX_KERNEL_PARAMS;
+
+use crate::image::{classify, ImageKind};
+use crate::{ptx, ContextExecutor, CuResult, Executor, ExecutorError, HostRun, StreamRef};
+
+/// Exported by rgpu's guest library so the daemon can tell it apart from
+/// NVIDIA's driver.
+pub const GUEST_LIB_MARKER: &str = "rgpu_guest_lib_marker";
+/// The library base names cudarc tries, in its order.
+const DRIVER_LIBRARY_NAMES: [&str; 2] = ["cuda", "nvcuda"];
+/// Highest `CUdevice_attribute` asked for (CUDA 13.0 defines fewer; the rest
+/// answer an error and are marked unsupported).
+const LAST_DEVICE_ATTRIBUTE: i32 = 191;
+const CU_CTX_MAP_HOST: u32 = 0x08;
+const CU_MEMHOSTREGISTER_PORTABLE: u32 = 0x01;
+const CU_MEMHOSTREGISTER_DEVICEMAP: u32 = 0x02;
+const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: u32 = 712;
+/// `CU_STREAM_PER_THREAD`.
+const STREAM_PER_THREAD_HANDLE: usize = 0x2;
+/// `CU_LAUNCH_PARAM_BUFFER_POINTER`, `_BUFFER_SIZE`, `_END`.
+const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
+
+type DeviceGetAttributeFn = unsafe extern "C" fn(*mut c_int, c_int, sys::CUdevice) -> u32;
+type CtxGetLimitFn = unsafe extern "C" fn(*mut usize, c_int) -> u32;
+type CtxSetLimitFn = unsafe extern "C" fn(c_int, usize) -> u32;
+type FuncGetAttributeFn = unsafe extern "C" fn(*mut c_int, c_int, sys::CUfunction) -> u32;
+
+/// The entry points called with guest integers where cudarc has enums.
+#[derive(Clone, Copy)]
+struct IntegerEntryPoints {
+    device_get_attribute: DeviceGetAttributeFn,
+    ctx_get_limit: CtxGetLimitFn,
+    ctx_set_limit: CtxSetLimitFn,
+    func_get_attribute: FuncGetAttributeFn,
+}
+
+impl IntegerEntryPoints {
+    /// Only after [`find_driver_library`] succeeded (cudarc would panic).
+    fn load(library: &str) -> Result<Self, ExecutorError> {
+        Ok(Self {
+            device_get_attribute: driver_symbol(library, "cuDeviceGetAttribute")?,
+            ctx_get_limit: driver_symbol(library, "cuCtxGetLimit")?,
+            ctx_set_limit: driver_symbol(library, "cuCtxSetLimit")?,
+            func_get_attribute: driver_symbol(library, "cuFuncGetAttribute")?,
+        })
+    }
+}
+
+fn driver_symbol<T: Copy>(library: &str, name: &'static str) -> Result<T, ExecutorError> {
+    // SAFETY: called once a driver library is known to load, so culib() does
+    // not panic; each `T` above is the entry point's C signature in cuda.h,
+    // with enum arguments as `int` and the CUresult as `u32`.
+    unsafe { sys::culib().get::<T>(name).map(|symbol| *symbol) }.map_err(|_| {
+        ExecutorError::MissingSymbol {
+            library: library.to_owned(),
+            symbol: name,
+        }
+    })
+}
+
+/// Finds the library cudarc is about to load: the first of `candidates`
+/// that loads. Refuses rgpu's own guest library.
+pub fn find_driver_library(candidates: &[String]) -> Result<String, ExecutorError> {
+    for name in candidates {
+        // SAFETY: loading runs the library's initialisers; these are the
+        // names cudarc loads next anyway, so nothing runs that would not.
+        let Ok(library) = (unsafe { libloading::Library::new(name.as_str()) }) else {
+            continue;
+        };
+        // SAFETY: only the marker's presence is checked; it is never used.
+        let marked = unsafe { library.get::<*const c_void>(GUEST_LIB_MARKER) }.is_ok();
+        if marked {
+            return Err(ExecutorError::GuestLibrary { name: name.clone() });
+        }
+        return Ok(name.clone());
+    }
+    Err(ExecutorError::LibraryNotFound {
+        tried: candidates.join(", "),
+    })
+}
+
+fn check(call: &'static str, result: sys::CUresult) -> CuResult<()> {
+    check_code(call, result as u32)
+}
+
+fn check_code(call: &'static str, code: u32) -> CuResult<()> {
+    if code == CUDA_SUCCESS {
+        trace!("{call}");
+        Ok(())
+    } else {
+        debug!("{call} failed with CUDA error {code}");
+        Err(code)
+    }
+}
+
+/// The daemon-wide CUDA executor: one host GPU.
+pub struct CudaExecutor {
+    device: sys::CUdevice,
+    info: DeviceInfo,
+    driver_version: i32,
+    entry: IntegerEntryPoints,
+}
+
+impl CudaExecutor {
+    pub fn new(gpu_ordinal: u32) -> Result<CudaExecutor, ExecutorError> {
+        let mut candidates: Vec<String> = Vec::new();
+        for name in DRIVER_LIBRARY_NAMES
+            .iter()
+            .flat_map(|name| cudarc::get_lib_name_candidates(name))
+        {
+            // cudarc's list repeats some names; the first occurrence decides.
+            if !candidates.contains(&name) {
+                candidates.push(name);
+            }
+        }
+        let library = find_driver_library(&candidates)?;
+        debug!("cuda executor: driver library {library}");
+        let entry = IntegerEntryPoints::load(&library)?;
+        let call = |call: &'static str, result: sys::CUresult| {
+            check(call, result).map_err(|code| ExecutorError::DriverCall { call, code })
+        };
+
+        // SAFETY: plain driver initialisation.
+        check("cuInit", unsafe { sys::cuInit(0) }).map_err(ExecutorError::InitFailed)?;
+        let mut count: c_int = 0;
+        // SAFETY: `count` is a valid out-pointer.
+        call("cuDeviceGetCount", unsafe {
+            sys::cuDeviceGetCount(&mut count)
+        })?;
+        let count = u32::try_from(count).unwrap_or(0);
+        if gpu_ordinal >= count {
+            return Err(ExecutorError::NoSuchGpu {
+                ordinal: gpu_ordinal,
+                count,
+            });
+        }
+        let ordinal = c_int::try_from(gpu_ordinal).map_err(|_| ExecutorError::NoSuchGpu {
+            ordinal: gpu_ordinal,
+            count,
+        })?;
+        let mut device: sys::CUdevice = 0;
+        // SAFETY: `device` is a valid out-pointer, the ordinal is in range.
+        call("cuDeviceGet", unsafe {
+            sys::cuDeviceGet(&mut device, ordinal)
+        })?;
+
+        let mut name = [0 as c_char; 256];
+        // SAFETY: the buffer holds the 256 bytes the call may write.
+        call("cuDeviceGetName", unsafe {
+            sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int, device)
+        })?;
+        let name: Vec<u8> = name
+            .iter()
+            .take_while(|c| **c != 0)
+            .map(|c| *c as u8)
+            .collect();
+        let name = String::from_utf8_lossy(&name).into_owned();
+
+        let mut uuid = sys::CUuuid { bytes: [0; 16] };
+        // SAFETY: `uuid` is a valid out-pointer.
+        call("cuDeviceGetUuid_v2", unsafe {
+            sys::cuDeviceGetUuid_v2(&mut uuid, device)
+        })?;
+        let uuid = uuid.bytes.map(|b| b as u8);
+
+        let mut total_mem = 0usize;
+        // SAFETY: `total_mem` is a valid out-pointer.
+        call("cuDeviceTotalMem_v2", unsafe {
+            sys::cuDeviceTotalMem_v2(&mut total_mem, device)
+        })?;
+
+        let mut attributes = vec![ATTRIBUTE_UNSUPPORTED; ATTRIBUTE_SLOTS];
+        for attribute in 1..=LAST_DEVICE_ATTRIBUTE {
+            let mut value: c_int = 0;
+            // SAFETY: `value` is a valid out-pointer; an unknown attribute
+            // number is answered with an error code.
+            let code = unsafe { (entry.device_get_attribute)(&mut value, attribute, device) };
+            if code == CUDA_SUCCESS {
+                if let Some(slot) = attributes.get_mut(attribute as usize) {
+                    *slot = value;
+                }
+            }
+        }
+
+        let mut driver_version: c_int = 0;
+        // SAFETY: `driver_version` is a valid out-pointer.
+        call("cuDriverGetVersion", unsafe {
+            sys::cuDriverGetVersion(&mut driver_version)
+        })?;
+        info!(
+            "cuda executor: GPU {gpu_ordinal} \"{name}\", {} MiB, driver API {driver_version}",
+            total_mem >> 20
+        );
+        Ok(CudaExecutor {
+            device,
+            info: DeviceInfo {
+                name,
+                uuid,
+                total_mem: total_mem as u64,
+                host_ordinal: gpu_ordinal,
+                attributes,
+            },
+            driver_version,
+            entry,
+        })
+    }
+}
+
+impl Executor for CudaExecutor {
+    fn kind(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn driver_version(&self) -> i32 {
+        self.driver_version
+    }
+
+    fn devices(&self) -> Vec<DeviceInfo> {
+        vec![self.info.clone()]
+    }
+
+    fn create_context(&self, device: u32) -> CuResult<Box<dyn ContextExecutor>> {
+        if device != 0 {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        let mut ctx: sys::CUcontext = null_mut();
+        // SAFETY: `ctx` is a valid out-pointer; NULL creation parameters ask
+        // for a plain context. It becomes current on this (the worker) thread.
+        check("cuCtxCreate_v4", unsafe {
+            sys::cuCtxCreate_v4(&mut ctx, null_mut(), CU_CTX_MAP_HOST, self.device)
+        })?;
+        debug!("cuda: context {ctx:p} created");
+        Ok(Box::new(CudaContext {
+            ctx,
+            entry: self.entry,
+            registered: HashSet::new(),
+            next_handle: 1,
+            modules: HashMap::new(),
+            functions: HashMap::new(),
+            streams: HashMap::new(),
+            events: HashMap::new(),
+        }))
+    }
+}
+
+struct LoadedModule {
+    module: sys::CUmodule,
+    /// Function handles already given out, by name.
+    functions: HashMap<String, u64>,
+}
+
+/// One session's CUDA context, current on the session's worker thread.
+pub struct CudaContext {
+    ctx: sys::CUcontext,
+    entry: IntegerEntryPoints,
+    /// Host addresses this context registered (and must unregister).
+    registered: HashSet<usize>,
+    /// One counter for all handle kinds: a stream's handle is no event's.
+    next_handle: u64,
+    modules: HashMap<u64, LoadedModule>,
+    /// Handle to (module handle, function).
+    functions: HashMap<u64, (u64, sys::CUfunction)>,
+    streams: HashMap<u64, sys::CUstream>,
+    events: HashMap<u64, sys::CUevent>,
+}
+
+impl CudaContext {
+    fn new_handle(&mut self) -> u64 {
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        handle
+    }
+
+    fn stream(&self, stream: StreamRef) -> CuResult<sys::CUstream> {
+        match stream {
+            StreamRef::Legacy => Ok(null_mut()),
+            StreamRef::PerThread => Ok(without_provenance_mut(STREAM_PER_THREAD_HANDLE)),
+            StreamRef::Created(handle) => self
+                .streams
+                .get(&handle)
+                .copied()
+                .ok_or(CUDA_ERROR_INVALID_HANDLE),
+        }
+    }
+
+    fn event(&self, event: u64) -> CuResult<sys::CUevent> {
+        self.events
+            .get(&event)
+            .copied()
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    fn function(&self, function: u64) -> CuResult<sys::CUfunction> {
+        self.functions
+            .get(&function)
+            .map(|(_, f)| *f)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    fn stream_sync(stream: sys::CUstream) -> CuResult<()> {
+        // SAFETY: `stream` is NULL, CU_STREAM_PER_THREAD or a live stream.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(stream)
+        })
+    }
+
+    /// `(layout)` of a function, asked index by index until the driver says
+    /// there are no more parameters.
+    fn param_layout(function: sys::CUfunction) -> FunctionInfo {
+        let mut params = Vec::new();
+        for index in 0..MAX_KERNEL_PARAMS {
+            let (mut offset, mut size) = (0usize, 0usize);
+            // SAFETY: `function` is live; both out-pointers are valid.
+            let code =
+                unsafe { sys::cuFuncGetParamInfo(function, index, &mut offset, &mut size) } as u32;
+            if code != CUDA_SUCCESS {
+                if index == 0 && code != CUDA_ERROR_INVALID_VALUE {
+                    warn!("cuFuncGetParamInfo failed with CUDA error {code}: no parameter layout");
+                }
+                break;
+            }
+            match (u32::try_from(offset), u32::try_from(size)) {
+                (Ok(offset), Ok(size)) => params.push(ParamSlot { offset, size }),
+                _ => break,
+            }
+        }
+        FunctionInfo { params }
+    }
+}
+
+impl Drop for CudaContext {
+    fn drop(&mut self) {
+        // SAFETY: the context is ours and alive; making it current lets the
+        // unregistrations run in it whatever the thread had current.
+        let _ = check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) });
+        for address in self.registered.drain() {
+            // SAFETY: `address` was registered by this context and is still
+            // mapped (guest memory outlives its sessions).
+            let _ = check("cuMemHostUnregister", unsafe {
+                sys::cuMemHostUnregister(address as *mut c_void)
+            });
+        }
+        // Destroying the context frees its memory, modules, streams, events.
+        // SAFETY: the context is ours; nothing uses it after this.
+        let _ = check("cuCtxDestroy_v2", unsafe { sys::cuCtxDestroy_v2(self.ctx) });
+        debug!("cuda: context {:p} destroyed", self.ctx);
+    }
+}
+
+impl ContextExecutor for CudaContext {
+    fn synchronize(&mut self) -> CuResult<()> {
+        // SAFETY: no arguments; acts on the current (this) context.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+    }
+
+    fn get_limit(&mut self, limit: u32) -> CuResult<u64> {
+        let limit = c_int::try_from(limit).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let mut value = 0usize;
+        // SAFETY: valid out-pointer; unknown limits are answered with errors.
+        check_code("cuCtxGetLimit", unsafe {
+            (self.entry.ctx_get_limit)(&mut value, limit)
+        })?;
+        Ok(value as u64)
+    }
+
+    fn set_limit(&mut self, limit: u32, value: u64) -> CuResult<()> {
+        let limit = c_int::try_from(limit).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let value = usize::try_from(value).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: plain values; unknown limits are answered with errors.
+        check_code("cuCtxSetLimit", unsafe {
+            (self.entry.ctx_set_limit)(limit, value)
+        })
+    }
+
+    fn mem_alloc(&mut self, size: u64) -> CuResult<u64> {
+        let size = usize::try_from(size).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer.
+        check("cuMemAlloc_v2", unsafe {
+            sys::cuMemAlloc_v2(&mut ptr, size)
+        })?;
+        trace!("cuda: mem_alloc {size} -> {ptr:#x}");
+        Ok(ptr)
+    }
+
+    fn mem_free(&mut self, device_ptr: u64) -> CuResult<()> {
+        // SAFETY: the driver checks the pointer against this context's
+        // allocations; a foreign one is an error, not a crash.
+        check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(device_ptr) })
+    }
+
+    fn mem_get_info(&mut self) -> CuResult<(u64, u64)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers.
+        check("cuMemGetInfo_v2", unsafe {
+            sys::cuMemGetInfo_v2(&mut free, &mut total)
+        })?;
+        Ok((free as u64, total as u64))
+    }
+
+    fn register_host_memory(&mut self, run: HostRun) -> CuResult<()> {
+        if run.len == 0 {
+            return Ok(());
+        }
+        // SAFETY: the session guarantees `run` is mapped memory of `run.len`
+        // bytes that stays mapped while the connection lives.
+        let code = unsafe {
+            sys::cuMemHostRegister_v2(
+                run.ptr.cast(),
+                run.len,
+                CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP,
+            )
+        } as u32;
+        match code {
+            CUDA_SUCCESS => {
+                self.registered.insert(run.ptr as usize);
+                debug!("cuda: registered {} bytes at {:p}", run.len, run.ptr);
+                Ok(())
+            }
+            // Portable registrations are process-wide: another session of the
+            // same guest memory did it already.
+            CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => Ok(()),
+            code => {
+                warn!(
+                    "cuMemHostRegister of {} bytes failed with CUDA error {code}: copies will be slower",
+                    run.len
+                );
+                Err(code)
+            }
+        }
+    }
+
+    fn unregister_host_memory(&mut self, run: HostRun) {
+        if self.registered.remove(&(run.ptr as usize)) {
+            // SAFETY: registered by this context, still mapped.
+            let _ = check("cuMemHostUnregister", unsafe {
+                sys::cuMemHostUnregister(run.ptr.cast())
+            });
+        }
+    }
+
+    fn memcpy_htod(
+        &mut self,
+        stream: StreamRef,
+        dst: u64,
+        src: &[HostRun],
+        wait_for_source: bool,
+    ) -> CuResult<()> {
+        let stream = self.stream(stream)?;
+        let mut at = dst;
+        for run in src.iter().filter(|r| r.len > 0) {
+            // SAFETY: `run` is mapped guest memory (HostRun); the driver
+            // checks the device range against this context's allocations.
+            check("cuMemcpyHtoDAsync_v2", unsafe {
+                sys::cuMemcpyHtoDAsync_v2(at, run.ptr.cast_const().cast(), run.len, stream)
+            })?;
+            at = at
+                .checked_add(run.len as u64)
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        }
+        if wait_for_source {
+            Self::stream_sync(stream)?;
+        }
+        Ok(())
+    }
+
+    fn memcpy_dtoh(
+        &mut self,
+        stream: StreamRef,
+        dst: &[HostRun],
+        src: u64,
+        wait: bool,
+    ) -> CuResult<()> {
+        let stream = self.stream(stream)?;
+        let mut at = src;
+        for run in dst.iter().filter(|r| r.len > 0) {
+            // SAFETY: as in memcpy_htod, with the roles swapped.
+            check("cuMemcpyDtoHAsync_v2", unsafe {
+                sys::cuMemcpyDtoHAsync_v2(run.ptr.cast(), at, run.len, stream)
+            })?;
+            at = at
+                .checked_add(run.len as u64)
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        }
+        if wait {
+            Self::stream_sync(stream)?;
+        }
+        Ok(())
+    }
+
+    fn memcpy_dtod(&mut self, stream: StreamRef, dst: u64, src: u64, size: u64) -> CuResult<()> {
+        let stream = self.stream(stream)?;
+        let size = usize::try_from(size).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: device addresses are checked by the driver.
+        check("cuMemcpyDtoDAsync_v2", unsafe {
+            sys::cuMemcpyDtoDAsync_v2(dst, src, size, stream)
+        })
+    }
+
+    fn memset(
+        &mut self,
+        stream: StreamRef,
+        dst: u64,
+        value: u32,
+        element_size: u32,
+        count: u64,
+    ) -> CuResult<()> {
+        let stream = self.stream(stream)?;
+        let count = usize::try_from(count).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY (all three): device addresses are checked by the driver.
+        match element_size {
+            1 => check("cuMemsetD8Async", unsafe {
+                sys::cuMemsetD8Async(dst, value as u8, count, stream)
+            }),
+            2 => check("cuMemsetD16Async", unsafe {
+                sys::cuMemsetD16Async(dst, value as u16, count, stream)
+            }),
+            4 => check("cuMemsetD32Async", unsafe {
+                sys::cuMemsetD32Async(dst, value, count, stream)
+            }),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    fn module_load(&mut self, image: &[u8]) -> CuResult<u64> {
+        let kind = classify(image).map_err(|e| {
+            warn!("cuda: module image refused: {e}");
+            CUDA_ERROR_INVALID_IMAGE
+        })?;
+        // The driver reads PTX up to a NUL and binaries by their headers
+        // (checked above); binaries get 8-byte alignment, as nvcc gives them.
+        let copy: Vec<u64>;
+        let data: *const c_void = match kind {
+            ImageKind::Ptx => {
+                let text = ptx::text(image).ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+                copy = nul_terminated_words(text.as_bytes());
+                copy.as_ptr().cast()
+            }
+            ImageKind::Cubin | ImageKind::Fatbin if image.as_ptr().align_offset(8) == 0 => {
+                image.as_ptr().cast()
+            }
+            ImageKind::Cubin | ImageKind::Fatbin => {
+                copy = aligned_words(image);
+                copy.as_ptr().cast()
+            }
+        };
+        let mut module: sys::CUmodule = null_mut();
+        // SAFETY: `data` points at a whole image checked by `classify`
+        // (NUL-terminated text, or a binary whose headers fit), alive for
+        // the call.
+        check("cuModuleLoadData", unsafe {
+            sys::cuModuleLoadData(&mut module, data)
+        })?;
+        let handle = self.new_handle();
+        self.modules.insert(
+            handle,
+            LoadedModule {
+                module,
+                functions: HashMap::new(),
+            },
+        );
+        debug!(
+            "cuda: module {handle} loaded ({kind:?}, {} bytes)",
+            image.len()
+        );
+        Ok(handle)
+    }
+
+    fn module_unload(&mut self, module: u64) -> CuResult<()> {
+        let loaded = self.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        // SAFETY: a module this context loaded and has not unloaded.
+        check("cuModuleUnload", unsafe {
+            sys::cuModuleUnload(loaded.module)
+        })?;
+        self.modules.remove(&module);
+        self.functions.retain(|_, (m, _)| *m != module);
+        Ok(())
+    }
+
+    fn module_get_function(&mut self, module: u64, name: &str) -> CuResult<(u64, FunctionInfo)> {
+        let loaded = self.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let cname = CString::new(name).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let mut function: sys::CUfunction = null_mut();
+        // SAFETY: live module, NUL-terminated name, valid out-pointer.
+        check("cuModuleGetFunction", unsafe {
+            sys::cuModuleGetFunction(&mut function, loaded.module, cname.as_ptr())
+        })?;
+        let info = Self::param_layout(function);
+        if let Some(handle) = loaded.functions.get(name) {
+            return Ok((*handle, info));
+        }
+        let handle = self.new_handle();
+        self.functions.insert(handle, (module, function));
+        if let Some(loaded) = self.modules.get_mut(&module) {
+            loaded.functions.insert(name.to_owned(), handle);
+        }
+        trace!(
+            "cuda: function {name} -> {handle}, {} params",
+            info.params.len()
+        );
+        Ok((handle, info))
+    }
+
+    fn module_get_global(&mut self, module: u64, name: &str) -> CuResult<(u64, u64)> {
+        let loaded = self.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let cname = CString::new(name).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let (mut ptr, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: live module, NUL-terminated name, valid out-pointers.
+        check("cuModuleGetGlobal_v2", unsafe {
+            sys::cuModuleGetGlobal_v2(&mut ptr, &mut size, loaded.module, cname.as_ptr())
+        })?;
+        Ok((ptr, size as u64))
+    }
+
+    fn func_get_attribute(&mut self, function: u64, attribute: i32) -> CuResult<i32> {
+        let function = self.function(function)?;
+        let mut value: c_int = 0;
+        // SAFETY: live function, valid out-pointer; unknown attributes are
+        // answered with an error code.
+        check_code("cuFuncGetAttribute", unsafe {
+            (self.entry.func_get_attribute)(&mut value, attribute, function)
+        })?;
+        Ok(value)
+    }
+
+    fn launch_kernel(
+        &mut self,
+        function: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        stream: StreamRef,
+        params: &[u8],
+    ) -> CuResult<()> {
+        let function = self.function(function)?;
+        let stream = self.stream(stream)?;
+        let mut size = params.len();
+        let mut extra: [*mut c_void; 5] = [
+            without_provenance_mut(LAUNCH_PARAM_BUFFER_POINTER),
+            params.as_ptr().cast_mut().cast(),
+            without_provenance_mut(LAUNCH_PARAM_BUFFER_SIZE),
+            (&mut size as *mut usize).cast(),
+            null_mut(),
+        ];
+        let extra = if params.is_empty() {
+            null_mut()
+        } else {
+            extra.as_mut_ptr()
+        };
+        // SAFETY: live function and stream; `extra` describes `params`
+        // (read, not written, during the call) and ends with END.
+        check("cuLaunchKernel", unsafe {
+            sys::cuLaunchKernel(
+                function,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared_mem_bytes,
+                stream,
+                null_mut(),
+                extra,
+            )
+        })
+    }
+
+    fn stream_create(&mut self, flags: u32, priority: i32) -> CuResult<u64> {
+        let mut stream: sys::CUstream = null_mut();
+        // SAFETY: valid out-pointer; bad flags are answered with an error.
+        check("cuStreamCreateWithPriority", unsafe {
+            sys::cuStreamCreateWithPriority(&mut stream, flags, priority)
+        })?;
+        let handle = self.new_handle();
+        self.streams.insert(handle, stream);
+        Ok(handle)
+    }
+
+    fn stream_destroy(&mut self, stream: u64) -> CuResult<()> {
+        let s = self.stream(StreamRef::Created(stream))?;
+        // SAFETY: a live stream of this context.
+        check("cuStreamDestroy_v2", unsafe { sys::cuStreamDestroy_v2(s) })?;
+        self.streams.remove(&stream);
+        Ok(())
+    }
+
+    fn stream_synchronize(&mut self, stream: StreamRef) -> CuResult<()> {
+        Self::stream_sync(self.stream(stream)?)
+    }
+
+    fn stream_query(&mut self, stream: StreamRef) -> CuResult<()> {
+        let stream = self.stream(stream)?;
+        // SAFETY: NULL, per-thread or a live stream.
+        check("cuStreamQuery", unsafe { sys::cuStreamQuery(stream) })
+    }
+
+    fn stream_wait_event(&mut self, stream: StreamRef, event: u64, flags: u32) -> CuResult<()> {
+        let stream = self.stream(stream)?;
+        let event = self.event(event)?;
+        // SAFETY: live stream and event of this context.
+        check("cuStreamWaitEvent", unsafe {
+            sys::cuStreamWaitEvent(stream, event, flags)
+        })
+    }
+
+    fn event_create(&mut self, flags: u32) -> CuResult<u64> {
+        let mut event: sys::CUevent = null_mut();
+        // SAFETY: valid out-pointer; bad flags are answered with an error.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut event, flags)
+        })?;
+        let handle = self.new_handle();
+        self.events.insert(handle, event);
+        Ok(handle)
+    }
+
+    fn event_destroy(&mut self, event: u64) -> CuResult<()> {
+        let e = self.event(event)?;
+        // SAFETY: a live event of this context.
+        check("cuEventDestroy_v2", unsafe { sys::cuEventDestroy_v2(e) })?;
+        self.events.remove(&event);
+        Ok(())
+    }
+
+    fn event_record(&mut self, event: u64, stream: StreamRef) -> CuResult<()> {
+        let event = self.event(event)?;
+        let stream = self.stream(stream)?;
+        // SAFETY: live event and stream.
+        check("cuEventRecord", unsafe {
+            sys::cuEventRecord(event, stream)
+        })
+    }
+
+    fn event_synchronize(&mut self, event: u64) -> CuResult<()> {
+        let event = self.event(event)?;
+        // SAFETY: a live event.
+        check("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(event)
+        })
+    }
+
+    fn event_query(&mut self, event: u64) -> CuResult<()> {
+        let event = self.event(event)?;
+        // SAFETY: a live event.
+        check("cuEventQuery", unsafe { sys::cuEventQuery(event) })
+    }
+
+    fn event_elapsed_time(&mut self, start: u64, end: u64) -> CuResult<f32> {
+        let (start, end) = (self.event(start)?, self.event(end)?);
+        let mut ms = 0f32;
+        // SAFETY: live events, valid out-pointer.
+        check("cuEventElapsedTime_v2", unsafe {
+            sys::cuEventElapsedTime_v2(&mut ms, start, end)
+        })?;
+        Ok(ms)
+    }
+}
+
+/// `bytes` and a NUL, in 8-byte-aligned storage.
+fn nul_terminated_words(bytes: &[u8]) -> Vec<u64> {
+    let mut words = vec![0u64; bytes.len() / 8 + 1];
+    copy_into_words(&mut words, bytes);
+    words
+}
+
+/// `bytes` in 8-byte-aligned storage (zero-padded to a whole word).
+fn aligned_words(bytes: &[u8]) -> Vec<u64> {
+    let mut words = vec![0u64; bytes.len().div_ceil(8)];
+    copy_into_words(&mut words, bytes);
+    words
+}
+
+fn copy_into_words(words: &mut [u64], bytes: &[u8]) {
+    for (word, chunk) in words.iter_mut().zip(bytes.chunks(8)) {
+        let mut raw = [0u8; 8];
+        raw.get_mut(..chunk.len())
+            .unwrap_or_default()
+            .copy_from_slice(chunk);
+        *word = u64::from_ne_bytes(raw);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+    use std::process::Command;
+
+    #[test]
+    fn new_returns_an_error_without_nvidia_driver() {
+        // Without NVIDIA's driver this must be an error, not cudarc's panic.
+        // (Cargo puts the target dir on the library path, where guest-lib's
+        // own libcuda.so may be: that must be refused too, and so must a
+        // library without the driver's entry points.)
+        match CudaExecutor::new(0) {
+            Ok(executor) => assert_eq!(executor.kind(), "cuda"),
+            Err(e) => {
+                assert!(
+                    matches!(
+                        e,
+                        ExecutorError::LibraryNotFound { .. }
+                            | ExecutorError::GuestLibrary { .. }
+                            | ExecutorError::MissingSymbol { .. }
+                            | ExecutorError::InitFailed(_)
+                            | ExecutorError::NoSuchGpu { .. }
+                    ),
+                    "{e}"
+                );
+                eprintln!("as expected here: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn missing_library_is_reported_with_the_names_tried() {
+        let names = vec![
+            "librgpu-no-such-driver.so".to_owned(),
+            "libalso-none.so.1".to_owned(),
+        ];
+        let err = find_driver_library(&names).unwrap_err();
+        assert!(matches!(err, ExecutorError::LibraryNotFound { .. }));
+        let message = err.to_string();
+        assert!(message.contains("libalso-none.so.1"), "{message}");
+        assert!(message.contains("--executor sim"), "{message}");
+    }
+
+    /// Builds a shared library from C source; `None` where no C compiler is.
+    fn build_library(dir: &Path, name: &str, source: &str) -> Option<String> {
+        let c = dir.join(format!("{name}.c"));
+        let so = dir.join(format!("{name}.so"));
+        std::fs::write(&c, source).ok()?;
+        let status = Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&so)
+            .arg(&c)
+            .status()
+            .ok()?;
+        status.success().then(|| so.to_string_lossy().into_owned())
+    }
+
+    #[test]
+    fn guest_library_is_refused_and_a_plain_one_accepted() {
+        let dir = std::env::temp_dir().join(format!("rgpu-executor-probe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let guest = build_library(
+            &dir,
+            "guest",
+            "int rgpu_guest_lib_marker(void) { return 1; }\n",
+        );
+        let driver = build_library(
+            &dir,
+            "driver",
+            "int cuInit(unsigned f) { return (int)f; }\n",
+        );
+        if let (Some(guest), Some(driver)) = (guest, driver) {
+            let err = find_driver_library(std::slice::from_ref(&guest)).unwrap_err();
+            assert!(matches!(err, ExecutorError::GuestLibrary { .. }), "{err}");
+            assert!(err
+                .to_string()
+                .contains("guest-lib off the daemon's library path"));
+            // The first loadable candidate decides, as in cudarc.
+            let names = vec!["libnone-here.so".to_owned(), driver.clone(), guest];
+            assert_eq!(find_driver_library(&names).unwrap(), driver);
+        } else {
+            eprintln!("no C compiler: probe of built libraries skipped");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn images_are_copied_into_aligned_nul_terminated_words() {
+        let words = nul_terminated_words(b"12345678");
+        assert_eq!(words.len(), 2);
+        assert_eq!(words[1], 0);
+        let words = nul_terminated_words(b".version 9.0");
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        assert_eq!(&bytes[..13], b".version 9.0\0");
+        let words = aligned_words(&[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(words.len(), 2);
+        assert_eq!(words[1].to_ne_bytes()[0], 9);
+    }
+}

@@ -4,6 +4,10 @@
 //! - [`sim`]: host memory and a few named reference kernels, a test fixture
 //!   for machines without a GPU.
 //!
+//! [`ptx`] reads kernel layouts and module variables from PTX text (the sim
+//! executor's only source of them); [`image`] classifies module images and
+//! checks their headers against their length before a driver reads them.
+//!
 //! An [`Executor`] is shared by the whole daemon. A [`ContextExecutor`] is one
 //! session's device context; it is created, used and dropped on that
 //! session's worker thread only (CUDA contexts are bound per thread), so it
@@ -12,11 +16,43 @@
 //! CUDA results travel as plain `u32` codes (`rgpu_proto::cuda_result`).
 
 pub mod cuda;
+pub mod image;
 pub mod ptx;
 pub mod sim;
 
 use rgpu_proto::capset::DeviceInfo;
 use rgpu_proto::reply::FunctionInfo;
+use thiserror::Error;
+
+/// Why an executor could not start. The messages are shown to the person
+/// starting the daemon, so they say what to do.
+#[derive(Debug, Error)]
+pub enum ExecutorError {
+    #[error(
+        "libcuda.so not found (tried {tried}): the cuda executor needs NVIDIA's driver \
+         (use --executor sim on a machine without a GPU)"
+    )]
+    LibraryNotFound { tried: String },
+    #[error(
+        "the libcuda.so found on the library path ({name}) is rgpu's own guest library \
+         (it exports rgpu_guest_lib_marker); keep guest-lib off the daemon's library path"
+    )]
+    GuestLibrary { name: String },
+    #[error("cuInit failed with CUDA error {0}")]
+    InitFailed(u32),
+    #[error("GPU ordinal {ordinal} not found ({count} GPUs)")]
+    NoSuchGpu { ordinal: u32, count: u32 },
+    #[error(
+        "the driver library {library} lacks {symbol}: not NVIDIA's driver, or one older \
+         than CUDA 13.0 (driver 580)"
+    )]
+    MissingSymbol {
+        library: String,
+        symbol: &'static str,
+    },
+    #[error("{call} failed with CUDA error {code}")]
+    DriverCall { call: &'static str, code: u32 },
+}
 
 /// A CUDA driver result code (`CUDA_SUCCESS` is never an error value).
 pub type CuResult<T> = Result<T, u32>;

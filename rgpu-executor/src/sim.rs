@@ -1,0 +1,1388 @@
+//! The `sim` executor: a TEST FIXTURE for machines without a GPU.
+//!
+//! It lets the transport, the sessions and the guest library be tested end
+//! to end where there is no GPU: "device memory" is host memory behind fake
+//! device addresses, streams run synchronously in order, and the only
+//! kernels it can launch are the reference kernels, recognised by entry name
+//! (see the helper brief): `rgpu_vector_add`, `rgpu_scale`,
+//! `rgpu_fill_index`, `rgpu_empty`. It takes PTX text only. Nothing is
+//! "done" until it runs on a GPU with the `cuda` executor.
+
+use std::alloc::Layout;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use log::{debug, trace, warn};
+use rgpu_proto::capset::{DeviceInfo, ATTRIBUTE_SLOTS, ATTRIBUTE_UNSUPPORTED};
+use rgpu_proto::cuda_result::*;
+use rgpu_proto::reply::FunctionInfo;
+
+use crate::image::{classify, ImageKind};
+use crate::{ptx, ContextExecutor, CuResult, Executor, HostRun, StreamRef};
+
+pub const SIM_DEVICE_NAME: &str = "rgpu-sim (test fixture, no GPU)";
+pub const SIM_TOTAL_MEM: u64 = 16 << 30;
+pub const SIM_DRIVER_VERSION: i32 = 13000;
+/// Deterministic, so tests and guests can recognise the fixture.
+pub const SIM_UUID: [u8; 16] = *b"rgpu-sim-fixture";
+/// Where the fake device addresses start (looks like a real GPU VA).
+const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+/// `cuMemAlloc` alignment.
+const ALLOC_ALIGN: u64 = 256;
+const H200_ATTRIBUTES: &str = include_str!("../data/h200-attributes.tsv");
+
+/// `CUDA_ERROR_UNSUPPORTED_LIMIT` (cuda.h), not named by rgpu-proto.
+const CUDA_ERROR_UNSUPPORTED_LIMIT: u32 = 215;
+const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
+/// Launch geometry limits of the H200 (device attributes 2-7).
+const MAX_THREADS_PER_BLOCK: u64 = 1024;
+const MAX_BLOCK: [u32; 3] = [1024, 1024, 64];
+const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
+
+/// `(limit, default, settable)`, defaults as an H200 reports them.
+const LIMITS: [(u32, u64, bool); 10] = [
+    (0, 1024, true),    // STACK_SIZE
+    (1, 1 << 20, true), // PRINTF_FIFO_SIZE
+    (2, 8 << 20, true), // MALLOC_HEAP_SIZE
+    (3, 2, true),       // DEV_RUNTIME_SYNC_DEPTH
+    (4, 2048, true),    // DEV_RUNTIME_PENDING_LAUNCH_COUNT
+    (5, 64, true),      // MAX_L2_FETCH_GRANULARITY
+    (6, 0, true),       // PERSISTING_L2_CACHE_SIZE
+    (7, 0, false),      // SHMEM_SIZE (CIG contexts only)
+    (8, 0, false),      // CIG_ENABLED
+    (9, 1, true),       // CIG_SHMEM_FALLBACK_ENABLED
+];
+
+/// The daemon-wide simulator.
+pub struct SimExecutor {
+    device: DeviceInfo,
+    /// Bytes allocated by all contexts: one device's memory is shared.
+    used: Arc<AtomicU64>,
+}
+
+impl SimExecutor {
+    pub fn new() -> SimExecutor {
+        warn!(
+            "sim executor: a TEST FIXTURE without a GPU (host memory, reference kernels only); \
+             use --executor cuda for real work"
+        );
+        SimExecutor {
+            device: DeviceInfo {
+                name: SIM_DEVICE_NAME.to_owned(),
+                uuid: SIM_UUID,
+                total_mem: SIM_TOTAL_MEM,
+                host_ordinal: 0,
+                attributes: parse_attributes(H200_ATTRIBUTES),
+            },
+            used: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Default for SimExecutor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Reads "attr<TAB>value" / "attr<TAB>error N" lines into attribute slots;
+/// anything unreadable stays [`ATTRIBUTE_UNSUPPORTED`].
+fn parse_attributes(tsv: &str) -> Vec<i32> {
+    let mut attributes = vec![ATTRIBUTE_UNSUPPORTED; ATTRIBUTE_SLOTS];
+    for line in tsv.lines() {
+        let mut fields = line.split('\t');
+        let (Some(attr), Some(value)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let (Ok(attr), Ok(value)) = (attr.trim().parse::<usize>(), value.trim().parse::<i32>())
+        else {
+            continue;
+        };
+        if let Some(slot) = attributes.get_mut(attr) {
+            *slot = value;
+        }
+    }
+    attributes
+}
+
+impl Executor for SimExecutor {
+    fn kind(&self) -> &'static str {
+        "sim"
+    }
+
+    fn driver_version(&self) -> i32 {
+        SIM_DRIVER_VERSION
+    }
+
+    fn devices(&self) -> Vec<DeviceInfo> {
+        vec![self.device.clone()]
+    }
+
+    fn create_context(&self, device: u32) -> CuResult<Box<dyn ContextExecutor>> {
+        if device != 0 {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        debug!("sim: context created");
+        Ok(Box::new(SimContext::new(self.used.clone())))
+    }
+}
+
+/// Zeroed host memory standing for one device allocation. Allocated through
+/// `alloc_zeroed` (calloc), so untouched pages cost nothing, and fallibly,
+/// so an impossible size is an out-of-memory error rather than an abort.
+struct HostBlock {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+impl HostBlock {
+    fn zeroed(len: u64) -> Option<Self> {
+        let layout = Layout::from_size_align(usize::try_from(len).ok()?.max(1), 16).ok()?;
+        // SAFETY: the layout's size is non-zero.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        Some(Self {
+            ptr: NonNull::new(ptr)?,
+            layout,
+        })
+    }
+}
+
+impl Drop for HostBlock {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this very layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// `cuMemAlloc`: the guest may free it.
+    User,
+    /// A module's variable, freed with the module.
+    Module(u64),
+}
+
+struct Allocation {
+    block: HostBlock,
+    /// What was asked for (the block may be larger for empty variables).
+    size: u64,
+    /// Bytes counted against the device's memory.
+    charged: u64,
+    owner: Owner,
+}
+
+/// The reference kernels, by entry name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReferenceKernel {
+    VectorAdd,
+    Scale,
+    FillIndex,
+    Empty,
+}
+
+impl ReferenceKernel {
+    fn by_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "rgpu_vector_add" => Self::VectorAdd,
+            "rgpu_scale" => Self::Scale,
+            "rgpu_fill_index" => Self::FillIndex,
+            "rgpu_empty" => Self::Empty,
+            _ => return None,
+        })
+    }
+
+    /// Parameter sizes the PTX must declare.
+    fn param_sizes(self) -> &'static [u32] {
+        match self {
+            Self::VectorAdd => &[8, 8, 8, 4],
+            Self::Scale => &[8, 4, 4],
+            Self::FillIndex => &[8, 4, 4],
+            Self::Empty => &[],
+        }
+    }
+}
+
+struct SimModule {
+    /// Entry name to layout.
+    entries: HashMap<String, FunctionInfo>,
+    /// Variable name to `(device address, size)`.
+    variables: HashMap<String, (u64, u64)>,
+    /// Function handles already handed out, so a name maps to one handle.
+    functions: HashMap<String, u64>,
+}
+
+struct SimFunction {
+    module: u64,
+    name: String,
+    info: FunctionInfo,
+    kernel: Option<ReferenceKernel>,
+}
+
+struct SimEvent {
+    flags: u32,
+    recorded: Option<Instant>,
+}
+
+/// One session's simulated context.
+pub struct SimContext {
+    used: Arc<AtomicU64>,
+    /// Bytes this context charged to `used`, returned on drop.
+    charged: u64,
+    allocations: BTreeMap<u64, Allocation>,
+    next_address: u64,
+    /// One counter for every kind of handle, so a handle of one kind is
+    /// never valid as another.
+    next_handle: u64,
+    modules: HashMap<u64, SimModule>,
+    functions: HashMap<u64, SimFunction>,
+    streams: HashSet<u64>,
+    events: HashMap<u64, SimEvent>,
+    limits: HashMap<u32, u64>,
+    /// Kernel names already reported as unimplemented.
+    warned: HashSet<String>,
+}
+
+impl SimContext {
+    fn new(used: Arc<AtomicU64>) -> Self {
+        Self {
+            used,
+            charged: 0,
+            allocations: BTreeMap::new(),
+            next_address: BASE_ADDRESS,
+            next_handle: 1,
+            modules: HashMap::new(),
+            functions: HashMap::new(),
+            streams: HashSet::new(),
+            events: HashMap::new(),
+            limits: LIMITS.iter().map(|(l, v, _)| (*l, *v)).collect(),
+            warned: HashSet::new(),
+        }
+    }
+
+    fn new_handle(&mut self) -> u64 {
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        handle
+    }
+
+    fn allocate(&mut self, size: u64, owner: Owner) -> CuResult<u64> {
+        let charged = size
+            .checked_next_multiple_of(ALLOC_ALIGN)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                used.checked_add(charged).filter(|n| *n <= SIM_TOTAL_MEM)
+            })
+            .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+        let Some(block) = HostBlock::zeroed(size) else {
+            self.used.fetch_sub(charged, Ordering::SeqCst);
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        };
+        let address = self.next_address;
+        // Addresses are never reused, so a stale pointer never reaches a
+        // newer allocation; the 16 GiB cap keeps this far from overflowing.
+        self.next_address = address + charged.max(ALLOC_ALIGN);
+        self.charged += charged;
+        self.allocations.insert(
+            address,
+            Allocation {
+                block,
+                size,
+                charged,
+                owner,
+            },
+        );
+        Ok(address)
+    }
+
+    fn release(&mut self, address: u64) {
+        if let Some(allocation) = self.allocations.remove(&address) {
+            self.used.fetch_sub(allocation.charged, Ordering::SeqCst);
+            self.charged -= allocation.charged;
+        }
+    }
+
+    /// The host address of `[ptr, ptr + len)`, which must lie inside one
+    /// allocation; `error` otherwise.
+    fn host_range(&self, ptr: u64, len: u64, error: u32) -> CuResult<*mut u8> {
+        let (base, allocation) = self.allocations.range(..=ptr).next_back().ok_or(error)?;
+        let offset = ptr - base;
+        match offset.checked_add(len) {
+            Some(end) if end <= allocation.size => {}
+            _ => return Err(error),
+        }
+        // Fits in usize: the block holds at least `size` bytes.
+        let offset = offset as usize;
+        // SAFETY: offset + len <= size <= the block's length.
+        Ok(unsafe { allocation.block.ptr.as_ptr().add(offset) })
+    }
+
+    fn read(&self, ptr: u64, len: u64, error: u32) -> CuResult<Vec<u8>> {
+        let src = self.host_range(ptr, len, error)?;
+        let len = usize::try_from(len).map_err(|_| error)?;
+        let mut out = vec![0u8; len];
+        // SAFETY: host_range checked `len` bytes at `src` inside a block;
+        // `out` is a fresh vector of that length.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), len) };
+        Ok(out)
+    }
+
+    fn write(&mut self, ptr: u64, data: &[u8], error: u32) -> CuResult<()> {
+        let dst = self.host_range(ptr, data.len() as u64, error)?;
+        // SAFETY: host_range checked `data.len()` bytes at `dst` inside a
+        // block, which `data` (a separate buffer) cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        Ok(())
+    }
+
+    fn check_stream(&self, stream: StreamRef) -> CuResult<()> {
+        match stream {
+            StreamRef::Created(handle) if !self.streams.contains(&handle) => {
+                Err(CUDA_ERROR_INVALID_HANDLE)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn event(&self, event: u64) -> CuResult<&SimEvent> {
+        self.events.get(&event).ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    fn run_kernel(&mut self, kernel: ReferenceKernel, args: &[u64], threads: u64) -> CuResult<()> {
+        // Parameter sizes were checked against the kernel, so `args` holds
+        // one value per parameter.
+        let arg = |i: usize| args.get(i).copied().ok_or(CUDA_ERROR_INVALID_VALUE);
+        let bad = CUDA_ERROR_ILLEGAL_ADDRESS;
+        match kernel {
+            ReferenceKernel::Empty => Ok(()),
+            ReferenceKernel::VectorAdd => {
+                let count = arg(3)?.min(threads);
+                let a = self.read(arg(0)?, count * 4, bad)?;
+                let b = self.read(arg(1)?, count * 4, bad)?;
+                let c: Vec<u8> = a
+                    .chunks_exact(4)
+                    .zip(b.chunks_exact(4))
+                    .flat_map(|(x, y)| (f32_at(x) + f32_at(y)).to_le_bytes())
+                    .collect();
+                self.write(arg(2)?, &c, bad)
+            }
+            ReferenceKernel::Scale => {
+                let factor = f32::from_bits(arg(1)? as u32);
+                let count = arg(2)?.min(threads);
+                let x = self.read(arg(0)?, count * 4, bad)?;
+                let scaled: Vec<u8> = x
+                    .chunks_exact(4)
+                    .flat_map(|v| (f32_at(v) * factor).to_le_bytes())
+                    .collect();
+                self.write(arg(0)?, &scaled, bad)
+            }
+            ReferenceKernel::FillIndex => {
+                let base = arg(1)? as u32;
+                let count = arg(2)?.min(threads);
+                let out: Vec<u8> = (0..count)
+                    .flat_map(|i| base.wrapping_add(i as u32).to_le_bytes())
+                    .collect();
+                self.write(arg(0)?, &out, bad)
+            }
+        }
+    }
+}
+
+fn f32_at(bytes: &[u8]) -> f32 {
+    let mut raw = [0u8; 4];
+    raw.copy_from_slice(bytes.get(..4).unwrap_or(&[0; 4]));
+    f32::from_le_bytes(raw)
+}
+
+/// Reads a parameter of `size` (1 to 8) bytes at `offset` as an integer.
+fn param_value(params: &[u8], offset: u32, size: u32) -> CuResult<u64> {
+    let start = offset as usize;
+    let bytes = params
+        .get(start..start + size as usize)
+        .filter(|b| b.len() <= 8)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let mut raw = [0u8; 8];
+    raw.get_mut(..bytes.len())
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?
+        .copy_from_slice(bytes);
+    Ok(u64::from_le_bytes(raw))
+}
+
+/// Total threads of a launch, after CUDA's geometry checks.
+fn launch_threads(grid: [u32; 3], block: [u32; 3]) -> CuResult<u64> {
+    let dims_ok =
+        |dims: [u32; 3], max: [u32; 3]| dims.iter().zip(max).all(|(d, m)| (1..=m).contains(d));
+    if !dims_ok(grid, MAX_GRID) || !dims_ok(block, MAX_BLOCK) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let per_block: u64 = block.iter().map(|d| u64::from(*d)).product();
+    if per_block > MAX_THREADS_PER_BLOCK {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // At most 2^31 * 2^32 blocks times 2^10 threads: saturate, don't wrap.
+    Ok(grid
+        .iter()
+        .fold(per_block, |n, d| n.saturating_mul(u64::from(*d))))
+}
+
+impl Drop for SimContext {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.charged, Ordering::SeqCst);
+        debug!(
+            "sim: context destroyed ({} allocations, {} bytes freed)",
+            self.allocations.len(),
+            self.charged
+        );
+    }
+}
+
+impl ContextExecutor for SimContext {
+    fn synchronize(&mut self) -> CuResult<()> {
+        Ok(())
+    }
+
+    fn get_limit(&mut self, limit: u32) -> CuResult<u64> {
+        self.limits
+            .get(&limit)
+            .copied()
+            .ok_or(CUDA_ERROR_UNSUPPORTED_LIMIT)
+    }
+
+    fn set_limit(&mut self, limit: u32, value: u64) -> CuResult<()> {
+        match LIMITS.iter().find(|(l, _, _)| *l == limit) {
+            None => Err(CUDA_ERROR_UNSUPPORTED_LIMIT),
+            Some((_, _, false)) => Err(CUDA_ERROR_INVALID_VALUE),
+            Some(_) => {
+                self.limits.insert(limit, value);
+                Ok(())
+            }
+        }
+    }
+
+    fn mem_alloc(&mut self, size: u64) -> CuResult<u64> {
+        if size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let ptr = self.allocate(size, Owner::User)?;
+        trace!("sim: mem_alloc {size} -> {ptr:#x}");
+        Ok(ptr)
+    }
+
+    fn mem_free(&mut self, device_ptr: u64) -> CuResult<()> {
+        match self.allocations.get(&device_ptr) {
+            Some(a) if a.owner == Owner::User => {
+                self.release(device_ptr);
+                trace!("sim: mem_free {device_ptr:#x}");
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    fn mem_get_info(&mut self) -> CuResult<(u64, u64)> {
+        let used = self.used.load(Ordering::SeqCst).min(SIM_TOTAL_MEM);
+        Ok((SIM_TOTAL_MEM - used, SIM_TOTAL_MEM))
+    }
+
+    fn register_host_memory(&mut self, _run: HostRun) -> CuResult<()> {
+        Ok(())
+    }
+
+    fn unregister_host_memory(&mut self, _run: HostRun) {}
+
+    fn memcpy_htod(
+        &mut self,
+        stream: StreamRef,
+        dst: u64,
+        src: &[HostRun],
+        _wait_for_source: bool,
+    ) -> CuResult<()> {
+        self.check_stream(stream)?;
+        let total = src
+            .iter()
+            .try_fold(0u64, |sum, run| sum.checked_add(run.len as u64))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if total == 0 {
+            return Ok(());
+        }
+        let base = self.host_range(dst, total, CUDA_ERROR_INVALID_VALUE)?;
+        let mut offset = 0usize;
+        for run in src.iter().filter(|r| r.len > 0) {
+            // SAFETY: the session guarantees `run` is mapped guest memory of
+            // `run.len` bytes (HostRun); the destination range was checked to
+            // hold all runs' bytes; guest memory and our blocks are distinct.
+            unsafe { std::ptr::copy_nonoverlapping(run.ptr, base.add(offset), run.len) };
+            offset += run.len;
+        }
+        trace!("sim: memcpy_htod {total} bytes -> {dst:#x}");
+        Ok(())
+    }
+
+    fn memcpy_dtoh(
+        &mut self,
+        stream: StreamRef,
+        dst: &[HostRun],
+        src: u64,
+        _wait: bool,
+    ) -> CuResult<()> {
+        self.check_stream(stream)?;
+        let total = dst
+            .iter()
+            .try_fold(0u64, |sum, run| sum.checked_add(run.len as u64))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if total == 0 {
+            return Ok(());
+        }
+        let base = self.host_range(src, total, CUDA_ERROR_INVALID_VALUE)?;
+        let mut offset = 0usize;
+        for run in dst.iter().filter(|r| r.len > 0) {
+            // SAFETY: as in memcpy_htod, with the roles swapped.
+            unsafe { std::ptr::copy_nonoverlapping(base.add(offset), run.ptr, run.len) };
+            offset += run.len;
+        }
+        trace!("sim: memcpy_dtoh {total} bytes <- {src:#x}");
+        Ok(())
+    }
+
+    fn memcpy_dtod(&mut self, stream: StreamRef, dst: u64, src: u64, size: u64) -> CuResult<()> {
+        self.check_stream(stream)?;
+        if size == 0 {
+            return Ok(());
+        }
+        let from = self.host_range(src, size, CUDA_ERROR_INVALID_VALUE)?;
+        let to = self.host_range(dst, size, CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: both ranges were checked inside live blocks; `copy` allows
+        // them to overlap (as a copy within one allocation may).
+        unsafe { std::ptr::copy(from, to, size as usize) };
+        trace!("sim: memcpy_dtod {size} bytes {src:#x} -> {dst:#x}");
+        Ok(())
+    }
+
+    fn memset(
+        &mut self,
+        stream: StreamRef,
+        dst: u64,
+        value: u32,
+        element_size: u32,
+        count: u64,
+    ) -> CuResult<()> {
+        self.check_stream(stream)?;
+        if !matches!(element_size, 1 | 2 | 4) || !dst.is_multiple_of(u64::from(element_size)) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let len = count
+            .checked_mul(element_size.into())
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let base = self.host_range(dst, len, CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: `len` bytes at `base` were checked inside one live block,
+        // which nothing else borrows while `self` is borrowed mutably.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(base, len as usize) };
+        let pattern = value.to_le_bytes();
+        for element in bytes.chunks_exact_mut(element_size as usize) {
+            element.copy_from_slice(pattern.get(..element.len()).unwrap_or_default());
+        }
+        trace!("sim: memset {count} x {element_size} bytes = {value:#x} at {dst:#x}");
+        Ok(())
+    }
+
+    fn module_load(&mut self, image: &[u8]) -> CuResult<u64> {
+        match classify(image) {
+            Ok(ImageKind::Ptx) => {}
+            Ok(kind) => {
+                warn!(
+                    "sim executor only takes PTX text, not a {kind:?}: rebuild the test with PTX"
+                );
+                return Err(CUDA_ERROR_INVALID_IMAGE);
+            }
+            Err(e) => {
+                warn!("sim: module image refused: {e}");
+                return Err(CUDA_ERROR_INVALID_IMAGE);
+            }
+        }
+        let module = ptx::text(image)
+            .ok_or(CUDA_ERROR_INVALID_IMAGE)
+            .and_then(|text| {
+                ptx::parse(text).map_err(|e| {
+                    warn!("sim: PTX refused: {e}");
+                    CUDA_ERROR_INVALID_PTX
+                })
+            })?;
+        let handle = self.new_handle();
+        let mut variables = HashMap::new();
+        for variable in &module.variables {
+            match self.allocate(variable.size, Owner::Module(handle)) {
+                Ok(address) => {
+                    variables.insert(variable.name.clone(), (address, variable.size));
+                }
+                Err(e) => {
+                    for (address, _) in variables.values() {
+                        self.release(*address);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let entries = module
+            .entries
+            .into_iter()
+            .map(|e| (e.name, e.info))
+            .collect::<HashMap<_, _>>();
+        debug!(
+            "sim: module {handle} loaded ({} entries, {} variables)",
+            entries.len(),
+            variables.len()
+        );
+        self.modules.insert(
+            handle,
+            SimModule {
+                entries,
+                variables,
+                functions: HashMap::new(),
+            },
+        );
+        Ok(handle)
+    }
+
+    fn module_unload(&mut self, module: u64) -> CuResult<()> {
+        let removed = self
+            .modules
+            .remove(&module)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        for (address, _) in removed.variables.values() {
+            self.release(*address);
+        }
+        self.functions.retain(|_, f| f.module != module);
+        debug!("sim: module {module} unloaded");
+        Ok(())
+    }
+
+    fn module_get_function(&mut self, module: u64, name: &str) -> CuResult<(u64, FunctionInfo)> {
+        let loaded = self.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let info = loaded
+            .entries
+            .get(name)
+            .cloned()
+            .ok_or(CUDA_ERROR_NOT_FOUND)?;
+        if let Some(handle) = loaded.functions.get(name) {
+            return Ok((*handle, info));
+        }
+        let handle = self.new_handle();
+        self.functions.insert(
+            handle,
+            SimFunction {
+                module,
+                name: name.to_owned(),
+                info: info.clone(),
+                kernel: ReferenceKernel::by_name(name),
+            },
+        );
+        if let Some(loaded) = self.modules.get_mut(&module) {
+            loaded.functions.insert(name.to_owned(), handle);
+        }
+        Ok((handle, info))
+    }
+
+    fn module_get_global(&mut self, module: u64, name: &str) -> CuResult<(u64, u64)> {
+        let loaded = self.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        loaded
+            .variables
+            .get(name)
+            .copied()
+            .ok_or(CUDA_ERROR_NOT_FOUND)
+    }
+
+    fn func_get_attribute(&mut self, function: u64, attribute: i32) -> CuResult<i32> {
+        if !self.functions.contains_key(&function) {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        // CUfunction_attribute numbering (cuda.h); plausible values for the
+        // tiny reference kernels compiled for sm_90.
+        Ok(match attribute {
+            0 => 1024,    // MAX_THREADS_PER_BLOCK
+            1 => 0,       // SHARED_SIZE_BYTES
+            2 => 0,       // CONST_SIZE_BYTES
+            3 => 0,       // LOCAL_SIZE_BYTES
+            4 => 16,      // NUM_REGS
+            5 => 90,      // PTX_VERSION
+            6 => 90,      // BINARY_VERSION
+            7 => 0,       // CACHE_MODE_CA
+            8 => 49152,   // MAX_DYNAMIC_SHARED_SIZE_BYTES
+            9 => -1,      // PREFERRED_SHARED_MEMORY_CARVEOUT
+            10..=15 => 0, // cluster attributes: none required
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        })
+    }
+
+    fn launch_kernel(
+        &mut self,
+        function: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        _shared_mem_bytes: u32,
+        stream: StreamRef,
+        params: &[u8],
+    ) -> CuResult<()> {
+        let f = self
+            .functions
+            .get(&function)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        self.check_stream(stream)?;
+        let threads = launch_threads(grid, block)?;
+        let Some(kernel) = f.kernel else {
+            if self.warned.insert(f.name.clone()) {
+                warn!("sim executor has no implementation of kernel {}", f.name);
+            }
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        };
+        let sizes: Vec<u32> = f.info.params.iter().map(|p| p.size).collect();
+        if sizes != kernel.param_sizes() {
+            warn!(
+                "sim: kernel {} declares parameter sizes {sizes:?}, expected {:?}",
+                f.name,
+                kernel.param_sizes()
+            );
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let args = f
+            .info
+            .params
+            .iter()
+            .map(|p| param_value(params, p.offset, p.size))
+            .collect::<CuResult<Vec<u64>>>()?;
+        trace!(
+            "sim: launch {} grid {grid:?} block {block:?} args {args:x?}",
+            f.name
+        );
+        self.run_kernel(kernel, &args, threads)
+    }
+
+    fn stream_create(&mut self, _flags: u32, _priority: i32) -> CuResult<u64> {
+        let handle = self.new_handle();
+        self.streams.insert(handle);
+        Ok(handle)
+    }
+
+    fn stream_destroy(&mut self, stream: u64) -> CuResult<()> {
+        if self.streams.remove(&stream) {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        }
+    }
+
+    fn stream_synchronize(&mut self, stream: StreamRef) -> CuResult<()> {
+        self.check_stream(stream)
+    }
+
+    fn stream_query(&mut self, stream: StreamRef) -> CuResult<()> {
+        self.check_stream(stream)
+    }
+
+    fn stream_wait_event(&mut self, stream: StreamRef, event: u64, _flags: u32) -> CuResult<()> {
+        self.check_stream(stream)?;
+        self.event(event).map(|_| ())
+    }
+
+    fn event_create(&mut self, flags: u32) -> CuResult<u64> {
+        let handle = self.new_handle();
+        self.events.insert(
+            handle,
+            SimEvent {
+                flags,
+                recorded: None,
+            },
+        );
+        Ok(handle)
+    }
+
+    fn event_destroy(&mut self, event: u64) -> CuResult<()> {
+        self.events
+            .remove(&event)
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    fn event_record(&mut self, event: u64, stream: StreamRef) -> CuResult<()> {
+        self.check_stream(stream)?;
+        let e = self
+            .events
+            .get_mut(&event)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        e.recorded = Some(Instant::now());
+        Ok(())
+    }
+
+    fn event_synchronize(&mut self, event: u64) -> CuResult<()> {
+        self.event(event).map(|_| ())
+    }
+
+    fn event_query(&mut self, event: u64) -> CuResult<()> {
+        self.event(event).map(|_| ())
+    }
+
+    fn event_elapsed_time(&mut self, start: u64, end: u64) -> CuResult<f32> {
+        let (start, end) = (self.event(start)?, self.event(end)?);
+        if (start.flags | end.flags) & CU_EVENT_DISABLE_TIMING != 0 {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        let (Some(t0), Some(t1)) = (start.recorded, end.recorded) else {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        };
+        let ms = if t1 >= t0 {
+            t1.duration_since(t0).as_secs_f64() * 1e3
+        } else {
+            -(t0.duration_since(t1).as_secs_f64() * 1e3)
+        };
+        Ok(ms as f32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REFERENCE_PTX: &str = r#"
+.version 8.0
+.target sm_80
+.address_size 64
+
+.global .align 4 .u32 counter;
+.global .align 8 .b8 table[64];
+
+.visible .entry rgpu_vector_add(
+	.param .u64 .ptr .global .align 4 rgpu_vector_add_param_0,
+	.param .u64 .ptr .global .align 4 rgpu_vector_add_param_1,
+	.param .u64 .ptr .global .align 4 rgpu_vector_add_param_2,
+	.param .u32 rgpu_vector_add_param_3
+)
+{
+	ret;
+}
+.visible .entry rgpu_scale(
+	.param .u64 .ptr .global .align 4 rgpu_scale_param_0,
+	.param .f32 rgpu_scale_param_1,
+	.param .u32 rgpu_scale_param_2
+)
+{
+	ret;
+}
+.visible .entry rgpu_fill_index(
+	.param .u64 .ptr .global .align 4 rgpu_fill_index_param_0,
+	.param .u32 rgpu_fill_index_param_1,
+	.param .u32 rgpu_fill_index_param_2
+)
+{
+	ret;
+}
+.visible .entry rgpu_empty()
+{
+	ret;
+}
+.visible .entry mystery(.param .u32 a)
+{
+	ret;
+}
+.visible .entry rgpu_scale_wrong(.param .u64 a)
+{
+	ret;
+}
+"#;
+
+    fn context() -> Box<dyn ContextExecutor> {
+        SimExecutor::new().create_context(0).unwrap()
+    }
+
+    fn run(buf: &mut [u8]) -> HostRun {
+        HostRun {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+        }
+    }
+
+    fn f32s(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    fn read_back(ctx: &mut dyn ContextExecutor, ptr: u64, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        ctx.memcpy_dtoh(StreamRef::Legacy, &[run(&mut out)], ptr, true)
+            .unwrap();
+        out
+    }
+
+    fn params(values: &[&[u8]], info: &FunctionInfo) -> Vec<u8> {
+        let mut buf = vec![0u8; info.buffer_size()];
+        for (value, slot) in values.iter().zip(&info.params) {
+            buf[slot.offset as usize..][..value.len()].copy_from_slice(value);
+        }
+        buf
+    }
+
+    #[test]
+    fn describes_the_fixture_device() {
+        let sim = SimExecutor::new();
+        assert_eq!(sim.kind(), "sim");
+        assert_eq!(sim.driver_version(), 13000);
+        let devices = sim.devices();
+        assert_eq!(devices.len(), 1);
+        let d = &devices[0];
+        assert_eq!(d.name, SIM_DEVICE_NAME);
+        assert_eq!(d.uuid, SIM_UUID);
+        assert_eq!(d.total_mem, 16 << 30);
+        assert_eq!(d.attributes.len(), ATTRIBUTE_SLOTS);
+        assert_eq!(d.attribute(1), Some(1024)); // MAX_THREADS_PER_BLOCK
+        assert_eq!(d.attribute(16), Some(132)); // MULTIPROCESSOR_COUNT
+        assert_eq!(d.attribute(75), Some(9)); // COMPUTE_CAPABILITY_MAJOR
+        assert_eq!(d.attribute(0), None);
+        assert_eq!(d.attribute(150), None); // "error 1" in the table
+        assert!(sim.create_context(1).is_err());
+    }
+
+    #[test]
+    fn attribute_table_parsing_tolerates_junk() {
+        let parsed = parse_attributes("1\t5\n2\terror 1\nx\t3\n999\t1\n\n3\n4\t-7\r\n");
+        assert_eq!(parsed[1], 5);
+        assert_eq!(parsed[2], ATTRIBUTE_UNSUPPORTED);
+        assert_eq!(parsed[3], ATTRIBUTE_UNSUPPORTED);
+        assert_eq!(parsed[4], -7);
+    }
+
+    #[test]
+    fn alloc_free_and_ranges() {
+        let mut ctx = context();
+        let a = ctx.mem_alloc(1000).unwrap();
+        let b = ctx.mem_alloc(1).unwrap();
+        assert_eq!(a, BASE_ADDRESS);
+        assert_eq!(a % ALLOC_ALIGN, 0);
+        assert_eq!(b % ALLOC_ALIGN, 0);
+        assert!(b >= a + 1000);
+        assert_eq!(ctx.mem_alloc(0), Err(CUDA_ERROR_INVALID_VALUE));
+        let (free, total) = ctx.mem_get_info().unwrap();
+        assert_eq!(total, SIM_TOTAL_MEM);
+        assert_eq!(free, SIM_TOTAL_MEM - 1024 - 256);
+
+        let mut data = vec![7u8; 1000];
+        // Inside, at the end, past the end, before the start, in a gap.
+        ctx.memcpy_htod(StreamRef::Legacy, a, &[run(&mut data)], true)
+            .unwrap();
+        let mut four = [1u8; 4];
+        ctx.memcpy_htod(StreamRef::Legacy, a + 996, &[run(&mut four)], true)
+            .unwrap();
+        for bad in [a + 997, a - 1, a + 1000, b + 1, u64::MAX - 1] {
+            assert_eq!(
+                ctx.memcpy_htod(StreamRef::Legacy, bad, &[run(&mut four)], true),
+                Err(CUDA_ERROR_INVALID_VALUE),
+                "{bad:#x}"
+            );
+        }
+        assert_eq!(
+            ctx.memcpy_dtod(StreamRef::Legacy, b, a, 2),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        // Freed memory is gone and its address is not handed out again.
+        ctx.mem_free(a).unwrap();
+        assert_eq!(ctx.mem_free(a), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(ctx.mem_free(b + 1), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(
+            ctx.memcpy_htod(StreamRef::Legacy, a, &[run(&mut four)], true),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        let c = ctx.mem_alloc(16).unwrap();
+        assert!(c > b);
+        assert_eq!(ctx.mem_get_info().unwrap().0, SIM_TOTAL_MEM - 512);
+    }
+
+    #[test]
+    fn memory_is_capped_and_shared_between_contexts() {
+        // 4 GiB pieces: calloc'd lazily, so no memory is touched, and each
+        // stays below what a small machine's overcommit check allows.
+        let sim = SimExecutor::new();
+        let mut one = sim.create_context(0).unwrap();
+        let mut two = sim.create_context(0).unwrap();
+        for _ in 0..3 {
+            one.mem_alloc(4 << 30).unwrap();
+        }
+        assert_eq!(two.mem_alloc((4 << 30) + 1), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(two.mem_alloc(u64::MAX), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(two.mem_get_info().unwrap().0, 4 << 30);
+        let last = two.mem_alloc(4 << 30).unwrap();
+        assert_eq!(one.mem_alloc(1), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(one.mem_get_info().unwrap(), (0, SIM_TOTAL_MEM));
+        two.mem_free(last).unwrap();
+        assert_eq!(two.mem_get_info().unwrap().0, 4 << 30);
+        // Dropping a context gives its memory back.
+        drop(one);
+        assert_eq!(two.mem_get_info().unwrap().0, SIM_TOTAL_MEM);
+    }
+
+    #[test]
+    fn copies_through_several_runs() {
+        let mut ctx = context();
+        let dev = ctx.mem_alloc(4096).unwrap();
+        let mut a: Vec<u8> = (0..100).collect();
+        let mut b: Vec<u8> = (100..103).collect();
+        let mut empty: Vec<u8> = Vec::new();
+        let mut c: Vec<u8> = (200..250).collect();
+        ctx.memcpy_htod(
+            StreamRef::PerThread,
+            dev + 10,
+            &[run(&mut a), run(&mut b), run(&mut empty), run(&mut c)],
+            true,
+        )
+        .unwrap();
+        let mut x = vec![0u8; 7];
+        let mut y = vec![0u8; 153];
+        ctx.memcpy_dtoh(
+            StreamRef::Legacy,
+            &[run(&mut x), run(&mut y)],
+            dev + 3,
+            true,
+        )
+        .unwrap();
+        let mut all = x.clone();
+        all.extend_from_slice(&y);
+        let mut expected = vec![0u8; 7];
+        expected.extend(0u8..103);
+        expected.extend(200u8..250);
+        assert_eq!(all, expected);
+
+        // Device to device, within one allocation and overlapping.
+        ctx.memcpy_dtod(StreamRef::Legacy, dev + 11, dev + 10, 4)
+            .unwrap();
+        assert_eq!(read_back(ctx.as_mut(), dev + 10, 5), [0, 0, 1, 2, 3]);
+        let other = ctx.mem_alloc(8).unwrap();
+        ctx.memcpy_dtod(StreamRef::Legacy, other, dev + 12, 8)
+            .unwrap();
+        assert_eq!(read_back(ctx.as_mut(), other, 8), [1, 2, 3, 5, 6, 7, 8, 9]);
+        assert_eq!(
+            ctx.memcpy_dtoh(StreamRef::Legacy, &[run(&mut y)], other, true),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+    }
+
+    #[test]
+    fn memset_of_each_width() {
+        let mut ctx = context();
+        let dev = ctx.mem_alloc(16).unwrap();
+        ctx.memset(StreamRef::Legacy, dev, 0xAB, 1, 16).unwrap();
+        ctx.memset(StreamRef::Legacy, dev + 2, 0x1234, 2, 2)
+            .unwrap();
+        ctx.memset(StreamRef::Legacy, dev + 8, 0xDEAD_BEEF, 4, 1)
+            .unwrap();
+        assert_eq!(
+            read_back(ctx.as_mut(), dev, 16),
+            [
+                0xAB, 0xAB, 0x34, 0x12, 0x34, 0x12, 0xAB, 0xAB, 0xEF, 0xBE, 0xAD, 0xDE, 0xAB, 0xAB,
+                0xAB, 0xAB
+            ]
+        );
+        let bad = CUDA_ERROR_INVALID_VALUE;
+        assert_eq!(ctx.memset(StreamRef::Legacy, dev + 1, 0, 2, 1), Err(bad));
+        assert_eq!(ctx.memset(StreamRef::Legacy, dev, 0, 4, 5), Err(bad));
+        assert_eq!(ctx.memset(StreamRef::Legacy, dev, 0, 3, 1), Err(bad));
+        assert_eq!(ctx.memset(StreamRef::Legacy, dev, 0, 4, u64::MAX), Err(bad));
+        assert_eq!(
+            ctx.memset(StreamRef::Created(99), dev, 0, 1, 1),
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        );
+    }
+
+    #[test]
+    fn reference_kernels_compute() {
+        let mut ctx = context();
+        let module = ctx.module_load(REFERENCE_PTX.as_bytes()).unwrap();
+        let n = 1000usize;
+        let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..n).map(|i| 0.5 * i as f32).collect();
+        let (da, db, dc) = (
+            ctx.mem_alloc(4 * n as u64).unwrap(),
+            ctx.mem_alloc(4 * n as u64).unwrap(),
+            ctx.mem_alloc(4 * n as u64).unwrap(),
+        );
+        let (mut ha, mut hb) = (f32s(&a), f32s(&b));
+        ctx.memcpy_htod(StreamRef::Legacy, da, &[run(&mut ha)], true)
+            .unwrap();
+        ctx.memcpy_htod(StreamRef::Legacy, db, &[run(&mut hb)], true)
+            .unwrap();
+
+        let (add, info) = ctx.module_get_function(module, "rgpu_vector_add").unwrap();
+        assert_eq!(info.buffer_size(), 28);
+        let p = params(
+            &[
+                &da.to_le_bytes(),
+                &db.to_le_bytes(),
+                &dc.to_le_bytes(),
+                &(n as u32).to_le_bytes(),
+            ],
+            &info,
+        );
+        ctx.launch_kernel(add, [4, 1, 1], [256, 1, 1], 0, StreamRef::Legacy, &p)
+            .unwrap();
+        let c = read_back(ctx.as_mut(), dc, 4 * n);
+        let expected: Vec<f32> = (0..n).map(|i| 1.5 * i as f32).collect();
+        assert_eq!(c, f32s(&expected));
+
+        let stream = ctx.stream_create(0, 0).unwrap();
+        let (scale, info) = ctx.module_get_function(module, "rgpu_scale").unwrap();
+        let p = params(
+            &[
+                &dc.to_le_bytes(),
+                &2.0f32.to_le_bytes(),
+                &(n as u32).to_le_bytes(),
+            ],
+            &info,
+        );
+        // Fewer threads than elements: only the first 100 change.
+        ctx.launch_kernel(
+            scale,
+            [10, 1, 1],
+            [10, 1, 1],
+            0,
+            StreamRef::Created(stream),
+            &p,
+        )
+        .unwrap();
+        let c = read_back(ctx.as_mut(), dc, 4 * n);
+        let expected: Vec<f32> = (0..n)
+            .map(|i| {
+                if i < 100 {
+                    3.0 * i as f32
+                } else {
+                    1.5 * i as f32
+                }
+            })
+            .collect();
+        assert_eq!(c, f32s(&expected));
+
+        let (fill, info) = ctx.module_get_function(module, "rgpu_fill_index").unwrap();
+        let p = params(
+            &[&da.to_le_bytes(), &7u32.to_le_bytes(), &5u32.to_le_bytes()],
+            &info,
+        );
+        ctx.launch_kernel(fill, [1, 2, 1], [2, 2, 2], 0, StreamRef::PerThread, &p)
+            .unwrap();
+        let out = read_back(ctx.as_mut(), da, 24);
+        let expected: Vec<u8> = [7u32, 8, 9, 10, 11]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .chain(f32s(&[5.0]))
+            .collect();
+        assert_eq!(out, expected);
+
+        let (empty, info) = ctx.module_get_function(module, "rgpu_empty").unwrap();
+        assert!(info.params.is_empty());
+        ctx.launch_kernel(empty, [1, 1, 1], [1, 1, 1], 0, StreamRef::Legacy, &[])
+            .unwrap();
+    }
+
+    #[test]
+    fn launch_errors() {
+        let mut ctx = context();
+        let module = ctx.module_load(REFERENCE_PTX.as_bytes()).unwrap();
+        let dev = ctx.mem_alloc(16).unwrap();
+        let (fill, info) = ctx.module_get_function(module, "rgpu_fill_index").unwrap();
+        let ok = params(
+            &[&dev.to_le_bytes(), &0u32.to_le_bytes(), &4u32.to_le_bytes()],
+            &info,
+        );
+        let launch = |ctx: &mut dyn ContextExecutor, f, grid, block, p: &[u8]| {
+            ctx.launch_kernel(f, grid, block, 0, StreamRef::Legacy, p)
+        };
+        assert_eq!(
+            launch(ctx.as_mut(), fill, [1, 1, 1], [4, 1, 1], &ok),
+            Ok(())
+        );
+        let inval = Err(CUDA_ERROR_INVALID_VALUE);
+        // Geometry: zero dimensions, too many threads per block.
+        assert_eq!(launch(ctx.as_mut(), fill, [0, 1, 1], [4, 1, 1], &ok), inval);
+        assert_eq!(
+            launch(ctx.as_mut(), fill, [1, 1, 1], [1024, 2, 1], &ok),
+            inval
+        );
+        assert_eq!(
+            launch(ctx.as_mut(), fill, [1, 1, 1], [1, 1, 65], &ok),
+            inval
+        );
+        // A parameter buffer shorter than the layout.
+        assert_eq!(
+            launch(ctx.as_mut(), fill, [1, 1, 1], [4, 1, 1], &ok[..10]),
+            inval
+        );
+        // Writing past the allocation is an illegal address, as on a GPU.
+        let long = params(
+            &[&dev.to_le_bytes(), &0u32.to_le_bytes(), &5u32.to_le_bytes()],
+            &info,
+        );
+        assert_eq!(
+            launch(ctx.as_mut(), fill, [1, 1, 1], [8, 1, 1], &long),
+            Err(CUDA_ERROR_ILLEGAL_ADDRESS)
+        );
+        // Unknown kernel, and a reference name with the wrong layout.
+        let (mystery, _) = ctx.module_get_function(module, "mystery").unwrap();
+        let four = [0u8; 4];
+        for _ in 0..2 {
+            assert_eq!(
+                launch(ctx.as_mut(), mystery, [1, 1, 1], [1, 1, 1], &four),
+                Err(CUDA_ERROR_NOT_SUPPORTED)
+            );
+        }
+        assert_eq!(
+            ctx.module_get_function(module, "nope"),
+            Err(CUDA_ERROR_NOT_FOUND)
+        );
+        let renamed = REFERENCE_PTX
+            .replace("rgpu_scale_wrong", "rgpu_scale2")
+            .replace("rgpu_scale(", "rgpu_unused(")
+            .replace("rgpu_scale2", "rgpu_scale");
+        let module2 = ctx.module_load(renamed.as_bytes()).unwrap();
+        let (wrong, _) = ctx.module_get_function(module2, "rgpu_scale").unwrap();
+        assert_eq!(
+            launch(ctx.as_mut(), wrong, [1, 1, 1], [1, 1, 1], &[0u8; 8]),
+            inval
+        );
+        // Handles: unknown function, stream; unloaded module's functions.
+        assert_eq!(
+            launch(ctx.as_mut(), 12345, [1, 1, 1], [1, 1, 1], &ok),
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        );
+        assert_eq!(
+            ctx.launch_kernel(fill, [1, 1, 1], [1, 1, 1], 0, StreamRef::Created(fill), &ok),
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        );
+        ctx.module_unload(module).unwrap();
+        assert_eq!(
+            launch(ctx.as_mut(), fill, [1, 1, 1], [4, 1, 1], &ok),
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        );
+        assert_eq!(ctx.module_unload(module), Err(CUDA_ERROR_INVALID_HANDLE));
+    }
+
+    #[test]
+    fn modules_functions_and_globals() {
+        let mut ctx = context();
+        let free_before = ctx.mem_get_info().unwrap().0;
+        let module = ctx.module_load(REFERENCE_PTX.as_bytes()).unwrap();
+        let (counter, size) = ctx.module_get_global(module, "counter").unwrap();
+        assert_eq!(size, 4);
+        let (table, size) = ctx.module_get_global(module, "table").unwrap();
+        assert_eq!(size, 64);
+        assert_eq!(read_back(ctx.as_mut(), table, 64), vec![0u8; 64]);
+        ctx.memset(StreamRef::Legacy, counter, 41, 4, 1).unwrap();
+        assert_eq!(read_back(ctx.as_mut(), counter, 4), 41u32.to_le_bytes());
+        // A module's memory is not the guest's to free.
+        assert_eq!(ctx.mem_free(counter), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(
+            ctx.module_get_global(module, "nope"),
+            Err(CUDA_ERROR_NOT_FOUND)
+        );
+        assert_eq!(
+            ctx.module_get_global(module + 100, "counter"),
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        );
+        // The same name gives the same function handle.
+        let (f1, _) = ctx.module_get_function(module, "rgpu_empty").unwrap();
+        let (f2, _) = ctx.module_get_function(module, "rgpu_empty").unwrap();
+        assert_eq!(f1, f2);
+        assert_eq!(ctx.func_get_attribute(f1, 0), Ok(1024));
+        assert_eq!(ctx.func_get_attribute(f1, 1), Ok(0));
+        assert_eq!(ctx.func_get_attribute(f1, 4), Ok(16));
+        assert_eq!(
+            ctx.func_get_attribute(f1, 99),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            ctx.func_get_attribute(module, 0),
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        );
+        ctx.module_unload(module).unwrap();
+        assert_eq!(ctx.mem_get_info().unwrap().0, free_before);
+        assert_eq!(
+            ctx.memset(StreamRef::Legacy, counter, 0, 4, 1),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+    }
+
+    #[test]
+    fn module_images_other_than_ptx_are_refused() {
+        let mut ctx = context();
+        let mut cubin = vec![0u8; 64];
+        cubin[..4].copy_from_slice(b"\x7fELF");
+        cubin[4] = 2;
+        cubin[5] = 1;
+        assert_eq!(ctx.module_load(&cubin), Err(CUDA_ERROR_INVALID_IMAGE));
+        assert_eq!(ctx.module_load(b"garbage"), Err(CUDA_ERROR_INVALID_IMAGE));
+        assert_eq!(
+            ctx.module_load(b".version 9.0\n.entry k( {"),
+            Err(CUDA_ERROR_INVALID_PTX)
+        );
+        let mut terminated = REFERENCE_PTX.as_bytes().to_vec();
+        terminated.push(0);
+        assert!(ctx.module_load(&terminated).is_ok());
+    }
+
+    #[test]
+    fn streams_and_events() {
+        let mut ctx = context();
+        let s = ctx.stream_create(1, -1).unwrap();
+        let start = ctx.event_create(0).unwrap();
+        let end = ctx.event_create(0).unwrap();
+        let untimed = ctx.event_create(CU_EVENT_DISABLE_TIMING).unwrap();
+        let handle = Err(CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(ctx.event_elapsed_time(start, end), handle.map(|()| 0.0));
+        ctx.event_record(start, StreamRef::Created(s)).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        ctx.event_record(end, StreamRef::Legacy).unwrap();
+        ctx.event_record(untimed, StreamRef::Legacy).unwrap();
+        let ms = ctx.event_elapsed_time(start, end).unwrap();
+        assert!((20.0..2000.0).contains(&ms), "{ms}");
+        assert!(ctx.event_elapsed_time(end, start).unwrap() < 0.0);
+        assert_eq!(ctx.event_elapsed_time(start, untimed), handle.map(|()| 0.0));
+        assert_eq!(ctx.event_synchronize(end), Ok(()));
+        assert_eq!(ctx.event_query(end), Ok(()));
+        assert_eq!(ctx.stream_query(StreamRef::Created(s)), Ok(()));
+        assert_eq!(ctx.stream_synchronize(StreamRef::PerThread), Ok(()));
+        assert_eq!(ctx.stream_wait_event(StreamRef::Created(s), end, 0), Ok(()));
+        assert_eq!(ctx.stream_wait_event(StreamRef::Created(s), s, 0), handle);
+        // An event handle is no stream and vice versa.
+        assert_eq!(ctx.stream_synchronize(StreamRef::Created(end)), handle);
+        assert_eq!(ctx.event_query(s), handle);
+        ctx.stream_destroy(s).unwrap();
+        assert_eq!(ctx.stream_destroy(s), handle);
+        assert_eq!(ctx.stream_query(StreamRef::Created(s)), handle);
+        ctx.event_destroy(end).unwrap();
+        assert_eq!(ctx.event_destroy(end), handle);
+        assert_eq!(ctx.event_record(end, StreamRef::Legacy), handle);
+        assert_eq!(ctx.event_elapsed_time(start, end), handle.map(|()| 0.0));
+        assert_eq!(ctx.synchronize(), Ok(()));
+    }
+
+    #[test]
+    fn limits_are_kept_per_context() {
+        let mut ctx = context();
+        assert_eq!(ctx.get_limit(0), Ok(1024));
+        assert_eq!(ctx.get_limit(1), Ok(1 << 20));
+        assert_eq!(ctx.get_limit(2), Ok(8 << 20));
+        ctx.set_limit(0, 4096).unwrap();
+        ctx.set_limit(2, 64 << 20).unwrap();
+        assert_eq!(ctx.get_limit(0), Ok(4096));
+        assert_eq!(ctx.get_limit(2), Ok(64 << 20));
+        assert_eq!(ctx.set_limit(8, 1), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(ctx.get_limit(42), Err(CUDA_ERROR_UNSUPPORTED_LIMIT));
+        assert_eq!(ctx.set_limit(42, 1), Err(CUDA_ERROR_UNSUPPORTED_LIMIT));
+        assert_eq!(context().get_limit(0), Ok(1024));
+    }
+
+    #[test]
+    fn host_registration_is_a_no_op() {
+        let mut ctx = context();
+        let mut buf = vec![0u8; 64];
+        assert_eq!(ctx.register_host_memory(run(&mut buf)), Ok(()));
+        ctx.unregister_host_memory(run(&mut buf));
+    }
+}

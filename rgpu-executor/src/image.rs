@@ -1,0 +1,232 @@
+//! What kind of code image a guest sent, checked before a driver reads it.
+//!
+//! `cuModuleLoadData` takes no length: the driver trusts the sizes inside
+//! the image. A guest image whose headers point past its end would make the
+//! daemon read beyond the guest's blob, so the headers the driver follows
+//! first are checked against the real length here. A fatbin *wrapper*
+//! (`__fatBinC_Wrapper_t`) holds a pointer into the guest's address space
+//! and is refused: the guest library sends the fatbin it points to.
+
+use thiserror::Error;
+
+/// `__fatBinC_Wrapper_t` magic.
+pub const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43B1;
+/// Fatbin header magic.
+pub const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
+const ELF64_HEADER_SIZE: u64 = 64;
+const ELF64_SECTION_HEADER_SIZE: u64 = 64;
+const ELF64_PROGRAM_HEADER_SIZE: u64 = 56;
+const SHT_NOBITS: u32 = 8;
+const FATBIN_HEADER_SIZE: u64 = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageKind {
+    /// PTX text (NUL-terminated or not).
+    Ptx,
+    /// A cubin (64-bit little-endian ELF).
+    Cubin,
+    /// A fatbin (header `0xBA55ED50` and its entries).
+    Fatbin,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ImageError {
+    #[error("empty module image")]
+    Empty,
+    #[error("fatbin wrapper (it holds a guest pointer); send the fatbin it points to")]
+    FatbinWrapper,
+    #[error("{0} points past the end of the image")]
+    OutOfBounds(&'static str),
+    #[error("not PTX, a cubin or a fatbin")]
+    Unknown,
+}
+
+/// Classifies an image and checks the sizes its headers declare.
+pub fn classify(image: &[u8]) -> Result<ImageKind, ImageError> {
+    if image.is_empty() {
+        return Err(ImageError::Empty);
+    }
+    if image.starts_with(ELF_MAGIC) {
+        check_elf(image)?;
+        return Ok(ImageKind::Cubin);
+    }
+    match read_u32(image, 0) {
+        Some(FATBIN_WRAPPER_MAGIC) => return Err(ImageError::FatbinWrapper),
+        Some(FATBIN_MAGIC) => {
+            check_fatbin(image)?;
+            return Ok(ImageKind::Fatbin);
+        }
+        _ => {}
+    }
+    if crate::ptx::text(image).is_some() {
+        return Ok(ImageKind::Ptx);
+    }
+    Err(ImageError::Unknown)
+}
+
+fn read_u16(image: &[u8], at: u64) -> Option<u64> {
+    let at = usize::try_from(at).ok()?;
+    let bytes = image.get(at..at.checked_add(2)?)?;
+    Some(u16::from_le_bytes(bytes.try_into().ok()?).into())
+}
+
+fn read_u32(image: &[u8], at: u64) -> Option<u32> {
+    let at = usize::try_from(at).ok()?;
+    let bytes = image.get(at..at.checked_add(4)?)?;
+    Some(u32::from_le_bytes(bytes.try_into().ok()?))
+}
+
+fn read_u64(image: &[u8], at: u64) -> Option<u64> {
+    let at = usize::try_from(at).ok()?;
+    let bytes = image.get(at..at.checked_add(8)?)?;
+    Some(u64::from_le_bytes(bytes.try_into().ok()?))
+}
+
+/// `offset + count * entry <= len`, without overflow.
+fn table_fits(len: u64, offset: u64, count: u64, entry: u64) -> bool {
+    count
+        .checked_mul(entry)
+        .and_then(|size| size.checked_add(offset))
+        .is_some_and(|end| end <= len)
+}
+
+fn check_elf(image: &[u8]) -> Result<(), ImageError> {
+    let len = image.len() as u64;
+    let header = ImageError::OutOfBounds("ELF header");
+    // 64-bit little-endian only: what nvcc writes for every current GPU.
+    if len < ELF64_HEADER_SIZE || image.get(4) != Some(&2) || image.get(5) != Some(&1) {
+        return Err(ImageError::Unknown);
+    }
+    let phoff = read_u64(image, 0x20).ok_or(header.clone())?;
+    let shoff = read_u64(image, 0x28).ok_or(header.clone())?;
+    let phentsize = read_u16(image, 0x36).ok_or(header.clone())?;
+    let phnum = read_u16(image, 0x38).ok_or(header.clone())?;
+    let shentsize = read_u16(image, 0x3a).ok_or(header.clone())?;
+    let shnum = read_u16(image, 0x3c).ok_or(header)?;
+    if phnum > 0 {
+        if phentsize < ELF64_PROGRAM_HEADER_SIZE || !table_fits(len, phoff, phnum, phentsize) {
+            return Err(ImageError::OutOfBounds("ELF program header table"));
+        }
+        for i in 0..phnum {
+            let at = phoff + i * phentsize;
+            let offset = read_u64(image, at + 8);
+            let file_size = read_u64(image, at + 0x20);
+            match (offset, file_size) {
+                (Some(offset), Some(size)) if table_fits(len, offset, 1, size) => {}
+                _ => return Err(ImageError::OutOfBounds("ELF segment")),
+            }
+        }
+    }
+    if shnum > 0 {
+        if shentsize < ELF64_SECTION_HEADER_SIZE || !table_fits(len, shoff, shnum, shentsize) {
+            return Err(ImageError::OutOfBounds("ELF section header table"));
+        }
+        for i in 0..shnum {
+            let at = shoff + i * shentsize;
+            let kind = read_u32(image, at + 4);
+            let offset = read_u64(image, at + 0x18);
+            let size = read_u64(image, at + 0x20);
+            match (kind, offset, size) {
+                (Some(SHT_NOBITS), Some(_), Some(_)) => {}
+                (Some(_), Some(offset), Some(size)) if table_fits(len, offset, 1, size) => {}
+                _ => return Err(ImageError::OutOfBounds("ELF section")),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Header: magic `u32`, version `u16`, header size `u16`, size of the
+/// entries that follow `u64`.
+fn check_fatbin(image: &[u8]) -> Result<(), ImageError> {
+    let header_size = read_u16(image, 6).ok_or(ImageError::OutOfBounds("fatbin header"))?;
+    let entries_size = read_u64(image, 8).ok_or(ImageError::OutOfBounds("fatbin header"))?;
+    if header_size < FATBIN_HEADER_SIZE
+        || !table_fits(image.len() as u64, header_size, 1, entries_size)
+    {
+        return Err(ImageError::OutOfBounds("fatbin entries"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn elf(shoff: u64, shnum: u16, section_offset: u64, section_size: u64) -> Vec<u8> {
+        let mut image = vec![0u8; 256];
+        image[..4].copy_from_slice(ELF_MAGIC);
+        image[4] = 2;
+        image[5] = 1;
+        image[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
+        image[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        image[0x3c..0x3e].copy_from_slice(&shnum.to_le_bytes());
+        let start = usize::try_from(shoff).unwrap_or(usize::MAX);
+        let section = image.get_mut(start..start.saturating_add(64));
+        if let Some(section) = section.filter(|_| shnum > 0) {
+            section[4..8].copy_from_slice(&1u32.to_le_bytes());
+            section[0x18..0x20].copy_from_slice(&section_offset.to_le_bytes());
+            section[0x20..0x28].copy_from_slice(&section_size.to_le_bytes());
+        }
+        image
+    }
+
+    fn fatbin(header_size: u16, entries_size: u64, len: usize) -> Vec<u8> {
+        let mut image = vec![0u8; len];
+        image[..4].copy_from_slice(&FATBIN_MAGIC.to_le_bytes());
+        image[4..6].copy_from_slice(&1u16.to_le_bytes());
+        image[6..8].copy_from_slice(&header_size.to_le_bytes());
+        image[8..16].copy_from_slice(&entries_size.to_le_bytes());
+        image
+    }
+
+    #[test]
+    fn accepts_well_formed_images() {
+        assert_eq!(classify(&elf(64, 1, 128, 128)), Ok(ImageKind::Cubin));
+        assert_eq!(classify(&elf(0, 0, 0, 0)), Ok(ImageKind::Cubin));
+        assert_eq!(classify(&fatbin(16, 48, 64)), Ok(ImageKind::Fatbin));
+        assert_eq!(
+            classify(b".version 9.0\n.target sm_90\n\0"),
+            Ok(ImageKind::Ptx)
+        );
+    }
+
+    #[test]
+    fn rejects_headers_pointing_outside() {
+        assert_eq!(
+            classify(&elf(64, 1, 128, 129)),
+            Err(ImageError::OutOfBounds("ELF section"))
+        );
+        assert_eq!(
+            classify(&elf(u64::MAX - 10, 2, 0, 0)),
+            Err(ImageError::OutOfBounds("ELF section header table"))
+        );
+        assert_eq!(
+            classify(&elf(200, 1, 0, 0)),
+            Err(ImageError::OutOfBounds("ELF section header table"))
+        );
+        assert_eq!(
+            classify(&fatbin(16, 49, 64)),
+            Err(ImageError::OutOfBounds("fatbin entries"))
+        );
+        assert_eq!(
+            classify(&fatbin(16, u64::MAX, 64)),
+            Err(ImageError::OutOfBounds("fatbin entries"))
+        );
+        assert_eq!(
+            classify(&FATBIN_MAGIC.to_le_bytes()),
+            Err(ImageError::OutOfBounds("fatbin header"))
+        );
+    }
+
+    #[test]
+    fn rejects_wrappers_and_unknown_bytes() {
+        let mut wrapper = FATBIN_WRAPPER_MAGIC.to_le_bytes().to_vec();
+        wrapper.extend_from_slice(&[1, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 0]);
+        assert_eq!(classify(&wrapper), Err(ImageError::FatbinWrapper));
+        assert_eq!(classify(b""), Err(ImageError::Empty));
+        assert_eq!(classify(b"hello"), Err(ImageError::Unknown));
+        assert_eq!(classify(b"\x7fELF\x01\x01"), Err(ImageError::Unknown));
+    }
+}
