@@ -97,7 +97,10 @@ mod tests {
             Err(DecodeError::UnsupportedVersion(99))
         );
         bytes[0] ^= 0xff;
-        assert!(matches!(decode_batch(&bytes), Err(DecodeError::BadMagic(_))));
+        assert!(matches!(
+            decode_batch(&bytes),
+            Err(DecodeError::BadMagic(_))
+        ));
         let short = encode_batch(&[(0, Command::Doorbell { until: 1 })]);
         assert!(decode_batch(&short[..short.len() - 3]).is_err());
     }

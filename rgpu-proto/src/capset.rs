@@ -73,7 +73,12 @@ impl Capset {
                 .u32(d.host_ordinal)
                 .u32(0);
             for i in 0..ATTRIBUTE_SLOTS {
-                w.i32(d.attributes.get(i).copied().unwrap_or(ATTRIBUTE_UNSUPPORTED));
+                w.i32(
+                    d.attributes
+                        .get(i)
+                        .copied()
+                        .unwrap_or(ATTRIBUTE_UNSUPPORTED),
+                );
             }
         }
         w.into_bytes()

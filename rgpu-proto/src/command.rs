@@ -16,8 +16,8 @@ use crate::{MAX_KERNEL_PARAMS_BYTES, MAX_NAME_BYTES};
 pub const COMMAND_HEADER_SIZE: usize = 16;
 /// Commands start at multiples of this.
 pub const COMMAND_ALIGN: usize = 8;
-/// Largest command body accepted (a kernel's parameters plus its header
-/// fields fit well inside).
+/// Largest command body accepted, Padding excepted (a kernel's parameters
+/// plus its header fields fit well inside).
 pub const MAX_COMMAND_BODY: usize = 64 * 1024;
 
 /// The header in front of every command.
@@ -43,10 +43,18 @@ impl CommandHeader {
             body_len: r.u32()?,
             reply_seq: r.u64()?,
         };
-        if header.body_len as usize > MAX_COMMAND_BODY {
+        // A Padding body is never copied or decoded (it fills the ring's tail
+        // or carries inline data for the next command), so it may be as long
+        // as a ring.
+        let limit = if header.opcode == Opcode::Padding as u16 {
+            crate::channel::MAX_RING_SIZE
+        } else {
+            MAX_COMMAND_BODY as u64
+        };
+        if u64::from(header.body_len) > limit {
             return Err(DecodeError::LengthOutOfRange {
                 length: header.body_len.into(),
-                limit: MAX_COMMAND_BODY as u64,
+                limit,
             });
         }
         Ok(header)
@@ -198,35 +206,109 @@ pub enum Command {
     BindChannel(ChannelLayout),
     /// The ring holds commands up to byte `until`; the fence of the SUBMIT_3D
     /// that carries this, if any, signals once the host has executed them.
-    Doorbell { until: u64 },
+    Doorbell {
+        until: u64,
+    },
     CtxSynchronize,
-    CtxGetLimit { limit: u32 },
-    CtxSetLimit { limit: u32, value: u64 },
-    MemAlloc { size: u64 },
-    MemFree { device_ptr: u64 },
+    CtxGetLimit {
+        limit: u32,
+    },
+    CtxSetLimit {
+        limit: u32,
+        value: u64,
+    },
+    MemAlloc {
+        size: u64,
+    },
+    MemFree {
+        device_ptr: u64,
+    },
     MemGetInfo,
-    MemcpyHtoD { stream: u32, dst: u64, src: BlobRange },
-    MemcpyDtoH { stream: u32, dst: BlobRange, src: u64 },
-    MemcpyDtoD { stream: u32, dst: u64, src: u64, size: u64 },
+    MemcpyHtoD {
+        stream: u32,
+        dst: u64,
+        src: BlobRange,
+    },
+    MemcpyDtoH {
+        stream: u32,
+        dst: BlobRange,
+        src: u64,
+    },
+    MemcpyDtoD {
+        stream: u32,
+        dst: u64,
+        src: u64,
+        size: u64,
+    },
     /// `count` elements of `element_size` (1, 2 or 4) bytes set to `value`.
-    Memset { stream: u32, dst: u64, value: u32, element_size: u32, count: u64 },
-    ModuleLoad { module: u32, image: BlobRange },
-    ModuleUnload { module: u32 },
-    ModuleGetFunction { module: u32, function: u32, name: Vec<u8> },
-    ModuleGetGlobal { module: u32, name: Vec<u8> },
-    FuncGetAttribute { function: u32, attribute: i32 },
+    Memset {
+        stream: u32,
+        dst: u64,
+        value: u32,
+        element_size: u32,
+        count: u64,
+    },
+    ModuleLoad {
+        module: u32,
+        image: BlobRange,
+    },
+    ModuleUnload {
+        module: u32,
+    },
+    ModuleGetFunction {
+        module: u32,
+        function: u32,
+        name: Vec<u8>,
+    },
+    ModuleGetGlobal {
+        module: u32,
+        name: Vec<u8>,
+    },
+    FuncGetAttribute {
+        function: u32,
+        attribute: i32,
+    },
     LaunchKernel(Launch),
-    StreamCreate { stream: u32, flags: u32, priority: i32 },
-    StreamDestroy { stream: u32 },
-    StreamSynchronize { stream: u32 },
-    StreamQuery { stream: u32 },
-    StreamWaitEvent { stream: u32, event: u32, flags: u32 },
-    EventCreate { event: u32, flags: u32 },
-    EventDestroy { event: u32 },
-    EventRecord { event: u32, stream: u32 },
-    EventSynchronize { event: u32 },
-    EventQuery { event: u32 },
-    EventElapsedTime { start: u32, end: u32 },
+    StreamCreate {
+        stream: u32,
+        flags: u32,
+        priority: i32,
+    },
+    StreamDestroy {
+        stream: u32,
+    },
+    StreamSynchronize {
+        stream: u32,
+    },
+    StreamQuery {
+        stream: u32,
+    },
+    StreamWaitEvent {
+        stream: u32,
+        event: u32,
+        flags: u32,
+    },
+    EventCreate {
+        event: u32,
+        flags: u32,
+    },
+    EventDestroy {
+        event: u32,
+    },
+    EventRecord {
+        event: u32,
+        stream: u32,
+    },
+    EventSynchronize {
+        event: u32,
+    },
+    EventQuery {
+        event: u32,
+    },
+    EventElapsedTime {
+        start: u32,
+        end: u32,
+    },
 }
 
 fn name(r: &mut WireReader<'_>) -> Result<Vec<u8>, DecodeError> {

@@ -55,11 +55,14 @@ impl<'a> WireReader<'a> {
                 needed,
                 available: self.remaining(),
             })?;
-        let slice = self.bytes.get(self.offset..end).ok_or(DecodeError::Truncated {
-            offset: self.offset,
-            needed,
-            available: self.remaining(),
-        })?;
+        let slice = self
+            .bytes
+            .get(self.offset..end)
+            .ok_or(DecodeError::Truncated {
+                offset: self.offset,
+                needed,
+                available: self.remaining(),
+            })?;
         self.offset = end;
         Ok(slice)
     }

@@ -6,12 +6,28 @@
 //! Asynchronous commands cost no round trip: they are written to the ring and
 //! the doorbell is rung only if the host worker went idle. A call waits for
 //! its reply by polling briefly, then sleeping on a fence.
+//!
+//! Layout of the channel blob: control header (4 KiB), ring (`RGPU_RING_KB`,
+//! default 8 MiB, a power of two), reply area (64 KiB), bounce area (8 MiB).
+//! `produced` and `consumed` count bytes since the channel was bound; the
+//! ring position is the count modulo the ring size.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use rgpu_proto::{BlobRange, Command};
+use rgpu_proto::batch::encode_batch;
+use rgpu_proto::channel::{
+    self as proto, CHANNEL_MAGIC, HEADER_SIZE, OFFSET_CONSUMED, OFFSET_HOST_IDLE, OFFSET_MAGIC,
+    OFFSET_PRODUCED, OFFSET_VERSION, REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT,
+    REPLY_OFFSET_SEQ,
+};
+use rgpu_proto::command::{padded, ChannelLayout, CommandHeader, COMMAND_HEADER_SIZE};
+use rgpu_proto::cuda_result::CUDA_SUCCESS;
+use rgpu_proto::wire::WireWriter;
+use rgpu_proto::{BlobRange, Command, Opcode, PROTOCOL_VERSION};
 
-use crate::carrier::{Carrier, CarrierError};
+use crate::carrier::{BlobMapping, Carrier, CarrierError};
 
 /// The host's answer to a command that asked for one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,36 +37,197 @@ pub struct Reply {
     pub payload: Vec<u8>,
 }
 
+/// Default ring size in KiB (`RGPU_RING_KB`).
+pub const DEFAULT_RING_KB: u64 = 8192;
+pub const REPLY_AREA_SIZE: u64 = 64 << 10;
+pub const BOUNCE_AREA_SIZE: u64 = 8 << 20;
+/// Default of `RGPU_SPIN_US`.
+pub const DEFAULT_SPIN_US: u64 = 50;
+/// Largest `Padding` body: rgpu-proto's header decoder lets Padding (never
+/// copied by the host) be as long as a ring.
+pub const MAX_PADDING_BODY: u64 = rgpu_proto::channel::MAX_RING_SIZE;
+
+/// Sizes and timing of a channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelConfig {
+    /// A power of two between 4 KiB and 1 GiB.
+    pub ring_size: u64,
+    /// At least 4 KiB, a multiple of 8.
+    pub reply_size: u64,
+    /// A multiple of 8 (0 disables `copy_from_device`).
+    pub bounce_size: u64,
+    /// How long to poll for a reply or ring space before sleeping on a fence.
+    pub spin: Duration,
+}
+
+impl Default for ChannelConfig {
+    fn default() -> Self {
+        Self {
+            ring_size: DEFAULT_RING_KB << 10,
+            reply_size: REPLY_AREA_SIZE,
+            bounce_size: BOUNCE_AREA_SIZE,
+            spin: Duration::from_micros(DEFAULT_SPIN_US),
+        }
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    let parsed = value.trim().parse::<u64>().ok();
+    if parsed.is_none() {
+        log::warn!("{name}={value:?} is not a number; using the default");
+    }
+    parsed
+}
+
+impl ChannelConfig {
+    /// The defaults, with `RGPU_RING_KB` and `RGPU_SPIN_US` applied.
+    pub fn from_env() -> Self {
+        let mut config = Self::default();
+        if let Some(kb) = env_u64("RGPU_RING_KB") {
+            let size = kb.saturating_mul(1024);
+            if size.is_power_of_two()
+                && (proto::MIN_RING_SIZE..=proto::MAX_RING_SIZE).contains(&size)
+            {
+                config.ring_size = size;
+            } else {
+                log::warn!("RGPU_RING_KB={kb} is not a power of two between 4 and 1048576; using {DEFAULT_RING_KB}");
+            }
+        }
+        if let Some(us) = env_u64("RGPU_SPIN_US") {
+            config.spin = Duration::from_micros(us);
+        }
+        config
+    }
+
+    fn layout(&self, resource_id: u32) -> ChannelLayout {
+        let ring_offset = HEADER_SIZE;
+        let reply_offset = ring_offset + self.ring_size;
+        let bounce_offset = reply_offset + self.reply_size;
+        ChannelLayout {
+            resource_id,
+            header_offset: 0,
+            ring_offset,
+            ring_size: self.ring_size,
+            reply_offset,
+            reply_size: self.reply_size,
+            bounce_offset,
+            bounce_size: self.bounce_size,
+        }
+    }
+
+    fn blob_size(&self) -> u64 {
+        HEADER_SIZE + self.ring_size + self.reply_size + self.bounce_size
+    }
+}
+
+/// What the channel's mutex guards.
+struct State {
+    /// Bytes published so far (the last value stored in `produced`).
+    produced: u64,
+    next_seq: u64,
+}
+
 pub struct Channel {
-    // Filled in by the implementation.
+    carrier: Arc<dyn Carrier>,
+    ctx_id: u32,
+    blob: BlobMapping,
+    layout: ChannelLayout,
+    spin: Duration,
+    state: Mutex<State>,
 }
 
 impl Channel {
     /// Creates a virtio-gpu context on `carrier`, allocates the channel blob
     /// and binds it (`BindChannel`).
     pub fn open(carrier: Arc<dyn Carrier>, debug_name: &str) -> Result<Self, CarrierError> {
-        let _ = (carrier, debug_name);
-        unimplemented!()
+        Self::open_with_config(carrier, debug_name, ChannelConfig::from_env())
+    }
+
+    /// [`Channel::open`] with explicit sizes instead of the environment's.
+    pub fn open_with_config(
+        carrier: Arc<dyn Carrier>,
+        debug_name: &str,
+        config: ChannelConfig,
+    ) -> Result<Self, CarrierError> {
+        let ctx_id = carrier.create_context(debug_name)?;
+        let blob = match carrier.create_blob(ctx_id, config.blob_size()) {
+            Ok(blob) => blob,
+            Err(e) => {
+                let _ = carrier.destroy_context(ctx_id);
+                return Err(e);
+            }
+        };
+        let channel = Self {
+            layout: config.layout(blob.resource_id),
+            carrier,
+            ctx_id,
+            blob,
+            spin: config.spin,
+            state: Mutex::new(State {
+                produced: 0,
+                next_seq: 1,
+            }),
+        };
+        if let Err(e) = channel.bind() {
+            let _ = channel.close();
+            return Err(e);
+        }
+        Ok(channel)
+    }
+
+    fn bind(&self) -> Result<(), CarrierError> {
+        proto::validate_layout(&self.layout, self.blob.size)
+            .map_err(|e| CarrierError::Protocol(format!("channel layout: {e}")))?;
+        // The blob may hold an earlier user's bytes.
+        // SAFETY: the header and the reply record lie inside the blob (layout
+        // validated against its size just above), which this channel owns.
+        unsafe {
+            self.at(self.layout.header_offset)
+                .write_bytes(0, HEADER_SIZE as usize);
+            self.at(self.layout.reply_offset)
+                .write_bytes(0, REPLY_OFFSET_PAYLOAD as usize);
+            self.at(self.layout.header_offset + OFFSET_MAGIC)
+                .cast::<u32>()
+                .write_volatile(CHANNEL_MAGIC.to_le());
+            self.at(self.layout.header_offset + OFFSET_VERSION)
+                .cast::<u32>()
+                .write_volatile(PROTOCOL_VERSION.to_le());
+        }
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let batch = encode_batch(&[(0, Command::BindChannel(self.layout))]);
+        let fence = self
+            .carrier
+            .submit(self.ctx_id, &batch, true)?
+            .ok_or_else(|| CarrierError::Protocol("fenced submit without a fence".into()))?;
+        self.carrier.wait_fence(self.ctx_id, fence)
     }
 
     pub fn ctx_id(&self) -> u32 {
-        unimplemented!()
+        self.ctx_id
     }
 
     pub fn carrier(&self) -> &Arc<dyn Carrier> {
-        unimplemented!()
+        &self.carrier
+    }
+
+    /// The channel's place in its blob.
+    pub fn layout(&self) -> &ChannelLayout {
+        &self.layout
     }
 
     /// Queues a command that needs no reply (errors surface at the next call).
     pub fn send(&self, command: &Command) -> Result<(), CarrierError> {
-        let _ = command;
-        unimplemented!()
+        let mut state = self.lock();
+        self.write_command(&mut state, command, 0)
     }
 
     /// Queues a command and waits for its reply.
     pub fn call(&self, command: &Command) -> Result<Reply, CarrierError> {
-        let _ = command;
-        unimplemented!()
+        let mut state = self.lock();
+        let seq = Self::take_seq(&mut state);
+        self.write_command(&mut state, command, seq)?;
+        self.wait_reply(&mut state, seq)
     }
 
     /// Copies `data` from anywhere in this process to device memory at `dst`
@@ -64,15 +241,79 @@ impl Channel {
         data: &[u8],
         sync: bool,
     ) -> Result<u32, CarrierError> {
-        let _ = (stream, dst, data, sync);
-        unimplemented!()
+        if data.is_empty() {
+            return Ok(CUDA_SUCCESS);
+        }
+        let mut state = self.lock();
+        let chunk = self.inline_limit() as usize;
+        let count = data.len().div_ceil(chunk);
+        let mut seq = 0;
+        for (i, piece) in data.chunks(chunk).enumerate() {
+            if sync && i + 1 == count {
+                seq = Self::take_seq(&mut state);
+            }
+            let chunk_dst = dst.wrapping_add((i * chunk) as u64);
+            self.write_inline(
+                &mut state,
+                piece,
+                &|src| Command::MemcpyHtoD {
+                    stream,
+                    dst: chunk_dst,
+                    src,
+                },
+                seq,
+            )?;
+        }
+        if !sync {
+            return Ok(CUDA_SUCCESS);
+        }
+        Ok(self.wait_reply(&mut state, seq)?.result)
     }
 
     /// Copies device memory at `src` into `dst` anywhere in this process
     /// through the bounce area; synchronous; returns the CUDA result.
-    pub fn copy_from_device(&self, stream: u32, dst: &mut [u8], src: u64) -> Result<u32, CarrierError> {
-        let _ = (stream, dst, src);
-        unimplemented!()
+    pub fn copy_from_device(
+        &self,
+        stream: u32,
+        dst: &mut [u8],
+        src: u64,
+    ) -> Result<u32, CarrierError> {
+        if dst.is_empty() {
+            return Ok(CUDA_SUCCESS);
+        }
+        let chunk = usize::try_from(self.layout.bounce_size)
+            .ok()
+            .filter(|c| *c > 0)
+            .ok_or_else(|| CarrierError::Protocol("channel has no bounce area".into()))?;
+        let mut state = self.lock();
+        for (i, piece) in dst.chunks_mut(chunk).enumerate() {
+            let seq = Self::take_seq(&mut state);
+            let command = Command::MemcpyDtoH {
+                stream,
+                dst: BlobRange {
+                    resource_id: self.blob.resource_id,
+                    offset: self.layout.bounce_offset,
+                    length: piece.len() as u64,
+                },
+                src: src.wrapping_add((i * chunk) as u64),
+            };
+            self.write_command(&mut state, &command, seq)?;
+            let reply = self.wait_reply(&mut state, seq)?;
+            if reply.result != CUDA_SUCCESS {
+                return Ok(reply.result);
+            }
+            // SAFETY: the bounce area lies inside the blob (validated at
+            // bind) and is at least `piece.len()` bytes; the host finished
+            // writing it before it replied.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.at(self.layout.bounce_offset),
+                    piece.as_mut_ptr(),
+                    piece.len(),
+                );
+            }
+        }
+        Ok(CUDA_SUCCESS)
     }
 
     /// Makes `data` visible to the host as a blob range (staged in the ring
@@ -83,13 +324,306 @@ impl Channel {
         data: &[u8],
         make_command: &dyn Fn(BlobRange) -> Command,
     ) -> Result<Reply, CarrierError> {
-        let _ = (data, make_command);
-        unimplemented!()
+        if data.len() as u64 <= self.inline_limit() {
+            let mut state = self.lock();
+            let seq = Self::take_seq(&mut state);
+            self.write_inline(&mut state, data, make_command, seq)?;
+            return self.wait_reply(&mut state, seq);
+        }
+        let temp = self.carrier.create_blob(self.ctx_id, data.len() as u64)?;
+        // SAFETY: the temporary blob is at least `data.len()` bytes and
+        // nobody else uses it yet.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), temp.ptr, data.len()) };
+        let reply = self.call(&make_command(BlobRange {
+            resource_id: temp.resource_id,
+            offset: 0,
+            length: data.len() as u64,
+        }));
+        let destroyed = self.carrier.destroy_blob(self.ctx_id, temp.resource_id);
+        let reply = reply?;
+        destroyed?;
+        Ok(reply)
     }
 
     /// Destroys the channel's blob and the virtio-gpu context (the host frees
     /// the session).
     pub fn close(self) -> Result<(), CarrierError> {
-        unimplemented!()
+        let blob = self
+            .carrier
+            .destroy_blob(self.ctx_id, self.blob.resource_id);
+        let context = self.carrier.destroy_context(self.ctx_id);
+        blob.and(context)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take_seq(state: &mut State) -> u64 {
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        seq
+    }
+
+    /// Largest piece of data staged in the ring.
+    fn inline_limit(&self) -> u64 {
+        (self.layout.ring_size / 4).min(MAX_PADDING_BODY)
+    }
+
+    /// Address of a byte of the blob.
+    fn at(&self, offset: u64) -> *mut u8 {
+        debug_assert!(offset < self.blob.size);
+        // SAFETY: callers pass offsets inside the blob (from the validated
+        // layout), and the blob's mapping lives as long as the carrier.
+        unsafe { self.blob.ptr.add(offset as usize) }
+    }
+
+    fn counter(&self, offset: u64) -> &AtomicU64 {
+        // SAFETY: header counters are 8-aligned (the blob is page aligned,
+        // the offsets are multiples of 64) inside the blob, and both sides
+        // access them only atomically.
+        unsafe { AtomicU64::from_ptr(self.at(self.layout.header_offset + offset).cast()) }
+    }
+
+    fn consumed(&self, state: &State) -> Result<u64, CarrierError> {
+        let consumed = self.counter(OFFSET_CONSUMED).load(Ordering::Acquire);
+        if consumed > state.produced {
+            return Err(CarrierError::Protocol(format!(
+                "host consumed {consumed} bytes, only {} were produced",
+                state.produced
+            )));
+        }
+        Ok(consumed)
+    }
+
+    /// Sends a `Doorbell` for everything published; with `wait`, fenced and
+    /// waited for, so the host has executed all of it on return.
+    fn ring_doorbell(&self, state: &State, wait: bool) -> Result<(), CarrierError> {
+        let batch = encode_batch(&[(
+            0,
+            Command::Doorbell {
+                until: state.produced,
+            },
+        )]);
+        let fence = self.carrier.submit(self.ctx_id, &batch, wait)?;
+        match (wait, fence) {
+            (false, _) => Ok(()),
+            (true, Some(fence)) => self.carrier.wait_fence(self.ctx_id, fence),
+            (true, None) => Err(CarrierError::Protocol(
+                "fenced submit without a fence".into(),
+            )),
+        }
+    }
+
+    /// Publishes what was written up to `state.produced` and wakes the host
+    /// if it went idle (rgpu-proto `channel`: store, then load, both SeqCst).
+    fn publish(&self, state: &State) -> Result<(), CarrierError> {
+        self.counter(OFFSET_PRODUCED)
+            .store(state.produced, Ordering::SeqCst);
+        if self.counter(OFFSET_HOST_IDLE).load(Ordering::SeqCst) == 1 {
+            self.ring_doorbell(state, false)?;
+        }
+        Ok(())
+    }
+
+    /// Waits until `len` bytes of the ring are free.
+    fn wait_space(&self, state: &State, len: u64) -> Result<(), CarrierError> {
+        let ring = self.layout.ring_size;
+        let fits = |consumed: u64| ring - (state.produced - consumed) >= len;
+        if fits(self.consumed(state)?) {
+            return Ok(());
+        }
+        let spin_until = Instant::now() + self.spin;
+        while Instant::now() < spin_until {
+            std::hint::spin_loop();
+            if fits(self.consumed(state)?) {
+                return Ok(());
+            }
+        }
+        self.ring_doorbell(state, true)?;
+        if fits(self.consumed(state)?) {
+            return Ok(());
+        }
+        Err(CarrierError::Protocol(
+            "the host signalled a doorbell fence before consuming the ring".into(),
+        ))
+    }
+
+    /// Reserves `len` contiguous bytes at the ring's current position,
+    /// filling the tail with `Padding` when they would not fit before the
+    /// end; returns the position. Never leaves fewer than a header's worth
+    /// of bytes (but more than zero) before the end, so a `Padding` always
+    /// fits there.
+    fn reserve(&self, state: &mut State, len: u64) -> Result<u64, CarrierError> {
+        let ring = self.layout.ring_size;
+        let header = COMMAND_HEADER_SIZE as u64;
+        if len > ring / 2 || !len.is_multiple_of(8) {
+            return Err(CarrierError::Protocol(format!(
+                "a {len}-byte command does not fit a {ring}-byte ring"
+            )));
+        }
+        let room = ring - state.produced % ring;
+        if len != room && len + header > room {
+            self.wait_space(state, room)?;
+            let mut left = room;
+            while left > 0 {
+                // Pieces the header decoder accepts, never leaving a tail
+                // too short for the next header.
+                let mut piece = left.min(header + MAX_PADDING_BODY);
+                let rest = left - piece;
+                if rest > 0 && rest < header {
+                    piece -= header - rest;
+                }
+                let padding = CommandHeader {
+                    opcode: Opcode::Padding as u16,
+                    flags: 0,
+                    // piece <= header + MAX_PADDING_BODY.
+                    body_len: (piece - header) as u32,
+                    reply_seq: 0,
+                };
+                self.write_header(state.produced % ring, &padding);
+                state.produced += piece;
+                left -= piece;
+            }
+            self.publish(state)?;
+        }
+        self.wait_space(state, len)?;
+        Ok(state.produced % ring)
+    }
+
+    fn write_bytes(&self, pos: u64, bytes: &[u8]) {
+        debug_assert!(pos + bytes.len() as u64 <= self.layout.ring_size);
+        // SAFETY: `reserve` returned `pos` with room for these bytes before
+        // the ring's end, and the host is done with that space.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.at(self.layout.ring_offset + pos),
+                bytes.len(),
+            );
+        }
+    }
+
+    fn write_header(&self, pos: u64, header: &CommandHeader) {
+        let mut w = WireWriter::with_capacity(COMMAND_HEADER_SIZE);
+        header.encode(&mut w);
+        self.write_bytes(pos, w.as_bytes());
+    }
+
+    fn write_command(
+        &self,
+        state: &mut State,
+        command: &Command,
+        seq: u64,
+    ) -> Result<(), CarrierError> {
+        let bytes = command.to_bytes(seq);
+        let pos = self.reserve(state, bytes.len() as u64)?;
+        self.write_bytes(pos, &bytes);
+        state.produced += bytes.len() as u64;
+        self.publish(state)
+    }
+
+    /// Writes `data` as the body of a `Padding` immediately followed by the
+    /// command that names it (the inline-data convention).
+    fn write_inline(
+        &self,
+        state: &mut State,
+        data: &[u8],
+        make_command: &dyn Fn(BlobRange) -> Command,
+        seq: u64,
+    ) -> Result<(), CarrierError> {
+        let staged = padded(COMMAND_HEADER_SIZE + data.len()) as u64;
+        // The encoded size does not depend on the range's values.
+        let command_len = make_command(BlobRange::default()).to_bytes(seq).len() as u64;
+        let pos = self.reserve(state, staged + command_len)?;
+        let range = BlobRange {
+            resource_id: self.blob.resource_id,
+            offset: self.layout.ring_offset + pos + COMMAND_HEADER_SIZE as u64,
+            length: data.len() as u64,
+        };
+        let command = make_command(range).to_bytes(seq);
+        if command.len() as u64 != command_len {
+            return Err(CarrierError::Protocol(
+                "command size changed with its data range".into(),
+            ));
+        }
+        self.write_header(
+            pos,
+            &CommandHeader {
+                opcode: Opcode::Padding as u16,
+                flags: 0,
+                // data.len() <= inline_limit() <= MAX_PADDING_BODY.
+                body_len: data.len() as u32,
+                reply_seq: 0,
+            },
+        );
+        self.write_bytes(pos + COMMAND_HEADER_SIZE as u64, data);
+        self.write_bytes(pos + staged, &command);
+        state.produced += staged + command_len;
+        self.publish(state)
+    }
+
+    fn reply_seq(&self) -> u64 {
+        // SAFETY: the reply record's sequence number is 8-aligned inside the
+        // blob (validated layout) and written by the host with release.
+        let seq = unsafe {
+            AtomicU64::from_ptr(self.at(self.layout.reply_offset + REPLY_OFFSET_SEQ).cast())
+        };
+        seq.load(Ordering::Acquire)
+    }
+
+    /// Waits for the reply numbered `seq`: polls, then sleeps on a fenced
+    /// doorbell, which completes once the host executed everything.
+    fn wait_reply(&self, state: &mut State, seq: u64) -> Result<Reply, CarrierError> {
+        let spin_until = Instant::now() + self.spin;
+        while self.reply_seq() != seq && Instant::now() < spin_until {
+            std::hint::spin_loop();
+        }
+        if self.reply_seq() != seq {
+            self.ring_doorbell(state, true)?;
+            let got = self.reply_seq();
+            if got != seq {
+                return Err(CarrierError::Protocol(format!(
+                    "the host executed command {seq} without replying (reply area holds {got})"
+                )));
+            }
+        }
+        let base = self.layout.reply_offset;
+        // SAFETY: the reply record lies inside the blob; the acquire load of
+        // its sequence number ordered these reads after the host's writes.
+        let (result, len) = unsafe {
+            (
+                u32::from_le(
+                    self.at(base + REPLY_OFFSET_RESULT)
+                        .cast::<u32>()
+                        .read_volatile(),
+                ),
+                u32::from_le(
+                    self.at(base + REPLY_OFFSET_LEN)
+                        .cast::<u32>()
+                        .read_volatile(),
+                ),
+            )
+        };
+        let capacity = self.layout.reply_size - REPLY_OFFSET_PAYLOAD;
+        if u64::from(len) > capacity {
+            return Err(CarrierError::Protocol(format!(
+                "reply of {len} bytes is larger than the {capacity}-byte reply area"
+            )));
+        }
+        let mut payload = vec![0u8; len as usize];
+        // SAFETY: `len` bytes from the payload offset stay inside the reply
+        // area (checked just above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.at(base + REPLY_OFFSET_PAYLOAD),
+                payload.as_mut_ptr(),
+                payload.len(),
+            );
+        }
+        Ok(Reply { result, payload })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -204,6 +204,11 @@ impl Channel {
         self.publish_consumed();
     }
 
+    /// Moves past a command without telling the guest yet (see `advance`).
+    pub fn advance_unpublished(&mut self, len: u64) {
+        self.consumed = self.consumed.saturating_add(len);
+    }
+
     /// Skips everything the guest has produced (a poisoned ring). Exactly to
     /// `produced`, aligned or not, so that the ring is empty afterwards.
     pub fn skip_to_produced(&mut self) {
@@ -211,7 +216,7 @@ impl Channel {
         self.publish_consumed();
     }
 
-    fn publish_consumed(&self) {
+    pub fn publish_consumed(&self) {
         if let Ok(a) = self
             .blob
             .atomic_u64(self.layout.header_offset + OFFSET_CONSUMED)

@@ -319,13 +319,31 @@ impl Worker {
                             }
                         );
                         self.finish_command(decoded.reply_seq, result);
+                        self.advance(len);
+                    } else {
+                        // A Padding body may carry the data of the command
+                        // after it: that space stays the host's until the
+                        // command has run.
+                        self.advance_unpublished(len);
                     }
-                    self.advance(len);
                 }
+            }
+        }
+        if let Some(channel) = self.channel.as_mut() {
+            // Publish a trailing Padding (nothing follows it yet); one with a
+            // command behind it is published with that command.
+            if !channel.has_work() {
+                channel.publish_consumed();
             }
         }
         self.complete_reached();
         worked
+    }
+
+    fn advance_unpublished(&mut self, len: u64) {
+        if let Some(channel) = self.channel.as_mut() {
+            channel.advance_unpublished(len);
+        }
     }
 
     fn advance(&mut self, len: u64) {

@@ -11,6 +11,8 @@
 pub mod local;
 pub mod virtqueue;
 
+use std::sync::Arc;
+
 use rgpu_proto::capset::Capset;
 use thiserror::Error;
 
@@ -25,7 +27,10 @@ pub enum CarrierError {
     #[error("vhost-user handshake with the daemon failed: {0}")]
     Handshake(String),
     #[error("the device answered {command} with response type {response:#x}")]
-    DeviceError { command: &'static str, response: u32 },
+    DeviceError {
+        command: &'static str,
+        response: u32,
+    },
     #[error("the device does not offer the rgpu capset")]
     NoCapset,
     #[error("bad capset from the device: {0}")]
@@ -38,6 +43,12 @@ pub enum CarrierError {
     Disconnected,
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
+    #[error("no rgpu carrier configured: set RGPU_SOCKET=/path/to/daemon.sock to use a local vhost-device-rgpu daemon (VM mode through the virtio-gpu render node is not available yet)")]
+    NotConfigured,
+    #[error("fence {0} was never issued by this carrier or was already waited for")]
+    UnknownFence(u64),
+    #[error("the host broke the channel protocol: {0}")]
+    Protocol(String),
 }
 
 /// A blob resource: guest memory that the host sees too, mapped here.
@@ -87,4 +98,33 @@ pub trait Carrier: Send + Sync {
     /// Sends raw virtio-gpu control-queue bytes and returns the raw response
     /// (tests of the device's input checking use this).
     fn raw_control(&self, request: &[u8], response_len: usize) -> Result<Vec<u8>, CarrierError>;
+}
+
+/// Opens the carrier the environment selects: `RGPU_SOCKET=PATH` connects
+/// to a local daemon.
+pub fn open_from_env() -> Result<Arc<dyn Carrier>, CarrierError> {
+    match std::env::var_os("RGPU_SOCKET") {
+        Some(path) if !path.is_empty() => {
+            let carrier = local::LocalCarrier::connect(std::path::Path::new(&path))?;
+            Ok(Arc::new(carrier))
+        }
+        _ => Err(CarrierError::NotConfigured),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_socket_the_error_says_what_to_set() {
+        if std::env::var_os("RGPU_SOCKET").is_some() {
+            return;
+        }
+        let err = open_from_env()
+            .err()
+            .expect("no carrier without RGPU_SOCKET");
+        assert!(matches!(err, CarrierError::NotConfigured));
+        assert!(err.to_string().contains("RGPU_SOCKET=/path/to/daemon.sock"));
+    }
 }
