@@ -1,0 +1,321 @@
+/* rgpu_bench: native CUDA and rgpu side by side, measured in one run.
+ *
+ *   rgpu_bench --native /usr/local/nvidia/lib64/libcuda.so.1 \
+ *              --rgpu /path/to/guest-lib/libcuda.so.1 \
+ *              --ptx tests/programs/reference_kernels.ptx
+ *              [--sync-iters N] [--launches N] [--mib N] [--repeats N]
+ *
+ * Each library is dlopen'ed on its own (RTLD_LOCAL) and driven through
+ * function pointers with the same code. The rgpu side needs RGPU_SOCKET set
+ * to a daemon started with --executor cuda. Either side may be left out.
+ *
+ * Measurements:
+ *   - synchronous round trip: cuCtxSynchronize on an idle context (median and
+ *     mean of --sync-iters calls after a warm-up);
+ *   - launch throughput: --launches launches of rgpu_empty, then one
+ *     cuCtxSynchronize;
+ *   - host-to-device and device-to-host bandwidth: --mib MiB from
+ *     cuMemAllocHost memory, best of --repeats.
+ * Targets: sync within 5 us of native, launches >= 90% of native,
+ * bandwidth >= 95% of native. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rgpu_cuda.h"
+
+struct api {
+    const char *label;
+    void *lib;
+    CUresult (*init)(unsigned);
+    CUresult (*device_get)(CUdevice *, int);
+    CUresult (*device_get_name)(char *, int, CUdevice);
+    CUresult (*primary_ctx_retain)(CUcontext *, CUdevice);
+    CUresult (*primary_ctx_release)(CUdevice);
+    CUresult (*ctx_set_current)(CUcontext);
+    CUresult (*ctx_synchronize)(void);
+    CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+    CUresult (*mem_free)(CUdeviceptr);
+    CUresult (*mem_alloc_host)(void **, size_t);
+    CUresult (*mem_free_host)(void *);
+    CUresult (*memcpy_htod)(CUdeviceptr, const void *, size_t);
+    CUresult (*memcpy_dtoh)(void *, CUdeviceptr, size_t);
+    CUresult (*module_load_data)(CUmodule *, const void *);
+    CUresult (*module_unload)(CUmodule);
+    CUresult (*module_get_function)(CUfunction *, CUmodule, const char *);
+    CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, unsigned, CUstream, void **, void **);
+};
+
+struct results {
+    int valid;
+    char device[256];
+    double sync_median_us;
+    double sync_mean_us;
+    double launches_per_s;
+    double htod_gbps;
+    double dtoh_gbps;
+};
+
+struct config {
+    const char *native_path;
+    const char *rgpu_path;
+    const char *ptx_path;
+    long sync_iters;
+    long launches;
+    long mib;
+    long repeats;
+};
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+#define RESOLVE(field, name)                                                          \
+    do {                                                                              \
+        *(void **)(&a->field) = dlsym(a->lib, name);                                  \
+        if (!a->field) {                                                              \
+            fprintf(stderr, "%s: %s has no %s\n", a->label, path, name);              \
+            return -1;                                                                \
+        }                                                                             \
+    } while (0)
+
+static int load_api(struct api *a, const char *label, const char *path) {
+    memset(a, 0, sizeof *a);
+    a->label = label;
+    a->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!a->lib) {
+        fprintf(stderr, "%s: dlopen %s: %s\n", label, path, dlerror());
+        return -1;
+    }
+    RESOLVE(init, "cuInit");
+    RESOLVE(device_get, "cuDeviceGet");
+    RESOLVE(device_get_name, "cuDeviceGetName");
+    RESOLVE(primary_ctx_retain, "cuDevicePrimaryCtxRetain");
+    RESOLVE(primary_ctx_release, "cuDevicePrimaryCtxRelease_v2");
+    RESOLVE(ctx_set_current, "cuCtxSetCurrent");
+    RESOLVE(ctx_synchronize, "cuCtxSynchronize");
+    RESOLVE(mem_alloc, "cuMemAlloc_v2");
+    RESOLVE(mem_free, "cuMemFree_v2");
+    RESOLVE(mem_alloc_host, "cuMemAllocHost_v2");
+    RESOLVE(mem_free_host, "cuMemFreeHost");
+    RESOLVE(memcpy_htod, "cuMemcpyHtoD_v2");
+    RESOLVE(memcpy_dtoh, "cuMemcpyDtoH_v2");
+    RESOLVE(module_load_data, "cuModuleLoadData");
+    RESOLVE(module_unload, "cuModuleUnload");
+    RESOLVE(module_get_function, "cuModuleGetFunction");
+    RESOLVE(launch_kernel, "cuLaunchKernel");
+    return 0;
+}
+
+#define CALL(expr)                                                                   \
+    do {                                                                             \
+        CUresult rc_ = (expr);                                                       \
+        if (rc_ != CUDA_SUCCESS) {                                                   \
+            fprintf(stderr, "%s: %s failed with %d\n", a->label, #expr, rc_);        \
+            goto out;                                                                \
+        }                                                                            \
+    } while (0)
+
+static int measure(struct api *a, const struct config *c, const char *ptx, struct results *r) {
+    CUdevice dev = 0;
+    CUcontext ctx = NULL;
+    CUmodule module = NULL;
+    CUfunction empty = NULL;
+    CUdeviceptr d = 0;
+    void *pinned = NULL;
+    double *samples = NULL;
+    const size_t bytes = (size_t)c->mib << 20;
+    int status = -1;
+
+    memset(r, 0, sizeof *r);
+    CALL(a->init(0));
+    CALL(a->device_get(&dev, 0));
+    CALL(a->device_get_name(r->device, (int)sizeof r->device, dev));
+    CALL(a->primary_ctx_retain(&ctx, dev));
+    CALL(a->ctx_set_current(ctx));
+
+    /* Synchronous round trip on an idle context. */
+    samples = malloc(sizeof *samples * (size_t)c->sync_iters);
+    if (!samples) goto out;
+    for (int i = 0; i < 1000; i++) CALL(a->ctx_synchronize());
+    {
+        double sum = 0;
+        for (long i = 0; i < c->sync_iters; i++) {
+            double t0 = now_s();
+            CALL(a->ctx_synchronize());
+            samples[i] = (now_s() - t0) * 1e6;
+            sum += samples[i];
+        }
+        qsort(samples, (size_t)c->sync_iters, sizeof *samples, compare_doubles);
+        r->sync_median_us = samples[c->sync_iters / 2];
+        r->sync_mean_us = sum / (double)c->sync_iters;
+    }
+
+    /* Empty-kernel launches, then one synchronize. */
+    CALL(a->module_load_data(&module, ptx));
+    CALL(a->module_get_function(&empty, module, "rgpu_empty"));
+    for (int i = 0; i < 1000; i++) CALL(a->launch_kernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    CALL(a->ctx_synchronize());
+    {
+        double t0 = now_s();
+        for (long i = 0; i < c->launches; i++)
+            CALL(a->launch_kernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+        CALL(a->ctx_synchronize());
+        r->launches_per_s = (double)c->launches / (now_s() - t0);
+    }
+
+    /* Bandwidth from and into pinned host memory. */
+    CALL(a->mem_alloc(&d, bytes));
+    CALL(a->mem_alloc_host(&pinned, bytes));
+    memset(pinned, 0x5a, bytes);
+    CALL(a->memcpy_htod(d, pinned, bytes));
+    CALL(a->ctx_synchronize());
+    for (long i = 0; i < c->repeats; i++) {
+        double t0 = now_s();
+        CALL(a->memcpy_htod(d, pinned, bytes));
+        CALL(a->ctx_synchronize());
+        double gbps = (double)bytes / (now_s() - t0) / 1e9;
+        if (gbps > r->htod_gbps) r->htod_gbps = gbps;
+    }
+    for (long i = 0; i < c->repeats; i++) {
+        double t0 = now_s();
+        CALL(a->memcpy_dtoh(pinned, d, bytes));
+        CALL(a->ctx_synchronize());
+        double gbps = (double)bytes / (now_s() - t0) / 1e9;
+        if (gbps > r->dtoh_gbps) r->dtoh_gbps = gbps;
+    }
+    r->valid = 1;
+    status = 0;
+
+out:
+    if (pinned) a->mem_free_host(pinned);
+    if (d) a->mem_free(d);
+    if (module) a->module_unload(module);
+    if (ctx) a->primary_ctx_release(dev);
+    free(samples);
+    return status;
+}
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char *text = NULL;
+    long size;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+        text = malloc((size_t)size + 1);
+        if (text && fread(text, 1, (size_t)size, f) == (size_t)size) {
+            text[size] = '\0';
+        } else {
+            free(text);
+            text = NULL;
+        }
+    }
+    fclose(f);
+    return text;
+}
+
+static void print_value(double v, int valid, const char *format) {
+    if (valid) printf(format, v);
+    else printf(" %13s", "-");
+}
+
+/* One row: native, rgpu, their relation, the target and whether it is met.
+ * `difference` rows compare rgpu - native against `limit` (lower is better);
+ * the others compare rgpu / native against `limit` (higher is better). */
+static void row(const char *metric, double native, double rgpu, const struct results *n,
+                const struct results *g, int difference, double limit, const char *target) {
+    printf("%-34s", metric);
+    print_value(native, n->valid, " %13.2f");
+    print_value(rgpu, g->valid, " %13.2f");
+    if (n->valid && g->valid) {
+        double relation = difference ? rgpu - native : rgpu / native;
+        int met = difference ? relation <= limit : relation >= limit;
+        printf(difference ? " %+11.2fus" : " %13.3f", relation);
+        printf("   %-26s %s\n", target, met ? "met" : "NOT MET");
+    } else {
+        printf(" %13s   %-26s\n", "-", target);
+    }
+}
+
+static int parse_long(const char *text, long *out) {
+    char *end = NULL;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end != '\0' || v < 1) return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    struct config c = {NULL, NULL, NULL, 10000, 100000, 256, 5};
+    struct api native_api, rgpu_api;
+    struct results native = {0}, rgpu = {0};
+    char *ptx;
+
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *k = argv[i], *v = argv[i + 1];
+        int bad = 0;
+        if (!strcmp(k, "--native")) c.native_path = v;
+        else if (!strcmp(k, "--rgpu")) c.rgpu_path = v;
+        else if (!strcmp(k, "--ptx")) c.ptx_path = v;
+        else if (!strcmp(k, "--sync-iters")) bad = parse_long(v, &c.sync_iters);
+        else if (!strcmp(k, "--launches")) bad = parse_long(v, &c.launches);
+        else if (!strcmp(k, "--mib")) bad = parse_long(v, &c.mib);
+        else if (!strcmp(k, "--repeats")) bad = parse_long(v, &c.repeats);
+        else bad = 1;
+        if (bad) {
+            fprintf(stderr, "rgpu_bench: bad option %s %s\n", k, v);
+            return 2;
+        }
+    }
+    if (argc % 2 == 0 || !c.ptx_path || (!c.native_path && !c.rgpu_path)) {
+        fprintf(stderr,
+                "usage: %s [--native LIBCUDA] [--rgpu LIBCUDA] --ptx reference_kernels.ptx "
+                "[--sync-iters N] [--launches N] [--mib N] [--repeats N]\n",
+                argv[0]);
+        return 2;
+    }
+    ptx = read_file(c.ptx_path);
+    if (!ptx) {
+        fprintf(stderr, "rgpu_bench: cannot read %s\n", c.ptx_path);
+        return 2;
+    }
+
+    int failed = 0;
+    if (c.native_path) {
+        if (load_api(&native_api, "native", c.native_path) || measure(&native_api, &c, ptx, &native))
+            failed = 1;
+    }
+    if (c.rgpu_path) {
+        if (load_api(&rgpu_api, "rgpu", c.rgpu_path) || measure(&rgpu_api, &c, ptx, &rgpu))
+            failed = 1;
+    }
+    free(ptx);
+
+    printf("rgpu_bench: device %s; %ld sync calls, %ld launches, %ld MiB copies (best of %ld)\n",
+           native.valid ? native.device : rgpu.device, c.sync_iters, c.launches, c.mib, c.repeats);
+    printf("%-34s %13s %13s %13s   %-26s %s\n", "metric", "native", "rgpu", "rgpu vs nat",
+           "target", "verdict");
+    row("sync round trip, median (us)", native.sync_median_us, rgpu.sync_median_us, &native, &rgpu,
+        1, 5.0, "within 5 us of native");
+    row("sync round trip, mean (us)", native.sync_mean_us, rgpu.sync_mean_us, &native, &rgpu, 1,
+        5.0, "within 5 us of native");
+    row("empty-kernel launches (1/s)", native.launches_per_s, rgpu.launches_per_s, &native, &rgpu,
+        0, 0.90, ">= 90% of native");
+    row("HtoD from pinned (GB/s)", native.htod_gbps, rgpu.htod_gbps, &native, &rgpu, 0, 0.95,
+        ">= 95% of native");
+    row("DtoH into pinned (GB/s)", native.dtoh_gbps, rgpu.dtoh_gbps, &native, &rgpu, 0, 0.95,
+        ">= 95% of native");
+    return failed;
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds release binaries on the build host and gathers everything
+# run-gpu-suite.sh needs into one folder to carry to the GPU host.
+#
+#   tests/gpu/make-bundle.sh DIR
+set -euo pipefail
+dir=${1:?usage: make-bundle.sh DIR}
+cd "$(dirname "$0")/../.."
+cargo build --release -p vhost-device-rgpu -p guest-lib
+target=${CARGO_TARGET_DIR:-$(pwd)/target}/release
+mkdir -p "$dir"
+cp "$target/vhost-device-rgpu" "$target/libcuda.so" "$dir/"
+# Function names stay for backtraces; line tables would only fatten the bundle.
+strip --strip-debug "$dir/vhost-device-rgpu" "$dir/libcuda.so"
+cp tests/programs/rgpu_cuda.h tests/programs/driver_api_test.c \
+    tests/programs/reference_kernels.ptx tests/programs/nvcc_driver_api.cu \
+    tests/bench/rgpu_bench.c tests/gpu/run-gpu-suite.sh "$dir/"
+echo "bundle ready in $dir: run $dir/run-gpu-suite.sh on the GPU host"

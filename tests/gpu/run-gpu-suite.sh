@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# rgpu's GPU suite, for the GPU host (no Rust there: the binaries are built on
+# the build host by tests/gpu/make-bundle.sh and carried over in a folder).
+#
+#   run-gpu-suite.sh [BUNDLE]      (default: the folder this script is in)
+#
+# BUNDLE holds vhost-device-rgpu, guest-lib's libcuda.so, rgpu_cuda.h,
+# driver_api_test.c, reference_kernels.ptx, nvcc_driver_api.cu, rgpu_bench.c.
+# The suite
+#   1. compiles driver_api_test with gcc against NVIDIA's libcuda and ours;
+#   2. starts vhost-device-rgpu --executor cuda;
+#   3. runs driver_api_test natively, through rgpu, and four at once through
+#      rgpu;
+#   4. builds nvcc_driver_api (kernels: nvcc -fatbin -arch=sm_90; host: g++)
+#      and runs it natively and through rgpu;
+#   5. runs the benchmark (native and rgpu side by side).
+# Logs go to $OUT when set (else a temp folder, printed at the end). Every
+# step prints a PASS or FAIL line; the exit status is the number of failures.
+#
+# Environment: NATIVE_LIBCUDA (default /usr/local/nvidia/lib64/libcuda.so.1),
+# CUDA_HOME (default /usr/local/cuda), SKIP_BENCH=1 to leave the benchmark out,
+# RGPU_EXECUTOR (default cuda; sim only to try the script without a GPU).
+set -uo pipefail
+
+bundle=$(cd "${1:-$(dirname "$0")}" && pwd)
+native_lib=${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
+native_dir=$(dirname "$native_lib")
+cuda_home=${CUDA_HOME:-/usr/local/cuda}
+logs=${OUT:-$(mktemp -d /tmp/rgpu-gpu-suite.XXXXXX)}
+mkdir -p "$logs"
+work=$(mktemp -d /tmp/rgpu-gpu-work.XXXXXX)
+failures=0
+daemon_pid=
+
+cleanup() {
+    if [ -n "$daemon_pid" ]; then
+        kill "$daemon_pid" 2>/dev/null
+        wait "$daemon_pid" 2>/dev/null
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1${2:+ ($2)}"; failures=$((failures + 1)); }
+
+# Runs a named step with a time limit; its output goes to $logs/NAME.log.
+step() {
+    local name=$1 expect=$2
+    local log=$logs/${name// /-}.log
+    shift 2
+    if timeout 600 "$@" >"$log" 2>&1 && grep -q "$expect" "$log"; then
+        pass "$name"
+    else
+        fail "$name" "see $log"
+        tail -n 20 "$log" | sed 's/^/    /'
+    fi
+}
+
+for f in vhost-device-rgpu libcuda.so rgpu_cuda.h driver_api_test.c reference_kernels.ptx \
+    nvcc_driver_api.cu rgpu_bench.c; do
+    [ -e "$bundle/$f" ] || { echo "FAIL bundle: $bundle/$f is missing"; exit 1; }
+done
+[ -e "$native_lib" ] || { echo "FAIL setup: no NVIDIA driver library at $native_lib"; exit 1; }
+
+# Link directories: one with NVIDIA's library, one with ours. Each program is
+# built against one of them and run with that directory only.
+mkdir -p "$work/native-lib" "$work/rgpu-lib"
+ln -s "$native_lib" "$work/native-lib/libcuda.so"
+ln -s "$bundle/libcuda.so" "$work/rgpu-lib/libcuda.so.1"
+ln -s "$bundle/libcuda.so" "$work/rgpu-lib/libcuda.so"
+ptx=$bundle/reference_kernels.ptx
+
+build() {
+    local name=$1
+    local log=$logs/build-${name// /-}.log
+    shift
+    if "$@" >"$log" 2>&1; then
+        pass "build $name"
+    else
+        fail "build $name" "see $log"
+        tail -n 20 "$log" | sed 's/^/    /'
+    fi
+}
+for side in native rgpu; do
+    build "driver_api_test-$side" gcc -O2 -std=c11 -Wall -I "$bundle" \
+        -o "$work/driver_api_test-$side" "$bundle/driver_api_test.c" -L "$work/$side-lib" -lcuda
+    build "nvcc_driver_api-$side" g++ -O2 -DRGPU_HOST_PART -x c++ -I "$cuda_home/include" \
+        -o "$work/nvcc_driver_api-$side" "$bundle/nvcc_driver_api.cu" -L "$work/$side-lib" -lcuda
+done
+build "nvcc kernels sm_90 fatbin" "$cuda_home/bin/nvcc" -fatbin -arch=sm_90 \
+    -o "$work/kernels.fatbin" "$bundle/nvcc_driver_api.cu"
+build rgpu_bench gcc -O2 -std=c11 -Wall -I "$bundle" -o "$work/rgpu_bench" \
+    "$bundle/rgpu_bench.c" -ldl
+
+# The daemon sees NVIDIA's library directory only, never ours.
+socket=$work/rgpu.sock
+stats=$work/stats.sock
+env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" RGPU_LOG="${RGPU_LOG:-info}" \
+    "$bundle/vhost-device-rgpu" --executor "${RGPU_EXECUTOR:-cuda}" --socket-path "$socket" --stats-socket "$stats" \
+    >"$logs/daemon.log" 2>&1 &
+daemon_pid=$!
+for _ in $(seq 200); do [ -S "$socket" ] && [ -S "$stats" ] && break; sleep 0.05; done
+if [ -S "$socket" ]; then
+    pass "daemon started (--executor ${RGPU_EXECUTOR:-cuda})"
+else
+    fail "daemon started" "see $logs/daemon.log"
+    tail -n 20 "$logs/daemon.log" | sed 's/^/    /'
+    exit "$failures"
+fi
+
+native=(env LD_LIBRARY_PATH="$native_dir")
+through_rgpu=(env RGPU_SOCKET="$socket" LD_LIBRARY_PATH="$work/rgpu-lib")
+
+# Using a destroyed stream handle is undefined behaviour with NVIDIA's
+# driver: the native run leaves that check out.
+step "driver_api_test native" "checks passed" \
+    "${native[@]}" "$work/driver_api_test-native" --ptx "$ptx" --no-bogus-handles
+step "driver_api_test through rgpu" "checks passed" \
+    "${through_rgpu[@]}" "$work/driver_api_test-rgpu" --ptx "$ptx" --iterations 3
+
+pids=()
+for i in 1 2 3 4; do
+    "${through_rgpu[@]}" "$work/driver_api_test-rgpu" --ptx "$ptx" --iterations 2 \
+        >"$logs/driver_api_test-concurrent-$i.log" 2>&1 &
+    pids+=($!)
+done
+concurrent_ok=1
+for i in 1 2 3 4; do
+    if ! wait "${pids[$((i - 1))]}" || ! grep -q "checks passed" "$logs/driver_api_test-concurrent-$i.log"; then
+        concurrent_ok=0
+    fi
+done
+if [ "$concurrent_ok" = 1 ]; then
+    pass "four driver_api_test at once through rgpu"
+else
+    fail "four driver_api_test at once through rgpu" "see $logs/driver_api_test-concurrent-*.log"
+fi
+
+step "nvcc_driver_api native" "checks passed" \
+    "${native[@]}" "$work/nvcc_driver_api-native" "$work/kernels.fatbin"
+step "nvcc_driver_api through rgpu" "checks passed" \
+    "${through_rgpu[@]}" "$work/nvcc_driver_api-rgpu" "$work/kernels.fatbin"
+
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    step "benchmark" "rgpu_bench: device" \
+        env RGPU_SOCKET="$socket" "$work/rgpu_bench" --native "$native_lib" \
+        --rgpu "$work/rgpu-lib/libcuda.so.1" --ptx "$ptx"
+    cat "$logs/benchmark.log" 2>/dev/null
+fi
+
+if command -v python3 >/dev/null; then
+    python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print(s.makefile().readline().strip())' \
+        "$stats" >"$logs/daemon-stats.json" 2>&1 && echo "daemon stats: $(cat "$logs/daemon-stats.json")"
+fi
+if kill -0 "$daemon_pid" 2>/dev/null; then
+    pass "daemon alive after the suite"
+else
+    fail "daemon alive after the suite" "see $logs/daemon.log"
+fi
+
+echo "gpu suite: $failures failure(s); logs in $logs"
+exit "$failures"

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The one test command (CI runs it through .ci/run): builds the whole
+# workspace, so that the daemon binary and guest-lib's libcuda.so exist for
+# the end-to-end tests, then runs every test. Fails on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The end-to-end tests compile C programs.
+if ! command -v cc >/dev/null; then
+    echo "tests/run.sh: no C compiler; installing gcc"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev
+fi
+
+cargo build --workspace
+cargo test --workspace

@@ -1,0 +1,162 @@
+//! A real `vhost-device-rgpu` process for one test.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{profile_dir, Stats, TempDir};
+
+/// How long the daemon may take to create its sockets.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A running daemon with its sockets in a private temp dir; killed (and the
+/// dir removed) on drop.
+pub struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    stats_socket: PathBuf,
+    log: PathBuf,
+    dir: TempDir,
+}
+
+impl Daemon {
+    /// The daemon binary of this build.
+    pub fn binary() -> PathBuf {
+        profile_dir().join("vhost-device-rgpu")
+    }
+
+    /// Starts `vhost-device-rgpu --executor <executor>` and waits until both
+    /// of its sockets exist. `LD_LIBRARY_PATH` is removed from its
+    /// environment: the daemon must never load guest-lib's libcuda.
+    pub fn start(executor: &str) -> Self {
+        Self::start_with_env(executor, &[])
+    }
+
+    pub fn start_with_env(executor: &str, env: &[(&str, &str)]) -> Self {
+        let binary = Self::binary();
+        assert!(
+            binary.exists(),
+            "{} does not exist: run `cargo build --workspace` before the tests",
+            binary.display()
+        );
+        let dir = TempDir::new("rgpu-daemon").expect("create a temp dir for the daemon");
+        let socket = dir.join("rgpu.sock");
+        let stats_socket = dir.join("stats.sock");
+        let log = dir.join("daemon.log");
+        let log_file = File::create(&log).expect("create the daemon log");
+        let log_err = log_file.try_clone().expect("clone the daemon log handle");
+        let mut command = Command::new(&binary);
+        command
+            .arg("--executor")
+            .arg(executor)
+            .arg("--socket-path")
+            .arg(&socket)
+            .arg("--stats-socket")
+            .arg(&stats_socket)
+            .env_remove("LD_LIBRARY_PATH")
+            .env(
+                "RGPU_LOG",
+                std::env::var("RGPU_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log_file))
+            .stderr(Stdio::from(log_err));
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let child = command.spawn().expect("spawn vhost-device-rgpu");
+        let mut daemon = Self {
+            child,
+            socket,
+            stats_socket,
+            log,
+            dir,
+        };
+        daemon.wait_for_sockets();
+        daemon
+    }
+
+    fn wait_for_sockets(&mut self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        while !(self.socket.exists() && self.stats_socket.exists()) {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "the daemon exited with {status} before listening:\n{}",
+                    self.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not create its sockets within {START_TIMEOUT:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The vhost-user socket guests connect to (`RGPU_SOCKET`).
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    pub fn stats_socket(&self) -> &Path {
+        &self.stats_socket
+    }
+
+    /// A scratch directory that lives as long as the daemon.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The daemon's output so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn stats(&self) -> Stats {
+        match Stats::read(&self.stats_socket) {
+            Ok(stats) => stats,
+            Err(e) => panic!("{e}\ndaemon log:\n{}", self.log()),
+        }
+    }
+
+    /// Polls the stats socket until `done` holds; panics with the last
+    /// answer after `timeout`.
+    pub fn wait_for_stats(
+        &self,
+        timeout: Duration,
+        what: &str,
+        done: impl Fn(&Stats) -> bool,
+    ) -> Stats {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let stats = self.stats();
+            if done(&stats) {
+                return stats;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "waited {timeout:?} for {what}; last stats: {stats:?}\ndaemon log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
