@@ -1,0 +1,162 @@
+//! Generates, from NVIDIA's export list, the proc-address recording and the
+//! one declarative list of hand-written entry points (`src/exports.rs`):
+//!
+//! - `unsupported.rs`: a stub for every exported driver symbol that is not
+//!   implemented by hand (logs once, returns `CUDA_ERROR_NOT_SUPPORTED`);
+//! - `symbol_table.rs`: every exported symbol, sorted by name, with its
+//!   address (hand-written or stub);
+//! - `proc_table.rs`: how driver 580 answers `cuGetProcAddress_v2`.
+//!
+//! The build fails when the declarative list names a symbol that NVIDIA's
+//! driver does not export, or names one twice, so the export set,
+//! `cuGetProcAddress` and the tests cannot drift apart.
+
+use std::collections::BTreeSet;
+use std::env;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+
+const EXPORTS: &str = "data/libcuda-580.159-exports.txt";
+const PROC_TABLE: &str = "data/proc-address-table-580.159.tsv";
+const DECLARATIONS: &str = "src/exports.rs";
+
+fn main() {
+    for path in [EXPORTS, PROC_TABLE, DECLARATIONS] {
+        println!("cargo:rerun-if-changed={path}");
+    }
+    // The application (and NVIDIA's runtime) loads "libcuda.so.1".
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libcuda.so.1");
+
+    let exports = read_exports();
+    let implemented = read_implemented(&exports);
+    let out_dir = env::var("OUT_DIR").expect("cargo sets OUT_DIR");
+    let out = Path::new(&out_dir);
+
+    write(out, "unsupported.rs", &unsupported(&exports, &implemented));
+    write(
+        out,
+        "symbol_table.rs",
+        &symbol_table(&exports, &implemented),
+    );
+    write(out, "proc_table.rs", &proc_table(&exports));
+}
+
+fn write(dir: &Path, name: &str, text: &str) {
+    fs::write(dir.join(name), text).unwrap_or_else(|e| panic!("writing {name}: {e}"));
+}
+
+fn read(path: &str) -> String {
+    fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
+}
+
+fn read_exports() -> BTreeSet<String> {
+    read(EXPORTS)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The names declared as `fn cuName(` in the `cuda_api!` list.
+fn read_implemented(exports: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in read(DECLARATIONS).lines() {
+        let Some(rest) = line.trim_start().strip_prefix("fn ") else {
+            continue;
+        };
+        let Some((name, _)) = rest.split_once('(') else {
+            continue;
+        };
+        if !name.starts_with("cu") {
+            continue;
+        }
+        assert!(
+            exports.contains(name),
+            "{DECLARATIONS} implements {name}, which NVIDIA's driver does not export"
+        );
+        assert!(names.insert(name.to_owned()), "{name} is declared twice");
+    }
+    assert!(
+        !names.is_empty(),
+        "no implemented symbols found in {DECLARATIONS}"
+    );
+    names
+}
+
+fn unsupported(exports: &BTreeSet<String>, implemented: &BTreeSet<String>) -> String {
+    let missing: Vec<&String> = exports.difference(implemented).collect();
+    let mut s = String::new();
+    writeln!(s, "pub(crate) const COUNT: usize = {};", missing.len()).unwrap();
+    for (index, name) in missing.iter().enumerate() {
+        writeln!(
+            s,
+            "#[no_mangle]\npub extern \"C\" fn {name}() -> u32 {{ report({index}, \"{name}\") }}"
+        )
+        .unwrap();
+    }
+    s
+}
+
+fn symbol_table(exports: &BTreeSet<String>, implemented: &BTreeSet<String>) -> String {
+    let mut s = String::new();
+    writeln!(s, "pub static SYMBOLS: [Symbol; {}] = [", exports.len()).unwrap();
+    // BTreeSet iterates in byte order: the table is sorted for binary search.
+    for name in exports {
+        let module = if implemented.contains(name) {
+            "exports"
+        } else {
+            "unsupported"
+        };
+        writeln!(
+            s,
+            "    Symbol {{ name: \"{name}\", address: Address(crate::{module}::{name} as *const core::ffi::c_void) }},"
+        )
+        .unwrap();
+    }
+    s.push_str("];\n");
+    s
+}
+
+fn proc_table(exports: &BTreeSet<String>) -> String {
+    let mut rows = Vec::new();
+    for (n, line) in read(PROC_TABLE).lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let fields: Vec<&str> = line.split('\t').collect();
+        let [name, flags, version, symbol] = fields[..] else {
+            panic!("{PROC_TABLE}:{}: expected 4 tab-separated fields", n + 1);
+        };
+        let flags: u8 = flags.parse().expect("flags is a small integer");
+        let version: u32 = version.parse().expect("first_version is an integer");
+        let symbol = if symbol == "-" {
+            None
+        } else {
+            assert!(
+                exports.contains(symbol),
+                "{PROC_TABLE}:{}: {symbol} is not exported",
+                n + 1
+            );
+            Some(symbol.to_owned())
+        };
+        rows.push((name.to_owned(), flags, version, symbol));
+    }
+    rows.sort();
+    let mut s = String::new();
+    writeln!(s, "pub static PROC_TABLE: [ProcRow; {}] = [", rows.len()).unwrap();
+    for (name, flags, version, symbol) in rows {
+        let symbol = match symbol {
+            Some(sym) => format!("Some(\"{sym}\")"),
+            None => "None".to_owned(),
+        };
+        writeln!(
+            s,
+            "    ProcRow {{ name: \"{name}\", flags: {flags}, version: {version}, symbol: {symbol} }},"
+        )
+        .unwrap();
+    }
+    s.push_str("];\n");
+    s
+}

@@ -1,0 +1,91 @@
+//! Events: guest-chosen handles; create, record and destroy are queued,
+//! synchronize, query and elapsed time wait for the host.
+
+use std::ffi::c_uint;
+use std::sync::Arc;
+
+use rgpu_proto::cuda_result::*;
+use rgpu_proto::Command;
+
+use crate::abi::{write_out, CUevent, CUstream};
+use crate::api::context::same_context;
+use crate::state::{current, driver, resolve_stream, Event, EVENTS};
+
+fn event(handle: CUevent) -> Result<Arc<Event>, u32> {
+    driver()?;
+    EVENTS.get(handle).ok_or(CUDA_ERROR_INVALID_HANDLE)
+}
+
+pub(crate) fn create(phevent: *mut CUevent, flags: c_uint) -> Result<(), u32> {
+    if phevent.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let ctx = current()?;
+    let handle = ctx.new_handle()?;
+    ctx.send(&Command::EventCreate {
+        event: handle,
+        flags,
+    })?;
+    write_out(
+        phevent,
+        EVENTS.insert(Arc::new(Event {
+            context: ctx,
+            handle,
+        })),
+    )
+}
+
+fn record_on(hevent: CUevent, stream: CUstream, per_thread: bool) -> Result<(), u32> {
+    let e = event(hevent)?;
+    let (ctx, stream) = resolve_stream(stream, per_thread)?;
+    same_context(&ctx, &e.context)?;
+    ctx.send(&Command::EventRecord {
+        event: e.handle,
+        stream,
+    })
+}
+
+pub(crate) fn record(hevent: CUevent, stream: CUstream) -> Result<(), u32> {
+    record_on(hevent, stream, false)
+}
+
+pub(crate) fn record_ptsz(hevent: CUevent, stream: CUstream) -> Result<(), u32> {
+    record_on(hevent, stream, true)
+}
+
+pub(crate) fn synchronize(hevent: CUevent) -> Result<(), u32> {
+    let e = event(hevent)?;
+    e.context
+        .call(&Command::EventSynchronize { event: e.handle })
+        .map(|_| ())
+}
+
+pub(crate) fn query(hevent: CUevent) -> Result<(), u32> {
+    let e = event(hevent)?;
+    e.context
+        .call(&Command::EventQuery { event: e.handle })
+        .map(|_| ())
+}
+
+pub(crate) fn elapsed_time(ms: *mut f32, start: CUevent, end: CUevent) -> Result<(), u32> {
+    if ms.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (start, end) = (event(start)?, event(end)?);
+    same_context(&start.context, &end.context)?;
+    let payload = start.context.call(&Command::EventElapsedTime {
+        start: start.handle,
+        end: end.handle,
+    })?;
+    let bytes: [u8; 4] = payload
+        .as_slice()
+        .try_into()
+        .map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    write_out(ms, f32::from_le_bytes(bytes))
+}
+
+pub(crate) fn destroy(hevent: CUevent) -> Result<(), u32> {
+    driver()?;
+    let e = EVENTS.remove(hevent).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    e.context.send(&Command::EventDestroy { event: e.handle })
+}

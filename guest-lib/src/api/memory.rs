@@ -1,0 +1,312 @@
+//! Device memory, page-locked host memory, copies and memsets.
+//!
+//! A copy whose host side lies entirely in page-locked (blob) memory names
+//! that blob range and costs no guest copy; any other host memory is staged
+//! through the channel. Synchronous forms wait for the host's result;
+//! asynchronous forms only queue (their errors surface later), except a
+//! device-to-host copy into pageable memory, which must complete before the
+//! data can be handed back.
+
+use std::ffi::{c_uint, c_void};
+
+use rgpu_proto::cuda_result::*;
+use rgpu_proto::reply::decode_u64s;
+use rgpu_proto::Command;
+
+use crate::abi::{bytes, bytes_mut, write_out, CUdeviceptr, CUstream};
+use crate::pinned;
+use crate::state::{current, driver, resolve_stream, sync_stream, Context};
+
+pub(crate) fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Result<(), u32> {
+    if dptr.is_null() || size == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let payload = current()?.call(&Command::MemAlloc { size: size as u64 })?;
+    let [ptr] = decode_u64s::<1>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    write_out(dptr, ptr)
+}
+
+pub(crate) fn free(dptr: CUdeviceptr) -> Result<(), u32> {
+    let ctx = current()?;
+    if dptr == 0 {
+        return Ok(());
+    }
+    ctx.call(&Command::MemFree { device_ptr: dptr }).map(|_| ())
+}
+
+pub(crate) fn get_info(free: *mut usize, total: *mut usize) -> Result<(), u32> {
+    if free.is_null() || total.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let payload = current()?.call(&Command::MemGetInfo)?;
+    let [f, t] = decode_u64s::<2>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    write_out(free, usize::try_from(f).unwrap_or(usize::MAX))?;
+    write_out(total, usize::try_from(t).unwrap_or(usize::MAX))
+}
+
+pub(crate) fn alloc_host(pp: *mut *mut c_void, size: usize) -> Result<(), u32> {
+    if pp.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let ctx = current()?;
+    let ptr = pinned::alloc(driver()?.carrier.as_ref(), &ctx, size as u64)?;
+    write_out(pp, ptr.cast())
+}
+
+pub(crate) fn alloc_host_v1(pp: *mut *mut c_void, size: c_uint) -> Result<(), u32> {
+    alloc_host(pp, size as usize)
+}
+
+/// Portable, device-mapped and write-combined memory are all the same blob
+/// memory here: the flags need no action.
+pub(crate) fn host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> Result<(), u32> {
+    log::debug!("rgpu: cuMemHostAlloc flags {flags:#x}");
+    alloc_host(pp, size)
+}
+
+pub(crate) fn free_host(p: *mut c_void) -> Result<(), u32> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    pinned::free(driver()?.carrier.as_ref(), p.cast())
+}
+
+fn blob_range(
+    ctx: &Context,
+    host: *const c_void,
+    len: usize,
+) -> Result<Option<rgpu_proto::BlobRange>, u32> {
+    pinned::blob_range(driver()?.carrier.as_ref(), ctx, host as usize, len as u64)
+}
+
+fn htod(
+    ctx: &Context,
+    stream: u32,
+    dst: CUdeviceptr,
+    src: *const c_void,
+    len: usize,
+    sync: bool,
+) -> Result<(), u32> {
+    if len == 0 {
+        return Ok(());
+    }
+    if src.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    match blob_range(ctx, src, len)? {
+        Some(range) => {
+            let command = Command::MemcpyHtoD {
+                stream,
+                dst,
+                src: range,
+            };
+            if sync {
+                ctx.call(&command).map(|_| ())
+            } else {
+                ctx.send(&command)
+            }
+        }
+        None => {
+            let data = bytes(src, len)?;
+            match ctx.with_channel(|c| c.copy_to_device(stream, dst, data, sync))? {
+                CUDA_SUCCESS => Ok(()),
+                code => Err(code),
+            }
+        }
+    }
+}
+
+fn dtoh(
+    ctx: &Context,
+    stream: u32,
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    len: usize,
+    sync: bool,
+) -> Result<(), u32> {
+    if len == 0 {
+        return Ok(());
+    }
+    if dst.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    match blob_range(ctx, dst, len)? {
+        Some(range) => {
+            let command = Command::MemcpyDtoH {
+                stream,
+                dst: range,
+                src,
+            };
+            if sync {
+                ctx.call(&command).map(|_| ())
+            } else {
+                ctx.send(&command)
+            }
+        }
+        None => {
+            let data = bytes_mut(dst, len)?;
+            match ctx.with_channel(|c| c.copy_from_device(stream, data, src))? {
+                CUDA_SUCCESS => Ok(()),
+                code => Err(code),
+            }
+        }
+    }
+}
+
+fn dtod(
+    ctx: &Context,
+    stream: u32,
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    len: usize,
+    sync: bool,
+) -> Result<(), u32> {
+    if len == 0 {
+        return Ok(());
+    }
+    let command = Command::MemcpyDtoD {
+        stream,
+        dst,
+        src,
+        size: len as u64,
+    };
+    if sync {
+        ctx.call(&command).map(|_| ())
+    } else {
+        ctx.send(&command)
+    }
+}
+
+pub(crate) fn htod_sync(dst: CUdeviceptr, src: *const c_void, len: usize) -> Result<(), u32> {
+    htod(current()?.as_ref(), sync_stream(false), dst, src, len, true)
+}
+
+pub(crate) fn htod_sync_ptds(dst: CUdeviceptr, src: *const c_void, len: usize) -> Result<(), u32> {
+    htod(current()?.as_ref(), sync_stream(true), dst, src, len, true)
+}
+
+pub(crate) fn htod_async(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    len: usize,
+    stream: CUstream,
+) -> Result<(), u32> {
+    let (ctx, stream) = resolve_stream(stream, false)?;
+    htod(&ctx, stream, dst, src, len, false)
+}
+
+pub(crate) fn htod_async_ptsz(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    len: usize,
+    stream: CUstream,
+) -> Result<(), u32> {
+    let (ctx, stream) = resolve_stream(stream, true)?;
+    htod(&ctx, stream, dst, src, len, false)
+}
+
+pub(crate) fn dtoh_sync(dst: *mut c_void, src: CUdeviceptr, len: usize) -> Result<(), u32> {
+    dtoh(current()?.as_ref(), sync_stream(false), dst, src, len, true)
+}
+
+pub(crate) fn dtoh_sync_ptds(dst: *mut c_void, src: CUdeviceptr, len: usize) -> Result<(), u32> {
+    dtoh(current()?.as_ref(), sync_stream(true), dst, src, len, true)
+}
+
+pub(crate) fn dtoh_async(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    len: usize,
+    stream: CUstream,
+) -> Result<(), u32> {
+    let (ctx, stream) = resolve_stream(stream, false)?;
+    dtoh(&ctx, stream, dst, src, len, false)
+}
+
+pub(crate) fn dtoh_async_ptsz(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    len: usize,
+    stream: CUstream,
+) -> Result<(), u32> {
+    let (ctx, stream) = resolve_stream(stream, true)?;
+    dtoh(&ctx, stream, dst, src, len, false)
+}
+
+pub(crate) fn dtod_sync(dst: CUdeviceptr, src: CUdeviceptr, len: usize) -> Result<(), u32> {
+    dtod(current()?.as_ref(), sync_stream(false), dst, src, len, true)
+}
+
+pub(crate) fn dtod_sync_ptds(dst: CUdeviceptr, src: CUdeviceptr, len: usize) -> Result<(), u32> {
+    dtod(current()?.as_ref(), sync_stream(true), dst, src, len, true)
+}
+
+pub(crate) fn dtod_async(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    len: usize,
+    stream: CUstream,
+) -> Result<(), u32> {
+    let (ctx, stream) = resolve_stream(stream, false)?;
+    dtod(&ctx, stream, dst, src, len, false)
+}
+
+pub(crate) fn dtod_async_ptsz(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    len: usize,
+    stream: CUstream,
+) -> Result<(), u32> {
+    let (ctx, stream) = resolve_stream(stream, true)?;
+    dtod(&ctx, stream, dst, src, len, false)
+}
+
+/// Memsets never wait: their errors are sticky and surface at the next
+/// synchronising call.
+fn memset(
+    ctx: &Context,
+    stream: u32,
+    dst: CUdeviceptr,
+    value: u32,
+    element_size: u32,
+    count: usize,
+) -> Result<(), u32> {
+    if count == 0 {
+        return Ok(());
+    }
+    ctx.send(&Command::Memset {
+        stream,
+        dst,
+        value,
+        element_size,
+        count: count as u64,
+    })
+}
+
+macro_rules! memset_forms {
+    ($($sync:ident, $sync_ptds:ident, $async_:ident, $async_ptsz:ident: $ty:ty, $size:expr;)*) => {$(
+        pub(crate) fn $sync(dst: CUdeviceptr, value: $ty, count: usize) -> Result<(), u32> {
+            memset(current()?.as_ref(), sync_stream(false), dst, value.into(), $size, count)
+        }
+
+        pub(crate) fn $sync_ptds(dst: CUdeviceptr, value: $ty, count: usize) -> Result<(), u32> {
+            memset(current()?.as_ref(), sync_stream(true), dst, value.into(), $size, count)
+        }
+
+        pub(crate) fn $async_(dst: CUdeviceptr, value: $ty, count: usize, stream: CUstream) -> Result<(), u32> {
+            let (ctx, stream) = resolve_stream(stream, false)?;
+            memset(&ctx, stream, dst, value.into(), $size, count)
+        }
+
+        pub(crate) fn $async_ptsz(dst: CUdeviceptr, value: $ty, count: usize, stream: CUstream) -> Result<(), u32> {
+            let (ctx, stream) = resolve_stream(stream, true)?;
+            memset(&ctx, stream, dst, value.into(), $size, count)
+        }
+    )*};
+}
+
+memset_forms! {
+    memset_d8, memset_d8_ptds, memset_d8_async, memset_d8_async_ptsz: u8, 1;
+    memset_d16, memset_d16_ptds, memset_d16_async, memset_d16_async_ptsz: u16, 2;
+    memset_d32, memset_d32_ptds, memset_d32_async, memset_d32_async_ptsz: u32, 4;
+}

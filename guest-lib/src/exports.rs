@@ -1,0 +1,134 @@
+//! THE list of hand-written driver entry points: one line per exported
+//! symbol, with its C signature and the function that implements it.
+//!
+//! build.rs reads the `fn cuName(` lines of this file: every other symbol of
+//! NVIDIA's export list gets a NOT_SUPPORTED stub, and the symbol table
+//! behind `cuGetProcAddress` points here for these names. Adding a line here
+//! is all it takes to implement a symbol everywhere.
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use crate::abi::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule, CUstream};
+use crate::api::context::CtxCreateParams;
+use crate::api::{
+    context, device, error, event, init, launch, memory, module, primary_context, proc_address,
+    stream,
+};
+
+crate::entry::cuda_api! {
+    fn cuInit(flags: c_uint) => init::init;
+    fn cuDriverGetVersion(version: *mut c_int) => init::driver_get_version;
+    fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) => proc_address::get_proc_address;
+    fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64, status: *mut c_int) => proc_address::get_proc_address_v2;
+    fn cuGetErrorName(error: u32, pstr: *mut *const c_char) => error::get_error_name;
+    fn cuGetErrorString(error: u32, pstr: *mut *const c_char) => error::get_error_string;
+
+    fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) => device::get;
+    fn cuDeviceGetCount(count: *mut c_int) => device::get_count;
+    fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) => device::get_name;
+    fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) => device::get_uuid;
+    fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) => device::get_uuid;
+    fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) => device::total_mem_v1;
+    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => device::total_mem;
+    fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) => device::get_attribute;
+    fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) => device::compute_capability;
+    fn cuDeviceGetPCIBusId(pci_bus_id: *mut c_char, len: c_int, dev: CUdevice) => device::get_pci_bus_id;
+
+    fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) => primary_context::retain;
+    fn cuDevicePrimaryCtxRelease(dev: CUdevice) => primary_context::release;
+    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) => primary_context::release;
+    fn cuDevicePrimaryCtxReset(dev: CUdevice) => primary_context::reset;
+    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) => primary_context::reset;
+    fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) => primary_context::get_state;
+    fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) => primary_context::set_flags;
+    fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) => primary_context::set_flags;
+
+    fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => context::create;
+    fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => context::create;
+    fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut c_void, num_params: c_int, flags: c_uint, dev: CUdevice) => context::create_v3;
+    fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut CtxCreateParams, flags: c_uint, dev: CUdevice) => context::create_v4;
+    fn cuCtxDestroy(ctx: CUcontext) => context::destroy;
+    fn cuCtxDestroy_v2(ctx: CUcontext) => context::destroy;
+    fn cuCtxPushCurrent(ctx: CUcontext) => context::push_current;
+    fn cuCtxPushCurrent_v2(ctx: CUcontext) => context::push_current;
+    fn cuCtxPopCurrent(pctx: *mut CUcontext) => context::pop_current;
+    fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) => context::pop_current;
+    fn cuCtxSetCurrent(ctx: CUcontext) => context::set_current;
+    fn cuCtxGetCurrent(pctx: *mut CUcontext) => context::get_current;
+    fn cuCtxGetDevice(device: *mut CUdevice) => context::get_device;
+    fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext) => context::get_device_v2;
+    fn cuCtxSynchronize() => context::synchronize;
+    fn cuCtxSynchronize_v2(ctx: CUcontext) => context::synchronize_v2;
+    fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint) => context::get_api_version;
+    fn cuCtxGetFlags(flags: *mut c_uint) => context::get_flags;
+    fn cuCtxGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) => context::get_stream_priority_range;
+    fn cuCtxGetLimit(pvalue: *mut usize, limit: c_int) => context::get_limit;
+    fn cuCtxSetLimit(limit: c_int, value: usize) => context::set_limit;
+
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) => memory::alloc;
+    fn cuMemFree_v2(dptr: CUdeviceptr) => memory::free;
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => memory::get_info;
+    fn cuMemAllocHost(pp: *mut *mut c_void, bytesize: c_uint) => memory::alloc_host_v1;
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) => memory::alloc_host;
+    fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint) => memory::host_alloc;
+    fn cuMemFreeHost(p: *mut c_void) => memory::free_host;
+    fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, count: usize) => memory::htod_sync;
+    fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, count: usize) => memory::htod_sync_ptds;
+    fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, count: usize, stream: CUstream) => memory::htod_async;
+    fn cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, count: usize, stream: CUstream) => memory::htod_async_ptsz;
+    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, count: usize) => memory::dtoh_sync;
+    fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, count: usize) => memory::dtoh_sync_ptds;
+    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, count: usize, stream: CUstream) => memory::dtoh_async;
+    fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, count: usize, stream: CUstream) => memory::dtoh_async_ptsz;
+    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, count: usize) => memory::dtod_sync;
+    fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, count: usize) => memory::dtod_sync_ptds;
+    fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: CUstream) => memory::dtod_async;
+    fn cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: CUstream) => memory::dtod_async_ptsz;
+    fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, count: usize) => memory::memset_d8;
+    fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, count: usize) => memory::memset_d8_ptds;
+    fn cuMemsetD8Async(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream) => memory::memset_d8_async;
+    fn cuMemsetD8Async_ptsz(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream) => memory::memset_d8_async_ptsz;
+    fn cuMemsetD16_v2(dst: CUdeviceptr, value: u16, count: usize) => memory::memset_d16;
+    fn cuMemsetD16_v2_ptds(dst: CUdeviceptr, value: u16, count: usize) => memory::memset_d16_ptds;
+    fn cuMemsetD16Async(dst: CUdeviceptr, value: u16, count: usize, stream: CUstream) => memory::memset_d16_async;
+    fn cuMemsetD16Async_ptsz(dst: CUdeviceptr, value: u16, count: usize, stream: CUstream) => memory::memset_d16_async_ptsz;
+    fn cuMemsetD32_v2(dst: CUdeviceptr, value: u32, count: usize) => memory::memset_d32;
+    fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, value: u32, count: usize) => memory::memset_d32_ptds;
+    fn cuMemsetD32Async(dst: CUdeviceptr, value: u32, count: usize, stream: CUstream) => memory::memset_d32_async;
+    fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, value: u32, count: usize, stream: CUstream) => memory::memset_d32_async_ptsz;
+
+    fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) => module::load_data;
+    fn cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, num_options: c_uint, options: *mut c_int, option_values: *mut *mut c_void) => module::load_data_ex;
+    fn cuModuleLoadFatBinary(module: *mut CUmodule, fat_cubin: *const c_void) => module::load_fat_binary;
+    fn cuModuleUnload(hmod: CUmodule) => module::unload;
+    fn cuModuleGetFunction(hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char) => module::get_function;
+    fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, hmod: CUmodule, name: *const c_char) => module::get_global;
+    fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, hfunc: CUfunction) => module::func_get_attribute;
+    fn cuLaunchKernel(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream, kernel_params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel;
+    fn cuLaunchKernel_ptsz(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream, kernel_params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ptsz;
+
+    fn cuStreamCreate(phstream: *mut CUstream, flags: c_uint) => stream::create;
+    fn cuStreamCreateWithPriority(phstream: *mut CUstream, flags: c_uint, priority: c_int) => stream::create_with_priority;
+    fn cuStreamDestroy(hstream: CUstream) => stream::destroy;
+    fn cuStreamDestroy_v2(hstream: CUstream) => stream::destroy;
+    fn cuStreamSynchronize(hstream: CUstream) => stream::synchronize;
+    fn cuStreamSynchronize_ptsz(hstream: CUstream) => stream::synchronize_ptsz;
+    fn cuStreamQuery(hstream: CUstream) => stream::query;
+    fn cuStreamQuery_ptsz(hstream: CUstream) => stream::query_ptsz;
+    fn cuStreamWaitEvent(hstream: CUstream, hevent: CUevent, flags: c_uint) => stream::wait_event;
+    fn cuStreamWaitEvent_ptsz(hstream: CUstream, hevent: CUevent, flags: c_uint) => stream::wait_event_ptsz;
+    fn cuStreamGetPriority(hstream: CUstream, priority: *mut c_int) => stream::get_priority;
+    fn cuStreamGetPriority_ptsz(hstream: CUstream, priority: *mut c_int) => stream::get_priority_ptsz;
+    fn cuStreamGetFlags(hstream: CUstream, flags: *mut c_uint) => stream::get_flags;
+    fn cuStreamGetFlags_ptsz(hstream: CUstream, flags: *mut c_uint) => stream::get_flags_ptsz;
+
+    fn cuEventCreate(phevent: *mut CUevent, flags: c_uint) => event::create;
+    fn cuEventRecord(hevent: CUevent, hstream: CUstream) => event::record;
+    fn cuEventRecord_ptsz(hevent: CUevent, hstream: CUstream) => event::record_ptsz;
+    fn cuEventSynchronize(hevent: CUevent) => event::synchronize;
+    fn cuEventQuery(hevent: CUevent) => event::query;
+    fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) => event::elapsed_time;
+    fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) => event::elapsed_time;
+    fn cuEventDestroy(hevent: CUevent) => event::destroy;
+    fn cuEventDestroy_v2(hevent: CUevent) => event::destroy;
+}

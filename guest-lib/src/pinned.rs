@@ -1,0 +1,111 @@
+//! Page-locked host memory (`cuMemAllocHost`, `cuMemHostAlloc`): blob
+//! memory the host sees too, so copies from and to it are zero-copy. A
+//! sorted registry maps pointers back to `(resource id, offset)`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use rgpu_proto::cuda_result::*;
+use rgpu_proto::BlobRange;
+use rgpu_transport::Carrier;
+
+use crate::state::{carrier_error, Context};
+
+struct PinnedBlock {
+    size: u64,
+    resource_id: u32,
+    /// The virtio-gpu contexts the blob is attached to; the first created it.
+    attached: Mutex<Vec<u32>>,
+}
+
+static PINNED: RwLock<BTreeMap<usize, Arc<PinnedBlock>>> = RwLock::new(BTreeMap::new());
+
+/// Allocates `size` bytes of blob memory in `ctx` and returns its address.
+pub(crate) fn alloc(carrier: &dyn Carrier, ctx: &Context, size: u64) -> Result<*mut u8, u32> {
+    if size == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let blob = carrier
+        .create_blob(ctx.ctx_id(), size)
+        .map_err(carrier_error)?;
+    let block = Arc::new(PinnedBlock {
+        size: blob.size.max(size),
+        resource_id: blob.resource_id,
+        attached: Mutex::new(vec![ctx.ctx_id()]),
+    });
+    PINNED
+        .write()
+        .map_err(|_| CUDA_ERROR_UNKNOWN)?
+        .insert(blob.ptr as usize, block);
+    Ok(blob.ptr)
+}
+
+/// Frees memory from [`alloc`]; `ptr` must be the address it returned.
+pub(crate) fn free(carrier: &dyn Carrier, ptr: *mut u8) -> Result<(), u32> {
+    let block = PINNED
+        .write()
+        .map_err(|_| CUDA_ERROR_UNKNOWN)?
+        .remove(&(ptr as usize))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let owner = block.attached.lock().ok().and_then(|a| a.first().copied());
+    match owner {
+        Some(ctx_id) => carrier
+            .destroy_blob(ctx_id, block.resource_id)
+            .map_err(carrier_error),
+        None => {
+            // Every context it was attached to is gone, and the host freed
+            // the blob with the last one.
+            log::debug!(
+                "rgpu: pinned blob {} outlived its contexts",
+                block.resource_id
+            );
+            Ok(())
+        }
+    }
+}
+
+/// The blob range that holds `[ptr, ptr + len)` entirely, attaching the blob
+/// to `ctx` on first use there; `None` for memory that is not pinned.
+pub(crate) fn blob_range(
+    carrier: &dyn Carrier,
+    ctx: &Context,
+    ptr: usize,
+    len: u64,
+) -> Result<Option<BlobRange>, u32> {
+    let Some((base, block)) = find(ptr, len) else {
+        return Ok(None);
+    };
+    {
+        let mut attached = block.attached.lock().map_err(|_| CUDA_ERROR_UNKNOWN)?;
+        if !attached.contains(&ctx.ctx_id()) {
+            carrier
+                .attach_blob(ctx.ctx_id(), block.resource_id)
+                .map_err(carrier_error)?;
+            attached.push(ctx.ctx_id());
+        }
+    }
+    Ok(Some(BlobRange {
+        resource_id: block.resource_id,
+        offset: (ptr - base) as u64,
+        length: len,
+    }))
+}
+
+fn find(ptr: usize, len: u64) -> Option<(usize, Arc<PinnedBlock>)> {
+    let map = PINNED.read().ok()?;
+    let (base, block) = map.range(..=ptr).next_back()?;
+    let offset = (ptr - base) as u64;
+    let end = offset.checked_add(len)?;
+    (end <= block.size).then(|| (*base, block.clone()))
+}
+
+/// A destroyed context's blobs are detached by the host: forget them.
+pub(crate) fn forget_context(ctx_id: u32) {
+    if let Ok(map) = PINNED.read() {
+        for block in map.values() {
+            if let Ok(mut attached) = block.attached.lock() {
+                attached.retain(|c| *c != ctx_id);
+            }
+        }
+    }
+}

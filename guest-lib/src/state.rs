@@ -1,0 +1,335 @@
+//! Process-wide state: the carrier opened by `cuInit`, the contexts (one
+//! [`Channel`] each), the per-thread context stack, and the registries that
+//! turn the opaque pointers handed to the application back into objects.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+use rgpu_proto::capset::{Capset, DeviceInfo};
+use rgpu_proto::cuda_result::*;
+use rgpu_proto::reply::FunctionInfo;
+use rgpu_proto::Command;
+use rgpu_transport::{Carrier, CarrierError, Channel, Reply};
+
+use crate::abi::{CUdevice, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
+
+/// What `cuInit` set up.
+pub(crate) struct Driver {
+    pub carrier: Arc<dyn Carrier>,
+    pub primaries: Vec<Mutex<Primary>>,
+}
+
+/// A device's primary context: created at the first retain, closed when
+/// released to zero or reset.
+#[derive(Default)]
+pub(crate) struct Primary {
+    pub context: Option<Arc<Context>>,
+    pub refcount: u32,
+    pub flags: u32,
+}
+
+static DRIVER: OnceLock<Result<Driver, u32>> = OnceLock::new();
+
+/// Opens the driver once; later calls return the first outcome.
+pub(crate) fn init_driver(
+    open: impl FnOnce() -> Result<Driver, u32>,
+) -> Result<&'static Driver, u32> {
+    DRIVER.get_or_init(open).as_ref().map_err(|e| *e)
+}
+
+/// The driver, or `CUDA_ERROR_NOT_INITIALIZED` before a successful `cuInit`.
+pub(crate) fn driver() -> Result<&'static Driver, u32> {
+    match DRIVER.get() {
+        Some(Ok(driver)) => Ok(driver),
+        _ => Err(CUDA_ERROR_NOT_INITIALIZED),
+    }
+}
+
+impl Driver {
+    pub fn capset(&self) -> &Capset {
+        self.carrier.capset()
+    }
+
+    pub fn device(&self, device: CUdevice) -> Result<&DeviceInfo, u32> {
+        usize::try_from(device)
+            .ok()
+            .and_then(|i| self.capset().devices.get(i))
+            .ok_or(CUDA_ERROR_INVALID_DEVICE)
+    }
+
+    pub fn primary(&self, device: CUdevice) -> Result<&Mutex<Primary>, u32> {
+        self.device(device)?;
+        usize::try_from(device)
+            .ok()
+            .and_then(|i| self.primaries.get(i))
+            .ok_or(CUDA_ERROR_INVALID_DEVICE)
+    }
+}
+
+/// Maps a transport failure to a CUDA result (and says why in the log).
+pub(crate) fn carrier_error(error: CarrierError) -> u32 {
+    log::error!("rgpu: transport failure: {error}");
+    match error {
+        CarrierError::OutOfMemory(_) => CUDA_ERROR_OUT_OF_MEMORY,
+        _ => CUDA_ERROR_UNKNOWN,
+    }
+}
+
+/// A CUDA context: one channel to one host session.
+pub(crate) struct Context {
+    pub device: CUdevice,
+    pub flags: AtomicU32,
+    pub primary: bool,
+    alive: AtomicBool,
+    channel: RwLock<Option<Channel>>,
+    ctx_id: u32,
+    next_handle: AtomicU32,
+}
+
+impl Context {
+    /// Opens a channel (a new host session) for `device`.
+    pub fn open(
+        driver: &Driver,
+        device: CUdevice,
+        flags: u32,
+        primary: bool,
+    ) -> Result<Arc<Self>, u32> {
+        driver.device(device)?;
+        let channel =
+            Channel::open(driver.carrier.clone(), &process_name()).map_err(carrier_error)?;
+        Ok(Arc::new(Self {
+            device,
+            flags: AtomicU32::new(flags),
+            primary,
+            alive: AtomicBool::new(true),
+            ctx_id: channel.ctx_id(),
+            channel: RwLock::new(Some(channel)),
+            next_handle: AtomicU32::new(1),
+        }))
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// The virtio-gpu context id of this context's channel.
+    pub fn ctx_id(&self) -> u32 {
+        self.ctx_id
+    }
+
+    /// A fresh guest-chosen handle (non-zero, never the per-thread stream).
+    pub fn new_handle(&self) -> Result<u32, u32> {
+        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        if handle == 0 || handle == rgpu_proto::STREAM_PER_THREAD {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        Ok(handle)
+    }
+
+    pub fn with_channel<R>(
+        &self,
+        f: impl FnOnce(&Channel) -> Result<R, CarrierError>,
+    ) -> Result<R, u32> {
+        let guard = self.channel.read().map_err(|_| CUDA_ERROR_UNKNOWN)?;
+        let channel = guard.as_ref().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        f(channel).map_err(carrier_error)
+    }
+
+    /// Queues a command without waiting (errors surface later).
+    pub fn send(&self, command: &Command) -> Result<(), u32> {
+        self.with_channel(|c| c.send(command))
+    }
+
+    /// Sends a command and waits; a non-zero result is the error.
+    pub fn call(&self, command: &Command) -> Result<Vec<u8>, u32> {
+        let Reply { result, payload } = self.with_channel(|c| c.call(command))?;
+        if result == CUDA_SUCCESS {
+            Ok(payload)
+        } else {
+            Err(result)
+        }
+    }
+
+    /// Closes the channel: the host frees the session's resources.
+    pub fn close(&self) {
+        self.alive.store(false, Ordering::Release);
+        let channel = match self.channel.write() {
+            Ok(mut guard) => guard.take(),
+            Err(_) => None,
+        };
+        if let Some(channel) = channel {
+            if let Err(e) = channel.close() {
+                log::warn!("rgpu: closing a context's channel: {e}");
+            }
+        }
+        STREAMS.retain(|s| s.context.is_alive());
+        EVENTS.retain(|e| e.context.is_alive());
+        MODULES.retain(|m| m.context.is_alive());
+        FUNCTIONS.retain(|f| f.context.is_alive());
+        crate::pinned::forget_context(self.ctx_id);
+    }
+}
+
+fn process_name() -> String {
+    std::fs::read_to_string("/proc/self/comm")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "rgpu".to_owned())
+}
+
+/// Objects handed to the application as opaque pointers: the pointer is the
+/// object's address, and only registered pointers are accepted back.
+pub(crate) struct Registry<T> {
+    map: RwLock<BTreeMap<usize, Arc<T>>>,
+}
+
+impl<T> Registry<T> {
+    pub const fn new() -> Self {
+        Self {
+            map: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    pub fn insert(&self, object: Arc<T>) -> *mut c_void {
+        let key = Arc::as_ptr(&object) as usize;
+        if let Ok(mut map) = self.map.write() {
+            map.insert(key, object);
+        }
+        key as *mut c_void
+    }
+
+    pub fn get(&self, handle: *mut c_void) -> Option<Arc<T>> {
+        self.map.read().ok()?.get(&(handle as usize)).cloned()
+    }
+
+    pub fn remove(&self, handle: *mut c_void) -> Option<Arc<T>> {
+        self.map.write().ok()?.remove(&(handle as usize))
+    }
+
+    pub fn retain(&self, keep: impl Fn(&T) -> bool) {
+        if let Ok(mut map) = self.map.write() {
+            map.retain(|_, v| keep(v));
+        }
+    }
+}
+
+pub(crate) static CONTEXTS: Registry<Context> = Registry::new();
+pub(crate) static STREAMS: Registry<Stream> = Registry::new();
+pub(crate) static EVENTS: Registry<Event> = Registry::new();
+pub(crate) static MODULES: Registry<Module> = Registry::new();
+pub(crate) static FUNCTIONS: Registry<Function> = Registry::new();
+
+pub(crate) struct Stream {
+    pub context: Arc<Context>,
+    pub handle: u32,
+    pub flags: u32,
+    pub priority: i32,
+}
+
+pub(crate) struct Event {
+    pub context: Arc<Context>,
+    pub handle: u32,
+}
+
+pub(crate) struct Module {
+    pub context: Arc<Context>,
+    pub handle: u32,
+    /// Functions already looked up, by name: `cuModuleGetFunction` asks the
+    /// host once per name.
+    pub functions: Mutex<HashMap<Vec<u8>, usize>>,
+}
+
+pub(crate) struct Function {
+    pub context: Arc<Context>,
+    pub module: u32,
+    pub handle: u32,
+    pub info: FunctionInfo,
+    /// `cuFuncGetAttribute` answers, cached (they never change).
+    pub attributes: Mutex<HashMap<i32, i32>>,
+}
+
+thread_local! {
+    /// This thread's context stack; the top is the current context.
+    static STACK: RefCell<Vec<Arc<Context>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The calling thread's current context.
+pub(crate) fn current() -> Result<Arc<Context>, u32> {
+    driver()?;
+    current_or_none()?.ok_or(CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// The current context, or `None` when the stack is empty.
+pub(crate) fn current_or_none() -> Result<Option<Arc<Context>>, u32> {
+    match STACK.with(|s| s.borrow().last().cloned()) {
+        Some(ctx) if !ctx.is_alive() => Err(CUDA_ERROR_INVALID_CONTEXT),
+        other => Ok(other),
+    }
+}
+
+pub(crate) fn push_current(ctx: Arc<Context>) {
+    STACK.with(|s| s.borrow_mut().push(ctx));
+}
+
+pub(crate) fn pop_current() -> Option<Arc<Context>> {
+    STACK.with(|s| s.borrow_mut().pop())
+}
+
+/// `cuCtxSetCurrent`: replaces the top of the stack (NULL pops it).
+pub(crate) fn set_current(ctx: Option<Arc<Context>>) {
+    STACK.with(|s| {
+        let mut stack = s.borrow_mut();
+        stack.pop();
+        if let Some(ctx) = ctx {
+            stack.push(ctx);
+        }
+    });
+}
+
+/// Drops a destroyed context from this thread's stack.
+pub(crate) fn forget_current(ctx: &Arc<Context>) {
+    STACK.with(|s| s.borrow_mut().retain(|c| !Arc::ptr_eq(c, ctx)));
+}
+
+/// Looks up a context argument; NULL means the current context.
+pub(crate) fn context_or_current(handle: *mut c_void) -> Result<Arc<Context>, u32> {
+    if handle.is_null() {
+        return current();
+    }
+    driver()?;
+    CONTEXTS
+        .get(handle)
+        .filter(|c| c.is_alive())
+        .ok_or(CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// The context and host handle a `CUstream` argument names. NULL is the
+/// legacy stream, or the per-thread stream for the `_ptsz`/`_ptds` forms.
+pub(crate) fn resolve_stream(
+    stream: *mut c_void,
+    per_thread: bool,
+) -> Result<(Arc<Context>, u32), u32> {
+    let default = match stream as usize {
+        0 if per_thread => Some(rgpu_proto::STREAM_PER_THREAD),
+        0 | CU_STREAM_LEGACY => Some(rgpu_proto::STREAM_LEGACY),
+        CU_STREAM_PER_THREAD => Some(rgpu_proto::STREAM_PER_THREAD),
+        _ => None,
+    };
+    if let Some(handle) = default {
+        return Ok((current()?, handle));
+    }
+    driver()?;
+    let s = STREAMS.get(stream).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    Ok((s.context.clone(), s.handle))
+}
+
+/// The stream a synchronous copy or memset runs on.
+pub(crate) fn sync_stream(per_thread: bool) -> u32 {
+    if per_thread {
+        rgpu_proto::STREAM_PER_THREAD
+    } else {
+        rgpu_proto::STREAM_LEGACY
+    }
+}
