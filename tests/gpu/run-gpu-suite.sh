@@ -90,6 +90,10 @@ for side in native rgpu; do
 done
 build "nvcc kernels sm_90 fatbin" "$cuda_home/bin/nvcc" -fatbin -arch=sm_90 \
     -o "$work/kernels.fatbin" "$bundle/nvcc_driver_api.cu"
+build "nvcc kernels sm_90 cubin" "$cuda_home/bin/nvcc" -cubin -arch=sm_90 \
+    -o "$work/kernels.cubin" "$bundle/nvcc_driver_api.cu"
+build "nvcc kernels PTX" "$cuda_home/bin/nvcc" -ptx -arch=compute_90 \
+    -o "$work/kernels.ptx" "$bundle/nvcc_driver_api.cu"
 build rgpu_bench gcc -O2 -std=c11 -Wall -I "$bundle" -o "$work/rgpu_bench" \
     "$bundle/rgpu_bench.c" -ldl
 
@@ -137,10 +141,41 @@ else
     fail "four driver_api_test at once through rgpu" "see $logs/driver_api_test-concurrent-*.log"
 fi
 
+# A process killed mid-run: its session and device memory must be freed.
+stats_line() {
+    python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print(s.makefile().readline().strip())' "$stats"
+}
+"${through_rgpu[@]}" "$work/driver_api_test-rgpu" --ptx "$ptx" --iterations 100000 --hold-ms 20 \
+    >"$logs/driver_api_test-killed.log" 2>&1 &
+victim=$!
+for _ in $(seq 400); do grep -q running "$logs/driver_api_test-killed.log" && break; sleep 0.05; done
+busy=$(stats_line)
+kill -9 "$victim"; wait "$victim" 2>/dev/null
+freed=
+for _ in $(seq 200); do
+    after=$(stats_line)
+    case "$after" in *'"sessions_active":0,'*'"device_memory_bytes":0,'*) freed=1; break ;; esac
+    sleep 0.05
+done
+echo "while running: $busy" >"$logs/killed-stats.log"
+echo "after kill -9: $after" >>"$logs/killed-stats.log"
+if [ -n "$freed" ] && grep -q running "$logs/driver_api_test-killed.log"; then
+    pass "process killed mid-run: session and device memory freed ($(grep -o '"sessions_active":[0-9]*' <<<"$busy") before)"
+else
+    fail "process killed mid-run" "see $logs/killed-stats.log"
+    cat "$logs/killed-stats.log"
+fi
+
 step "nvcc_driver_api native" "checks passed" \
     "${native[@]}" "$work/nvcc_driver_api-native" "$work/kernels.fatbin"
 step "nvcc_driver_api through rgpu" "checks passed" \
     "${through_rgpu[@]}" "$work/nvcc_driver_api-rgpu" "$work/kernels.fatbin"
+step "nvcc_driver_api fatbin with cuModuleLoadFatBinary through rgpu" "checks passed" \
+    "${through_rgpu[@]}" "$work/nvcc_driver_api-rgpu" --loader fatbinary "$work/kernels.fatbin"
+step "nvcc_driver_api cubin with cuModuleLoadDataEx through rgpu" "checks passed" \
+    "${through_rgpu[@]}" "$work/nvcc_driver_api-rgpu" --loader dataex "$work/kernels.cubin"
+step "nvcc_driver_api PTX with cuModuleLoadData through rgpu" "checks passed" \
+    "${through_rgpu[@]}" "$work/nvcc_driver_api-rgpu" "$work/kernels.ptx"
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
     step "benchmark" "rgpu_bench: device" \

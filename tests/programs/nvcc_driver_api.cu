@@ -1,12 +1,14 @@
 /* nvcc_driver_api: a driver-API program whose kernels nvcc compiles into a
- * fatbin, loaded with cuModuleLoadData; every result is checked on the host.
+ * fatbin, a cubin or PTX, loaded with cuModuleLoadData, cuModuleLoadDataEx or
+ * cuModuleLoadFatBinary; every result is checked on the host.
  * For the GPU host (CUDA toolkit there); not built on CI.
  *
  * One file, two builds (tests/gpu/run-gpu-suite.sh does both):
  *   nvcc -fatbin -arch=sm_90 -o kernels.fatbin nvcc_driver_api.cu
  *   g++ -DRGPU_HOST_PART -x c++ -I/usr/local/cuda/include -o nvcc_driver_api \
  *       nvcc_driver_api.cu -L<libcuda dir> -lcuda
- * Run: nvcc_driver_api kernels.fatbin
+ *   (also nvcc -cubin / -ptx for the other image kinds)
+ * Run: nvcc_driver_api [--loader data|dataex|fatbinary] IMAGE
  * Prints "nvcc_driver_api: N checks passed" (exit 0) or each failure (exit 1). */
 
 #ifndef RGPU_HOST_PART
@@ -39,6 +41,8 @@ extern "C" __global__ void block_sum(const float *in, float *out, unsigned n) {
 #include <vector>
 
 static long passed, failed;
+/* Which driver entry point loads the image (--loader). */
+static const char *loader = "data";
 
 #define CHECK_CU(call)                                                                    \
     do {                                                                                  \
@@ -100,7 +104,15 @@ static int run(const std::vector<char> &fatbin) {
     CHECK_CU(cuDeviceGet(&dev, 0));
     CHECK_CU(cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK_CU(cuCtxSetCurrent(ctx));
-    CHECK_CU(cuModuleLoadData(&module, fatbin.data()));
+    if (!strcmp(loader, "dataex")) {
+        CUjit_option options[] = {CU_JIT_LOG_VERBOSE};
+        void *values[] = {(void *)0};
+        CHECK_CU(cuModuleLoadDataEx(&module, fatbin.data(), 1, options, values));
+    } else if (!strcmp(loader, "fatbinary")) {
+        CHECK_CU(cuModuleLoadFatBinary(&module, fatbin.data()));
+    } else {
+        CHECK_CU(cuModuleLoadData(&module, fatbin.data()));
+    }
     CHECK_CU(cuModuleGetFunction(&saxpy, module, "saxpy"));
     CHECK_CU(cuModuleGetFunction(&block_sum, module, "block_sum"));
     CHECK_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
@@ -149,15 +161,27 @@ static int run(const std::vector<char> &fatbin) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s kernels.fatbin\n", argv[0]);
+    const char *image_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--loader") && i + 1 < argc) {
+            loader = argv[++i];
+        } else {
+            image_path = argv[i];
+        }
+    }
+    if (!image_path || (strcmp(loader, "data") && strcmp(loader, "dataex") &&
+                        strcmp(loader, "fatbinary"))) {
+        fprintf(stderr, "usage: %s [--loader data|dataex|fatbinary] IMAGE (fatbin, cubin or PTX)\n",
+                argv[0]);
         return 2;
     }
-    std::vector<char> fatbin = read_file(argv[1]);
+    std::vector<char> fatbin = read_file(image_path);
     if (fatbin.empty()) {
-        fprintf(stderr, "nvcc_driver_api: cannot read %s\n", argv[1]);
+        fprintf(stderr, "nvcc_driver_api: cannot read %s\n", image_path);
         return 2;
     }
+    /* PTX text is handed to the driver NUL-terminated. */
+    fatbin.push_back(0);
     run(fatbin);
     if (failed) {
         printf("nvcc_driver_api: %ld checks failed, %ld passed\n", failed, passed);
