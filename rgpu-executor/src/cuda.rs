@@ -13,7 +13,7 @@
 //! number of this context's own tables, so a guest can only name objects its
 //! own context created.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::ptr::{null_mut, without_provenance_mut};
 
@@ -38,7 +38,6 @@ const LAST_DEVICE_ATTRIBUTE: i32 = 191;
 const CU_CTX_MAP_HOST: u32 = 0x08;
 const CU_MEMHOSTREGISTER_PORTABLE: u32 = 0x01;
 const CU_MEMHOSTREGISTER_DEVICEMAP: u32 = 0x02;
-const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: u32 = 712;
 /// `CU_STREAM_PER_THREAD`.
 const STREAM_PER_THREAD_HANDLE: usize = 0x2;
 /// `CU_LAUNCH_PARAM_BUFFER_POINTER`, `_BUFFER_SIZE`, `_END`.
@@ -121,9 +120,46 @@ fn check_code(call: &'static str, code: u32) -> CuResult<()> {
 /// The daemon-wide CUDA executor: one host GPU.
 pub struct CudaExecutor {
     device: sys::CUdevice,
+    /// The device's primary context, retained for the daemon's lifetime:
+    /// guest memory is registered in it (portable, so every session's
+    /// context can DMA from it), and registrations outlive sessions.
+    primary: sys::CUcontext,
     info: DeviceInfo,
     driver_version: i32,
     entry: IntegerEntryPoints,
+}
+
+// SAFETY: the primary context handle is only passed to the driver, which is
+// thread-safe; it is never dereferenced here.
+unsafe impl Send for CudaExecutor {}
+// SAFETY: as above; registration calls push and pop the context on the
+// calling thread only.
+unsafe impl Sync for CudaExecutor {}
+
+impl CudaExecutor {
+    /// Runs `f` with the primary context current on this thread.
+    fn in_primary<T>(&self, f: impl FnOnce() -> T) -> CuResult<T> {
+        // SAFETY: the primary context is retained until `drop`.
+        check("cuCtxPushCurrent_v2", unsafe {
+            sys::cuCtxPushCurrent_v2(self.primary)
+        })?;
+        let result = f();
+        let mut popped: sys::CUcontext = null_mut();
+        // SAFETY: valid out-pointer; pops what was pushed above.
+        let _ = check("cuCtxPopCurrent_v2", unsafe {
+            sys::cuCtxPopCurrent_v2(&mut popped)
+        });
+        Ok(result)
+    }
+}
+
+impl Drop for CudaExecutor {
+    fn drop(&mut self) {
+        // SAFETY: retained in `new`; released once.
+        let _ = check("cuDevicePrimaryCtxRelease_v2", unsafe {
+            sys::cuDevicePrimaryCtxRelease_v2(self.device)
+        });
+    }
 }
 
 impl CudaExecutor {
@@ -212,12 +248,18 @@ impl CudaExecutor {
         call("cuDriverGetVersion", unsafe {
             sys::cuDriverGetVersion(&mut driver_version)
         })?;
+        let mut primary: sys::CUcontext = null_mut();
+        // SAFETY: valid out-pointer; released in `drop`.
+        call("cuDevicePrimaryCtxRetain", unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut primary, device)
+        })?;
         info!(
             "cuda executor: GPU {gpu_ordinal} \"{name}\", {} MiB, driver API {driver_version}",
             total_mem >> 20
         );
         Ok(CudaExecutor {
             device,
+            primary,
             info: DeviceInfo {
                 name,
                 uuid,
@@ -258,13 +300,53 @@ impl Executor for CudaExecutor {
         Ok(Box::new(CudaContext {
             ctx,
             entry: self.entry,
-            registered: HashSet::new(),
             next_handle: 1,
             modules: HashMap::new(),
             functions: HashMap::new(),
             streams: HashMap::new(),
             events: HashMap::new(),
         }))
+    }
+
+    fn register_host_memory(&self, run: HostRun) -> CuResult<()> {
+        if run.len == 0 {
+            return Ok(());
+        }
+        let code = self.in_primary(|| {
+            // SAFETY: the caller guarantees `run` is mapped memory of
+            // `run.len` bytes that stays mapped until it is unregistered.
+            let result = unsafe {
+                sys::cuMemHostRegister_v2(
+                    run.ptr.cast(),
+                    run.len,
+                    CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP,
+                )
+            };
+            result as u32
+        })?;
+        match code {
+            CUDA_SUCCESS => {
+                debug!("cuda: registered {} bytes at {:p}", run.len, run.ptr);
+                Ok(())
+            }
+            code => {
+                warn!(
+                    "cuMemHostRegister of {} bytes at {:p} failed with CUDA error {code}: copies \
+                     from there will be staged by the driver",
+                    run.len, run.ptr
+                );
+                Err(code)
+            }
+        }
+    }
+
+    fn unregister_host_memory(&self, run: HostRun) {
+        let _ = self.in_primary(|| {
+            // SAFETY: registered by `register_host_memory`, still mapped.
+            check("cuMemHostUnregister", unsafe {
+                sys::cuMemHostUnregister(run.ptr.cast())
+            })
+        });
     }
 }
 
@@ -278,8 +360,6 @@ struct LoadedModule {
 pub struct CudaContext {
     ctx: sys::CUcontext,
     entry: IntegerEntryPoints,
-    /// Host addresses this context registered (and must unregister).
-    registered: HashSet<usize>,
     /// One counter for all handle kinds: a stream's handle is no event's.
     next_handle: u64,
     modules: HashMap<u64, LoadedModule>,
@@ -355,16 +435,6 @@ impl CudaContext {
 
 impl Drop for CudaContext {
     fn drop(&mut self) {
-        // SAFETY: the context is ours and alive; making it current lets the
-        // unregistrations run in it whatever the thread had current.
-        let _ = check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) });
-        for address in self.registered.drain() {
-            // SAFETY: `address` was registered by this context and is still
-            // mapped (guest memory outlives its sessions).
-            let _ = check("cuMemHostUnregister", unsafe {
-                sys::cuMemHostUnregister(address as *mut c_void)
-            });
-        }
         // Destroying the context frees its memory, modules, streams, events.
         // SAFETY: the context is ours; nothing uses it after this.
         let _ = check("cuCtxDestroy_v2", unsafe { sys::cuCtxDestroy_v2(self.ctx) });
@@ -421,47 +491,6 @@ impl ContextExecutor for CudaContext {
             sys::cuMemGetInfo_v2(&mut free, &mut total)
         })?;
         Ok((free as u64, total as u64))
-    }
-
-    fn register_host_memory(&mut self, run: HostRun) -> CuResult<()> {
-        if run.len == 0 {
-            return Ok(());
-        }
-        // SAFETY: the session guarantees `run` is mapped memory of `run.len`
-        // bytes that stays mapped while the connection lives.
-        let code = unsafe {
-            sys::cuMemHostRegister_v2(
-                run.ptr.cast(),
-                run.len,
-                CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP,
-            )
-        } as u32;
-        match code {
-            CUDA_SUCCESS => {
-                self.registered.insert(run.ptr as usize);
-                debug!("cuda: registered {} bytes at {:p}", run.len, run.ptr);
-                Ok(())
-            }
-            // Portable registrations are process-wide: another session of the
-            // same guest memory did it already.
-            CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => Ok(()),
-            code => {
-                warn!(
-                    "cuMemHostRegister of {} bytes failed with CUDA error {code}: copies will be slower",
-                    run.len
-                );
-                Err(code)
-            }
-        }
-    }
-
-    fn unregister_host_memory(&mut self, run: HostRun) {
-        if self.registered.remove(&(run.ptr as usize)) {
-            // SAFETY: registered by this context, still mapped.
-            let _ = check("cuMemHostUnregister", unsafe {
-                sys::cuMemHostUnregister(run.ptr.cast())
-            });
-        }
     }
 
     fn memcpy_htod(

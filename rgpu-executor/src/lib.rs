@@ -88,6 +88,12 @@ pub trait Executor: Send + Sync {
     /// Creates a device context for guest device `device`. Called on the
     /// session's worker thread, which then owns it.
     fn create_context(&self, device: u32) -> CuResult<Box<dyn ContextExecutor>>;
+    /// Makes guest memory DMA-able for every context of this executor
+    /// (page-locked, device-mapped, portable) until it is unregistered, so
+    /// copies from and to it run at full speed with no staging on the host.
+    /// Registrations must not overlap. Best effort: a failure costs speed.
+    fn register_host_memory(&self, run: HostRun) -> CuResult<()>;
+    fn unregister_host_memory(&self, run: HostRun);
 }
 
 /// One session's device context. Handles (`u64`) are the executor's own; the
@@ -102,11 +108,6 @@ pub trait ContextExecutor {
     fn mem_free(&mut self, device_ptr: u64) -> CuResult<()>;
     /// `(free, total)` bytes.
     fn mem_get_info(&mut self) -> CuResult<(u64, u64)>;
-
-    /// Makes guest memory DMA-able (page-locked, device-mapped) so copies from
-    /// and to it run at full speed. Best effort: failure only costs speed.
-    fn register_host_memory(&mut self, run: HostRun) -> CuResult<()>;
-    fn unregister_host_memory(&mut self, run: HostRun);
 
     /// Copies `src` (in order, concatenated) to device memory at `dst`.
     /// `wait_for_source`: return only once the source has been read (it is

@@ -128,6 +128,13 @@ impl Executor for SimExecutor {
         debug!("sim: context created");
         Ok(Box::new(SimContext::new(self.used.clone())))
     }
+
+    /// Host memory needs no registration here: copies are CPU copies.
+    fn register_host_memory(&self, _run: HostRun) -> CuResult<()> {
+        Ok(())
+    }
+
+    fn unregister_host_memory(&self, _run: HostRun) {}
 }
 
 /// Zeroed host memory standing for one device allocation. Allocated through
@@ -486,12 +493,6 @@ impl ContextExecutor for SimContext {
         let used = self.used.load(Ordering::SeqCst).min(SIM_TOTAL_MEM);
         Ok((SIM_TOTAL_MEM - used, SIM_TOTAL_MEM))
     }
-
-    fn register_host_memory(&mut self, _run: HostRun) -> CuResult<()> {
-        Ok(())
-    }
-
-    fn unregister_host_memory(&mut self, _run: HostRun) {}
 
     fn memcpy_htod(
         &mut self,
@@ -1380,9 +1381,9 @@ mod tests {
 
     #[test]
     fn host_registration_is_a_no_op() {
-        let mut ctx = context();
+        let executor = SimExecutor::new();
         let mut buf = vec![0u8; 64];
-        assert_eq!(ctx.register_host_memory(run(&mut buf)), Ok(()));
-        ctx.unregister_host_memory(run(&mut buf));
+        assert_eq!(executor.register_host_memory(run(&mut buf)), Ok(()));
+        executor.unregister_host_memory(run(&mut buf));
     }
 }

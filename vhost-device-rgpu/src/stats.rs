@@ -22,6 +22,8 @@ pub fn stats_line(executor: &str, counters: &Counters) -> String {
         ("zero_copy_bytes", &counters.zero_copy_bytes),
         ("staged_bytes", &counters.staged_bytes),
         ("host_cpu_copy_bytes", &counters.host_cpu_copy_bytes),
+        ("dma_registered_bytes", &counters.dma_registered_bytes),
+        ("unregistered_copy_bytes", &counters.unregistered_copy_bytes),
     ];
     let mut line = format!("{{\"executor\":\"{}\"", json_escape(executor));
     for (name, value) in fields {
@@ -83,7 +85,8 @@ mod tests {
             "{\"executor\":\"sim\",\"connections_active\":0,\"connections_total\":3,\
              \"sessions_active\":0,\"sessions_total\":0,\"device_memory_bytes\":0,\
              \"commands_executed\":0,\"command_errors\":0,\"zero_copy_bytes\":1099511627776,\
-             \"staged_bytes\":0,\"host_cpu_copy_bytes\":0}\n"
+             \"staged_bytes\":0,\"host_cpu_copy_bytes\":0,\"dma_registered_bytes\":0,\
+             \"unregistered_copy_bytes\":0}\n"
         );
         assert_eq!(json_escape("a\"b\n"), "a\\\"b\\u000a");
     }

@@ -17,7 +17,7 @@
 //! bytes are copied out (volatile) before they are decoded, and the only Rust
 //! references into guest memory are atomics.
 
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rgpu_executor::HostRun;
@@ -55,11 +55,14 @@ pub struct Blob {
     /// Blob offset at which each run starts (same index as `runs`).
     starts: Vec<u64>,
     /// Keeps every run's mapping alive as long as the blob.
-    _memory: Arc<GuestMemory>,
+    memory: Arc<GuestMemory>,
+    /// Whether all of it lies in memory registered for DMA
+    /// ([`crate::dma::DmaRegistry::cover`]).
+    dma_registered: AtomicBool,
 }
 
 // SAFETY: the raw pointers in `runs` point into the guest memory mapping that
-// `_memory` keeps alive; the blob never hands out references to those bytes
+// `memory` keeps alive; the blob never hands out references to those bytes
 // other than atomics, and copies through them are volatile, so sharing and
 // sending the blob between threads is sound.
 unsafe impl Send for Blob {}
@@ -118,7 +121,8 @@ impl Blob {
             size,
             runs,
             starts,
-            _memory: memory,
+            memory,
+            dma_registered: AtomicBool::new(false),
         })
     }
 
@@ -133,6 +137,20 @@ impl Blob {
     /// The blob's host runs, in blob order, adjacent ones coalesced.
     pub fn runs(&self) -> &[HostRun] {
         &self.runs
+    }
+
+    /// The guest memory the blob lies in.
+    pub fn memory(&self) -> &Arc<GuestMemory> {
+        &self.memory
+    }
+
+    /// Records whether the blob's memory is registered for DMA.
+    pub fn set_dma_registered(&self, registered: bool) {
+        self.dma_registered.store(registered, Ordering::Relaxed);
+    }
+
+    pub fn dma_registered(&self) -> bool {
+        self.dma_registered.load(Ordering::Relaxed)
     }
 
     /// The host pieces of `offset..offset + len`, in order. An empty range

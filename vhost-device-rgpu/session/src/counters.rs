@@ -25,6 +25,11 @@ pub struct Counters {
     /// Bytes the daemon itself copied with the CPU (module images, replies);
     /// bulk data must never show up here.
     pub host_cpu_copy_bytes: AtomicU64,
+    /// Guest memory registered with the GPU for DMA right now (gauge).
+    pub dma_registered_bytes: AtomicU64,
+    /// Bytes copied from or into guest memory that is not registered for
+    /// DMA: the driver stages those through its own buffers (a host copy).
+    pub unregistered_copy_bytes: AtomicU64,
 }
 
 impl Counters {

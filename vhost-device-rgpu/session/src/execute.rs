@@ -9,6 +9,7 @@ use rgpu_proto::reply::u64_payload;
 use rgpu_proto::wire::WireWriter;
 use rgpu_proto::{BlobRange, Command, STREAM_PER_THREAD};
 
+use crate::dma::split_at_chunks;
 use crate::handles::{check_new, FunctionEntry};
 use crate::worker::{Attached, Worker};
 use crate::Counters;
@@ -19,6 +20,8 @@ struct Resolved {
     /// In the channel's own blob: staged by the guest library, reused as soon
     /// as the command is consumed.
     staged: bool,
+    /// Whether the memory is registered for DMA (else the driver stages it).
+    dma_registered: bool,
 }
 
 fn resolve(
@@ -34,8 +37,9 @@ fn resolve(
         .host_runs(range.offset, range.length)
         .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
     Ok(Resolved {
-        runs,
+        runs: split_at_chunks(runs),
         staged: channel_blob == Some(range.resource_id),
+        dma_registered: attached.blob.dma_registered(),
     })
 }
 
@@ -58,6 +62,9 @@ impl Worker {
                 &counters.zero_copy_bytes
             };
             Counters::add(counter, bytes);
+            if !resolved.dma_registered {
+                Counters::add(&counters.unregistered_copy_bytes, bytes);
+            }
         };
         match command {
             Command::Padding => Ok(Vec::new()),

@@ -9,6 +9,7 @@
 pub mod blob;
 pub mod channel;
 pub mod counters;
+pub mod dma;
 mod execute;
 mod handles;
 pub mod session;
@@ -17,6 +18,7 @@ mod worker;
 pub use blob::{Blob, BlobError};
 pub use channel::ChannelError;
 pub use counters::Counters;
+pub use dma::DmaRegistry;
 pub use session::{Completion, Session, SessionError};
 
 /// The guest memory type of the daemon (vhost-user shared memory regions).

@@ -7,7 +7,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rgpu_executor::{ContextExecutor, CuResult, HostRun};
+use rgpu_executor::{ContextExecutor, CuResult};
 use rgpu_proto::command::{ChannelLayout, Decoded};
 use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_READY, CUDA_SUCCESS};
 use rgpu_proto::Command;
@@ -16,9 +16,6 @@ use crate::channel::{Channel, RingEntry};
 use crate::handles::Handles;
 use crate::{Blob, Completion, Counters};
 
-/// Runs at least this long are registered with the executor for DMA; smaller
-/// ones are not worth a registration (they go through the gather path).
-const REGISTER_MIN_BYTES: usize = 64 * 1024;
 /// Commands executed between two looks at the message queue, so detach and
 /// shutdown are not starved by a guest that keeps the ring full.
 const COMMANDS_PER_ROUND: usize = 256;
@@ -34,10 +31,10 @@ pub enum Message {
     Shutdown,
 }
 
-/// A blob attached to the session and the runs of it registered for DMA.
+/// A blob attached to the session (its DMA registration belongs to the
+/// connection: [`crate::dma::DmaRegistry`]).
 pub struct Attached {
     pub blob: Arc<Blob>,
-    registered: Vec<HostRun>,
 }
 
 pub struct Worker {
@@ -161,27 +158,14 @@ impl Worker {
     fn attach(&mut self, blob: Arc<Blob>) {
         let resource_id = blob.resource_id();
         self.detach(resource_id);
-        let mut registered = Vec::new();
-        for run in blob.runs().iter().filter(|r| r.len >= REGISTER_MIN_BYTES) {
-            match self.context.register_host_memory(*run) {
-                Ok(()) => registered.push(*run),
-                Err(code) => log::debug!(
-                    "ctx {}: registering {} bytes of blob {resource_id} failed ({code}), copies \
-                     will be slower",
-                    self.ctx_id,
-                    run.len
-                ),
-            }
-        }
         log::debug!(
-            "ctx {}: attached blob {resource_id} ({} bytes, {} runs, {} registered)",
+            "ctx {}: attached blob {resource_id} ({} bytes, {} runs, registered for DMA: {})",
             self.ctx_id,
             blob.size(),
             blob.runs().len(),
-            registered.len()
+            blob.dma_registered()
         );
-        self.blobs
-            .insert(resource_id, Attached { blob, registered });
+        self.blobs.insert(resource_id, Attached { blob });
     }
 
     fn detach(&mut self, resource_id: u32) {
@@ -201,14 +185,8 @@ impl Worker {
         if let Err(code) = self.context.synchronize() {
             self.remember(code);
         }
-        self.release(attached);
+        drop(attached);
         log::debug!("ctx {}: detached blob {resource_id}", self.ctx_id);
-    }
-
-    fn release(&mut self, attached: Attached) {
-        for run in attached.registered {
-            self.context.unregister_host_memory(run);
-        }
     }
 
     fn submit(&mut self, commands: Vec<Decoded>, completion: Option<Box<dyn Completion>>) {
@@ -445,10 +423,7 @@ impl Worker {
             log::debug!("ctx {}: synchronize at shutdown: {code}", self.ctx_id);
         }
         self.channel = None;
-        let blobs: Vec<Attached> = self.blobs.drain().map(|(_, a)| a).collect();
-        for attached in blobs {
-            self.release(attached);
-        }
+        self.blobs.clear();
         Counters::sub(
             &self.counters.device_memory_bytes,
             self.handles.allocated_bytes(),

@@ -30,15 +30,9 @@ fn setup() -> (Guest, Session, Arc<Counters>, Arc<FakeExecutor>) {
 
 #[test]
 fn alloc_copy_memset_copy_back() {
-    let (mut guest, session, counters, executor) = setup();
+    let (mut guest, session, counters, _executor) = setup();
     assert_eq!(Counters::get(&counters.sessions_active), 1);
     assert_eq!(Counters::get(&counters.sessions_total), 1);
-    // The 256 KiB data blob is one run, registered for DMA; the channel's
-    // 4 KiB pages are not worth it.
-    assert_eq!(
-        executor.state.lock().unwrap().registered_bytes,
-        DATA_SIZE as usize
-    );
 
     let ptr = guest.alloc(&session, 4096);
     assert_eq!(Counters::get(&counters.device_memory_bytes), 4096);
@@ -537,12 +531,11 @@ fn shutdown_completes_pending_and_frees_everything() {
     assert_eq!(Counters::get(&counters.device_memory_bytes), 0);
     let state = executor.state.lock().unwrap();
     assert_eq!(state.live_contexts, 0);
-    assert_eq!(state.registered_bytes, 0);
 }
 
 #[test]
-fn detached_blobs_are_gone_and_unregistered() {
-    let (mut guest, session, _counters, executor) = setup();
+fn detached_blobs_are_gone() {
+    let (mut guest, session, _counters, _executor) = setup();
     let ptr = guest.alloc(&session, 64);
     session.detach_blob(DATA_BLOB);
     let (result, _) = guest.call(
@@ -554,7 +547,6 @@ fn detached_blobs_are_gone_and_unregistered() {
         },
     );
     assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
-    assert_eq!(executor.state.lock().unwrap().registered_bytes, 0);
     // Detaching the channel's blob unbinds the channel: doorbells complete
     // at once.
     session.detach_blob(CHANNEL_BLOB);
@@ -628,4 +620,26 @@ fn context_creation_failure_comes_back_from_spawn() {
     );
     assert_eq!(Counters::get(&counters.sessions_active), 0);
     assert_eq!(Counters::get(&counters.sessions_total), 0);
+}
+
+#[test]
+fn guest_memory_is_registered_once_per_chunk_and_unregistered_with_the_registry() {
+    let guest = Guest::new();
+    let executor = Arc::new(FakeExecutor::new());
+    let counters = Arc::new(Counters::default());
+    let registry = rgpu_session::DmaRegistry::new(executor.clone(), counters.clone());
+    assert!(registry.cover(&guest.channel));
+    let registered = executor.state.lock().unwrap().registered_bytes;
+    // The 2 MiB guest memory region, in one or two chunks.
+    assert!(registered > 0 && registered <= 0x200000, "{registered}");
+    assert_eq!(
+        Counters::get(&counters.dma_registered_bytes),
+        registered as u64
+    );
+    // Another blob in the same region registers nothing new.
+    assert!(registry.cover(&guest.data));
+    assert_eq!(executor.state.lock().unwrap().registered_bytes, registered);
+    drop(registry);
+    assert_eq!(executor.state.lock().unwrap().registered_bytes, 0);
+    assert_eq!(Counters::get(&counters.dma_registered_bytes), 0);
 }

@@ -15,7 +15,7 @@ use rgpu_proto::capset::Capset;
 use rgpu_proto::virtio_gpu::*;
 use rgpu_proto::wire::{DecodeError, WireReader, WireWriter};
 use rgpu_proto::{CAPSET_ID_RGPU, PROTOCOL_VERSION};
-use rgpu_session::{AtomicGuestMemory, Blob, Counters, Session, SessionError};
+use rgpu_session::{AtomicGuestMemory, Blob, Counters, DmaRegistry, Session, SessionError};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 use vm_memory::GuestAddressSpace;
@@ -114,15 +114,20 @@ pub struct GpuDevice {
     memory: AtomicGuestMemory,
     sessions: HashMap<u32, Session>,
     resources: HashMap<u32, Resource>,
+    /// Guest memory registered for DMA; declared after `sessions` so it is
+    /// unregistered only once no session can copy any more.
+    dma: DmaRegistry,
 }
 
 impl GpuDevice {
     pub fn new(shared: DaemonShared, memory: AtomicGuestMemory) -> Self {
+        let dma = DmaRegistry::new(shared.executor.clone(), shared.counters.clone());
         Self {
             shared,
             memory,
             sessions: HashMap::new(),
             resources: HashMap::new(),
+            dma,
         }
     }
 
@@ -339,11 +344,13 @@ impl GpuDevice {
             &self.memory,
         )
         .map_err(|e| RequestError::InvalidParameter(e.to_string()))?;
+        blob.set_dma_registered(self.dma.cover(&blob));
         debug!(
-            "resource {}: guest blob of {} bytes in {} entries",
+            "resource {}: guest blob of {} bytes in {} entries (registered for DMA: {})",
             create.resource_id,
             create.size,
-            create.entries.len()
+            create.entries.len(),
+            blob.dma_registered()
         );
         self.resources.insert(
             create.resource_id,

@@ -63,6 +63,13 @@ impl Executor for FakeExecutor {
             events: HashMap::new(),
         }))
     }
+    fn register_host_memory(&self, run: HostRun) -> CuResult<()> {
+        lock(&self.state).registered_bytes += run.len;
+        Ok(())
+    }
+    fn unregister_host_memory(&self, run: HostRun) {
+        lock(&self.state).registered_bytes -= run.len;
+    }
 }
 
 struct FakeContext {
@@ -143,13 +150,6 @@ impl ContextExecutor for FakeContext {
     fn mem_get_info(&mut self) -> CuResult<(u64, u64)> {
         let used: u64 = self.memory.values().map(|v| v.len() as u64).sum();
         Ok(((1 << 30) - used, 1 << 30))
-    }
-    fn register_host_memory(&mut self, run: HostRun) -> CuResult<()> {
-        lock(&self.state).registered_bytes += run.len;
-        Ok(())
-    }
-    fn unregister_host_memory(&mut self, run: HostRun) {
-        lock(&self.state).registered_bytes -= run.len;
     }
     fn memcpy_htod(
         &mut self,
