@@ -4,9 +4,10 @@
 //! to end where there is no GPU: "device memory" is host memory behind fake
 //! device addresses, streams run synchronously in order, and the only
 //! kernels it can launch are the reference kernels, recognised by entry name
-//! (see the helper brief): `rgpu_vector_add`, `rgpu_scale`,
-//! `rgpu_fill_index`, `rgpu_empty`. It takes PTX text only. Nothing is
-//! "done" until it runs on a GPU with the `cuda` executor.
+//! (tests/programs/reference_kernels.ptx describes them): `rgpu_vector_add`,
+//! `rgpu_scale`, `rgpu_fill_index`, `rgpu_count_mismatches`, `rgpu_empty`.
+//! It takes PTX text only. Nothing is "done" until it runs on a GPU with the
+//! `cuda` executor.
 
 use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -187,6 +188,7 @@ enum ReferenceKernel {
     VectorAdd,
     Scale,
     FillIndex,
+    CountMismatches,
     Empty,
 }
 
@@ -196,6 +198,7 @@ impl ReferenceKernel {
             "rgpu_vector_add" => Self::VectorAdd,
             "rgpu_scale" => Self::Scale,
             "rgpu_fill_index" => Self::FillIndex,
+            "rgpu_count_mismatches" => Self::CountMismatches,
             "rgpu_empty" => Self::Empty,
             _ => return None,
         })
@@ -207,6 +210,7 @@ impl ReferenceKernel {
             Self::VectorAdd => &[8, 8, 8, 4],
             Self::Scale => &[8, 4, 4],
             Self::FillIndex => &[8, 4, 4],
+            Self::CountMismatches => &[8, 4, 4, 8],
             Self::Empty => &[],
         }
     }
@@ -394,8 +398,27 @@ impl SimContext {
                     .collect();
                 self.write(arg(0)?, &out, bad)
             }
+            ReferenceKernel::CountMismatches => {
+                let base = arg(1)? as u32;
+                let count = arg(2)?.min(threads);
+                let data = self.read(arg(0)?, count * 4, bad)?;
+                let mismatches = data
+                    .chunks_exact(4)
+                    .zip(0u32..)
+                    .filter(|(v, i)| u32_at(v) != base.wrapping_add(*i))
+                    .count() as u32;
+                let counter = arg(3)?;
+                let before = u32_at(&self.read(counter, 4, bad)?);
+                self.write(counter, &before.wrapping_add(mismatches).to_le_bytes(), bad)
+            }
         }
     }
+}
+
+fn u32_at(bytes: &[u8]) -> u32 {
+    let mut raw = [0u8; 4];
+    raw.copy_from_slice(bytes.get(..4).unwrap_or(&[0; 4]));
+    u32::from_le_bytes(raw)
 }
 
 fn f32_at(bytes: &[u8]) -> f32 {
@@ -1180,6 +1203,42 @@ mod tests {
         assert!(info.params.is_empty());
         ctx.launch_kernel(empty, [1, 1, 1], [1, 1, 1], 0, StreamRef::Legacy, &[])
             .unwrap();
+    }
+
+    /// The PTX the C tests ship, the same text a real GPU JIT-compiles.
+    const SHIPPED_PTX: &str = include_str!("../../tests/programs/reference_kernels.ptx");
+
+    #[test]
+    fn count_mismatches_counts_on_the_device() {
+        let mut ctx = context();
+        let module = ctx.module_load(SHIPPED_PTX.as_bytes()).unwrap();
+        let n = 1000u32;
+        let data = ctx.mem_alloc(4 * u64::from(n)).unwrap();
+        let counter = ctx.mem_alloc(4).unwrap();
+        let mut values: Vec<u8> = (0..n).flat_map(|i| (100 + i).to_le_bytes()).collect();
+        // Two wrong values.
+        values[40..44].copy_from_slice(&0u32.to_le_bytes());
+        values[400..404].copy_from_slice(&7u32.to_le_bytes());
+        let mut host = values.clone();
+        let src = [run(&mut host)];
+        ctx.memcpy_htod(StreamRef::Legacy, data, &src, true)
+            .unwrap();
+        ctx.memset(StreamRef::Legacy, counter, 0, 4, 1).unwrap();
+        let (kernel, info) = ctx
+            .module_get_function(module, "rgpu_count_mismatches")
+            .unwrap();
+        let p = params(
+            &[
+                &data.to_le_bytes(),
+                &100u32.to_le_bytes(),
+                &n.to_le_bytes(),
+                &counter.to_le_bytes(),
+            ],
+            &info,
+        );
+        ctx.launch_kernel(kernel, [4, 1, 1], [256, 1, 1], 0, StreamRef::Legacy, &p)
+            .unwrap();
+        assert_eq!(read_back(ctx.as_mut(), counter, 4), 2u32.to_le_bytes());
     }
 
     #[test]

@@ -3,13 +3,16 @@
  * executor) and NVIDIA's.
  *
  * Usage: driver_api_test --ptx reference_kernels.ptx [--iterations N]
- *        [--hold-ms M] [--stop-file PATH] [--big-mb N] [--no-bogus-handles]
+ *        [--hold-ms M] [--stop-file PATH] [--big-mb N] [--bulk-pinned-mb N]
+ *        [--no-bogus-handles]
  *
  *   --ptx PATH         the reference kernels (read at run time)
  *   --iterations N     repeat the whole check loop N times (default 1)
  *   --hold-ms M        sleep M ms between iterations (lets a test kill us mid-run)
  *   --stop-file PATH   stop after the iteration during which PATH appeared
  *   --big-mb N         size of the large pageable copy (default 64)
+ *   --bulk-pinned-mb N also copy N MiB from pinned memory to the device and
+ *                      check it there with a kernel (default 0: skipped)
  *   --no-bogus-handles skip using a destroyed stream handle (undefined
  *                      behaviour with NVIDIA's driver; rgpu must reject it)
  *
@@ -149,6 +152,7 @@ struct kernels {
     CUfunction vector_add;
     CUfunction scale;
     CUfunction fill_index;
+    CUfunction count_mismatches;
     CUfunction empty;
 };
 
@@ -158,6 +162,7 @@ struct options {
     long hold_ms;
     const char *stop_file;
     long big_mb;
+    long bulk_pinned_mb;
     int bogus_handles;
 };
 
@@ -459,6 +464,44 @@ out:
     return status;
 }
 
+/* A large host-to-device copy from pinned (cuMemAllocHost) memory: rgpu's
+ * zero-copy path, checked on the device by a kernel that counts the words
+ * that differ from the pattern (no copy back). */
+static int step_bulk_pinned(const struct kernels *k, long mb, unsigned iteration) {
+    const unsigned words = (unsigned)((size_t)mb * 1024 * 1024 / 4);
+    const unsigned base = 0x51000000u + iteration;
+    uint32_t *pinned = NULL;
+    uint32_t mismatches = 0xFFFFFFFFu;
+    CUdeviceptr d = 0, counter = 0;
+    REQUIRE_CU(cuMemAllocHost((void **)&pinned, (size_t)words * 4));
+    for (unsigned i = 0; i < words; i++) pinned[i] = base + i;
+    REQUIRE_CU(cuMemAlloc(&d, (size_t)words * 4));
+    REQUIRE_CU(cuMemAlloc(&counter, 4));
+    REQUIRE_CU(cuMemsetD32(counter, 0, 1));
+    CHECK_CU(cuMemcpyHtoD(d, pinned, (size_t)words * 4));
+    {
+        unsigned n = words;
+        unsigned b = base;
+        void *params[] = {&d, &b, &n, &counter};
+        CHECK_CU(cuLaunchKernel(k->count_mismatches, blocks_for(n, 256), 1, 1, 256, 1, 1, 0, NULL,
+                                params, NULL));
+        CHECK_CU(cuMemcpyDtoH(&mismatches, counter, 4));
+        CHECK_EQ_INT(mismatches, 0);
+        /* The check must be able to fail: a wrong base counts every word. */
+        b = base + 1;
+        REQUIRE_CU(cuMemsetD32(counter, 0, 1));
+        CHECK_CU(cuLaunchKernel(k->count_mismatches, blocks_for(n, 256), 1, 1, 256, 1, 1, 0, NULL,
+                                params, NULL));
+        CHECK_CU(cuMemcpyDtoH(&mismatches, counter, 4));
+        CHECK_EQ_INT(mismatches, words);
+    }
+    printf("bulk: %ld MiB host-to-device from pinned memory, checked on the device\n", mb);
+    CHECK_CU(cuMemFree(d));
+    CHECK_CU(cuMemFree(counter));
+    CHECK_CU(cuMemFreeHost(pinned));
+    return 0;
+}
+
 /* Errors are reported and the context keeps working. */
 static int step_errors(int bogus_handles) {
     uint32_t word = 42;
@@ -489,6 +532,7 @@ static int run_iteration(const struct kernels *k, const struct options *o, unsig
     status |= step_global(k, iteration);
     status |= step_streams(k, iteration);
     status |= step_big_copy(o->big_mb, iteration);
+    if (o->bulk_pinned_mb > 0) status |= step_bulk_pinned(k, o->bulk_pinned_mb, iteration);
     status |= step_errors(o->bogus_handles);
     return status;
 }
@@ -536,6 +580,7 @@ static int setup(const char *ptx, CUdevice *device, CUcontext *ctx, struct kerne
     REQUIRE_CU(cuModuleGetFunction(&k->vector_add, k->module, "rgpu_vector_add"));
     REQUIRE_CU(cuModuleGetFunction(&k->scale, k->module, "rgpu_scale"));
     REQUIRE_CU(cuModuleGetFunction(&k->fill_index, k->module, "rgpu_fill_index"));
+    REQUIRE_CU(cuModuleGetFunction(&k->count_mismatches, k->module, "rgpu_count_mismatches"));
     REQUIRE_CU(cuModuleGetFunction(&k->empty, k->module, "rgpu_empty"));
     {
         CUfunction missing = NULL;
@@ -582,6 +627,7 @@ static int parse_options(int argc, char **argv, struct options *o) {
     o->hold_ms = 0;
     o->stop_file = NULL;
     o->big_mb = 64;
+    o->bulk_pinned_mb = 0;
     o->bogus_handles = 1;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -599,6 +645,10 @@ static int parse_options(int argc, char **argv, struct options *o) {
             if (parse_long(next, &o->hold_ms)) return -1;
         } else if (strcmp(arg, "--big-mb") == 0) {
             if (parse_long(next, &o->big_mb) || o->big_mb < 1) return -1;
+        } else if (strcmp(arg, "--bulk-pinned-mb") == 0) {
+            if (parse_long(next, &o->bulk_pinned_mb) || o->bulk_pinned_mb < 0 ||
+                o->bulk_pinned_mb > 4096)
+                return -1;
         } else return -1;
         i++;
     }
@@ -617,7 +667,7 @@ int main(int argc, char **argv) {
     if (parse_options(argc, argv, &o)) {
         fprintf(stderr,
                 "usage: %s --ptx reference_kernels.ptx [--iterations N] [--hold-ms M] "
-                "[--stop-file PATH] [--big-mb N] [--no-bogus-handles]\n",
+                "[--stop-file PATH] [--big-mb N] [--bulk-pinned-mb N] [--no-bogus-handles]\n",
                 argv[0]);
         return 2;
     }
