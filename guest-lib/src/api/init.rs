@@ -25,9 +25,10 @@ fn open() -> Result<Driver, u32> {
     let carrier = rgpu_transport::carrier::open_from_env().map_err(|e| {
         log::error!("rgpu: cuInit: cannot reach the rgpu device: {e}");
         match e {
-            CarrierError::NotConfigured | CarrierError::Connect { .. } | CarrierError::NoCapset => {
-                CUDA_ERROR_NO_DEVICE
-            }
+            CarrierError::NotConfigured
+            | CarrierError::NoDevice(_)
+            | CarrierError::Connect { .. }
+            | CarrierError::NoCapset => CUDA_ERROR_NO_DEVICE,
             _ => CUDA_ERROR_NOT_INITIALIZED,
         }
     })?;

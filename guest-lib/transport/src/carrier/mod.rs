@@ -3,14 +3,17 @@
 //! - [`local`]: a host process is its own vhost-user frontend over a memfd
 //!   ("guest memory"), talking to the daemon's socket directly
 //!   (`RGPU_SOCKET=PATH`);
-//! - `drm` (VM mode, a later issue): the render node of the stock virtio_gpu
-//!   driver.
+//! - [`drm`] (VM mode): the render node of the stock virtio_gpu driver whose
+//!   device offers the rgpu capset.
 //!
 //! Everything above this trait (the channel, the CUDA API) is shared.
 
+pub mod drm;
 pub mod local;
 pub mod virtqueue;
 
+use std::ffi::OsStr;
+use std::path::Path;
 use std::sync::Arc;
 
 use rgpu_proto::capset::Capset;
@@ -43,12 +46,29 @@ pub enum CarrierError {
     Disconnected,
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
-    #[error("no rgpu carrier configured: set RGPU_SOCKET=/path/to/daemon.sock to use a local vhost-device-rgpu daemon (VM mode through the virtio-gpu render node is not available yet)")]
+    #[error("no rgpu carrier configured: set RGPU_SOCKET=/path/to/daemon.sock to use a local vhost-device-rgpu daemon, or run in a VM with the rgpu virtio-gpu device")]
     NotConfigured,
     #[error("fence {0} was never issued by this carrier or was already waited for")]
     UnknownFence(u64),
     #[error("the host broke the channel protocol: {0}")]
     Protocol(String),
+    /// No render node serves rgpu; the text says what was looked for and
+    /// what was found.
+    #[error("{0}")]
+    NoDevice(String),
+    #[error("{ioctl} failed: {source}")]
+    Ioctl {
+        ioctl: &'static str,
+        source: std::io::Error,
+    },
+    #[error("context {0} was never created by this carrier or was destroyed")]
+    UnknownContext(u32),
+    #[error("blob resource {0} was never created by this carrier or was destroyed")]
+    UnknownResource(u32),
+    #[error("not available on this carrier: {0}")]
+    Unsupported(&'static str),
+    #[error("timed out: {0}")]
+    Timeout(String),
 }
 
 /// A blob resource: guest memory that the host sees too, mapped here.
@@ -101,30 +121,181 @@ pub trait Carrier: Send + Sync {
 }
 
 /// Opens the carrier the environment selects: `RGPU_SOCKET=PATH` connects
-/// to a local daemon.
+/// to a local daemon; otherwise the render node of `/dev/dri` whose
+/// virtio-gpu device offers the rgpu capset; otherwise an error that says
+/// what was looked for and found ([`CarrierError::NoDevice`]).
 pub fn open_from_env() -> Result<Arc<dyn Carrier>, CarrierError> {
-    match std::env::var_os("RGPU_SOCKET") {
+    open_selected(
+        std::env::var_os("RGPU_SOCKET").as_deref(),
+        Path::new(drm::DRI_DIR),
+    )
+}
+
+/// [`open_from_env`] with the socket setting and the render-node directory
+/// given.
+pub fn open_selected(
+    socket: Option<&OsStr>,
+    dri_dir: &Path,
+) -> Result<Arc<dyn Carrier>, CarrierError> {
+    match socket {
         Some(path) if !path.is_empty() => {
-            let carrier = local::LocalCarrier::connect(std::path::Path::new(&path))?;
+            let carrier = local::LocalCarrier::connect(Path::new(path))?;
             Ok(Arc::new(carrier))
         }
-        _ => Err(CarrierError::NotConfigured),
+        _ => Ok(Arc::new(drm::DrmCarrier::open_in(dri_dir)?)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
+
+    /// A scratch directory standing in for /dev/dri, removed on drop.
+    struct FakeDri(PathBuf);
+
+    impl FakeDri {
+        fn new(name: &str) -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("rgpu-transport-{}-{name}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Self(dir)
+        }
+    }
+
+    impl Drop for FakeDri {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn error_of(result: Result<Arc<dyn Carrier>, CarrierError>) -> CarrierError {
+        match result {
+            Ok(_) => panic!("a carrier opened"),
+            Err(e) => e,
+        }
+    }
 
     #[test]
-    fn without_a_socket_the_error_says_what_to_set() {
-        if std::env::var_os("RGPU_SOCKET").is_some() {
-            return;
-        }
-        let err = open_from_env()
-            .err()
-            .expect("no carrier without RGPU_SOCKET");
-        assert!(matches!(err, CarrierError::NotConfigured));
-        assert!(err.to_string().contains("RGPU_SOCKET=/path/to/daemon.sock"));
+    fn a_missing_dri_directory_is_explained() {
+        let dir = FakeDri::new("missing");
+        let missing = dir.0.join("dri");
+        let err = error_of(open_selected(None, &missing));
+        let text = err.to_string();
+        assert!(matches!(err, CarrierError::NoDevice(_)), "{text}");
+        assert!(text.contains("does not exist"), "{text}");
+        assert!(text.contains("modprobe virtio_gpu"), "{text}");
+        assert!(text.contains("RGPU_SOCKET=/path/to/daemon.sock"), "{text}");
+    }
+
+    #[test]
+    fn a_directory_without_render_nodes_is_explained() {
+        let dir = FakeDri::new("empty");
+        std::fs::write(dir.0.join("card0"), b"").unwrap();
+        let text = error_of(open_selected(None, &dir.0)).to_string();
+        assert!(text.contains("has no render node"), "{text}");
+    }
+
+    #[test]
+    fn nodes_that_are_not_drm_devices_are_listed() {
+        let dir = FakeDri::new("notdrm");
+        std::fs::write(dir.0.join("renderD128"), b"").unwrap();
+        std::fs::create_dir(dir.0.join("renderD129")).unwrap();
+        std::fs::write(dir.0.join("renderDx"), b"").unwrap();
+        let text = error_of(open_selected(None, &dir.0)).to_string();
+        let first = text.find("renderD128").expect("renderD128 listed");
+        let second = text.find("renderD129").expect("renderD129 listed");
+        assert!(first < second, "{text}");
+        assert!(
+            text.contains("not a DRM device (DRM_IOCTL_VERSION failed"),
+            "{text}"
+        );
+        assert!(text.contains("renderD129 (d"), "{text}");
+        assert!(text.contains("cannot open"), "{text}");
+        assert!(!text.contains("renderDx"), "{text}");
+    }
+
+    #[test]
+    fn permission_and_capset_problems_name_the_fix() {
+        let report = |group: &str, mode: u32, status| drm::NodeReport {
+            path: PathBuf::from("/dev/dri/renderD128"),
+            mode: libc::S_IFCHR | mode,
+            owner: "root".into(),
+            group: group.into(),
+            status,
+        };
+        let denied =
+            || drm::NodeStatus::CannotOpen(std::io::Error::from_raw_os_error(libc::EACCES));
+        let text = drm::no_device_message(
+            Path::new("/dev/dri"),
+            &Ok(vec![report("render", 0o660, denied())]),
+        );
+        assert!(text.contains("crw-rw---- root:render"), "{text}");
+        assert!(text.contains("add the user to group render"), "{text}");
+
+        let text = drm::no_device_message(
+            Path::new("/dev/dri"),
+            &Ok(vec![report("root", 0o600, denied())]),
+        );
+        assert!(text.contains("chgrp render /dev/dri/renderD128"), "{text}");
+
+        let params = drm::VirtioGpuParams {
+            three_d: true,
+            resource_blob: true,
+            context_init: true,
+            capset_mask: 0x1,
+            explicit_debug_name: true,
+        };
+        let text = drm::no_device_message(
+            Path::new("/dev/dri"),
+            &Ok(vec![report(
+                "render",
+                0o660,
+                drm::NodeStatus::VirtioGpu(params),
+            )]),
+        );
+        assert!(text.contains("without the rgpu capset 23"), "{text}");
+        assert!(text.contains("capset mask 0x1"), "{text}");
+
+        let params = drm::VirtioGpuParams {
+            resource_blob: false,
+            context_init: false,
+            ..params
+        };
+        let text = drm::no_device_message(
+            Path::new("/dev/dri"),
+            &Ok(vec![report(
+                "render",
+                0o660,
+                drm::NodeStatus::VirtioGpu(params),
+            )]),
+        );
+        assert!(
+            text.contains("without RESOURCE_BLOB, CONTEXT_INIT"),
+            "{text}"
+        );
+        assert!(text.contains("vhost-user-test-device-pci"), "{text}");
+
+        let text = drm::no_device_message(
+            Path::new("/dev/dri"),
+            &Ok(vec![report(
+                "video",
+                0o660,
+                drm::NodeStatus::OtherDriver("i915".into()),
+            )]),
+        );
+        assert!(text.contains("driver i915, not virtio_gpu"), "{text}");
+    }
+
+    #[test]
+    fn a_socket_setting_selects_the_local_carrier() {
+        let dir = FakeDri::new("socket");
+        let socket = dir.0.join("absent.sock");
+        let err = error_of(open_selected(Some(socket.as_os_str()), &dir.0));
+        assert!(matches!(err, CarrierError::Connect { .. }), "{err}");
+        // An empty setting counts as unset.
+        let err = error_of(open_selected(Some(OsStr::new("")), &dir.0));
+        assert!(matches!(err, CarrierError::NoDevice(_)), "{err}");
     }
 }
