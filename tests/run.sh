@@ -12,5 +12,9 @@ if ! command -v cc >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev
 fi
 
+# The VM-mode test boots QEMU 11.1 from a Debian 13 chroot: install it (once;
+# reruns take a second). Its test fails, never skips, when this is missing.
+bash tests/vm/setup-host.sh
+
 cargo build --workspace
 cargo test --workspace

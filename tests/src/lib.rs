@@ -1,19 +1,22 @@
 //! Harness of rgpu's end-to-end tests: finds the workspace's built artifacts,
 //! starts a real `vhost-device-rgpu` process, reads its stats socket, and
-//! builds and runs the C test programs against guest-lib's `libcuda.so.1`.
+//! builds and runs the C test programs against guest-lib's `libcuda.so.1`,
+//! and boots QEMU guests attached to the daemon ([`Vm`]).
 //!
 //! Everything it starts or creates is cleaned up on drop: [`Daemon`] kills
-//! its process, [`TempDir`] removes its files.
+//! its process, [`Vm`] kills QEMU, [`TempDir`] removes its files.
 
 pub mod daemon;
 pub mod guest;
 pub mod stats;
 pub mod temp_dir;
+pub mod vm;
 
 pub use daemon::Daemon;
 pub use guest::{GuestLib, GuestProcess};
 pub use stats::Stats;
 pub use temp_dir::TempDir;
+pub use vm::{Vm, VmHost};
 
 use std::path::PathBuf;
 

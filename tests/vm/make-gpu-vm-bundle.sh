@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Gathers what the VM-mode test needs on the GPU host (no Rust, no chroot
+# there) into one folder, built on the build host:
+#
+#   tests/vm/make-gpu-vm-bundle.sh DIR      then on the GPU host: DIR/run-vm-test.sh
+#
+# DIR/vhost-device-rgpu                 the daemon (release)
+# DIR/initramfs.cpio.gz                 the test guest (release guest-lib,
+#                                       rgpu-diag, driver_api_test,
+#                                       tests/vm/guest-test.sh as /test.sh)
+# DIR/qemu/                             the portable QEMU and guest kernel
+# DIR/qemu-vhost-user-test-device.sh    qemu-configs/' command line, as is
+# DIR/run-vm-test.sh                    the runner
+set -euo pipefail
+dir=${1:?usage: make-gpu-vm-bundle.sh DIR}
+cd "$(dirname "$0")/../.."
+cargo build --release -p vhost-device-rgpu -p guest-lib -p rgpu-transport
+target=${CARGO_TARGET_DIR:-$(pwd)/target}/release
+mkdir -p "$dir"
+strip --strip-debug -o "$dir/vhost-device-rgpu" "$target/vhost-device-rgpu"
+RGPU_PROFILE_DIR=$target bash tests/vm/build-initramfs.sh "$dir/initramfs.cpio.gz" \
+    tests/vm/guest-test.sh=/test.sh
+bash tests/vm/make-portable-qemu.sh "$dir/qemu"
+rm -f "$dir/qemu.tar.gz"
+cp qemu-configs/qemu-vhost-user-test-device.sh tests/vm/run-vm-test.sh "$dir/"
+echo "bundle ready in $dir ($(du -sh "$dir" | cut -f1)): run $dir/run-vm-test.sh on the GPU host"
