@@ -103,6 +103,20 @@ impl VhostUserBackendMut for GpuBackend {
         VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ
     }
 
+    fn acked_features(&mut self, features: u64) {
+        let missing = missing_gpu_features(features);
+        if !missing.is_empty() {
+            error!(
+                "the frontend acknowledged the device without {}: the guest cannot create rgpu \
+                 contexts. The VMM is hiding these features from the guest (QEMU's \
+                 vhost-user-gpu-pci and cloud-hypervisor's generic vhost-user device do); attach \
+                 with -device vhost-user-test-device-pci,chardev=CHR,virtio-id=16,num_vqs=2,\
+                 vq_size=256,config_size=16 (QEMU 10.2+) instead",
+                missing.join(", ")
+            );
+        }
+    }
+
     fn set_event_idx(&mut self, enabled: bool) {
         self.event_idx = enabled;
     }
@@ -188,4 +202,34 @@ impl VhostUserBackendMut for GpuBackend {
 
 fn no_vring() -> io::Error {
     io::Error::other("vring missing")
+}
+
+/// The virtio-gpu features rgpu needs that `acked` lacks.
+fn missing_gpu_features(acked: u64) -> Vec<&'static str> {
+    [
+        (VIRTIO_GPU_F_VIRGL, "VIRGL"),
+        (VIRTIO_GPU_F_RESOURCE_BLOB, "RESOURCE_BLOB"),
+        (VIRTIO_GPU_F_CONTEXT_INIT, "CONTEXT_INIT"),
+    ]
+    .into_iter()
+    .filter(|(bit, _)| acked & (1 << bit) == 0)
+    .map(|(_, name)| name)
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_the_gpu_features_a_frontend_left_out() {
+        let all = (1 << VIRTIO_GPU_F_VIRGL)
+            | (1 << VIRTIO_GPU_F_RESOURCE_BLOB)
+            | (1 << VIRTIO_GPU_F_CONTEXT_INIT);
+        assert!(missing_gpu_features(all).is_empty());
+        assert_eq!(
+            missing_gpu_features(1 << VIRTIO_GPU_F_VIRGL),
+            vec!["RESOURCE_BLOB", "CONTEXT_INIT"]
+        );
+    }
 }
