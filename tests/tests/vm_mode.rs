@@ -213,6 +213,16 @@ fn driver_api_test_in_the_guest() {
         delta("host_cpu_copy_bytes") < BULK_BYTES / 64,
         "the daemon copied bulk data with its CPU: before {before:?}, after {after:?}"
     );
+    // Nor did a driver stage it: every byte lay in memory registered for DMA.
+    assert_eq!(
+        delta("unregistered_copy_bytes"),
+        0,
+        "copies from unregistered guest memory: before {before:?}, after {after:?}"
+    );
+    assert!(
+        after.get("dma_registered_bytes") >= BULK_BYTES,
+        "guest memory not registered for DMA: {after:?}"
+    );
     eprintln!(
         "vm_mode: bulk copy: zero_copy_bytes +{}, staged_bytes +{}, host_cpu_copy_bytes +{}",
         delta("zero_copy_bytes"),
