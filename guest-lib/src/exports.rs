@@ -10,9 +10,11 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::abi::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule, CUstream};
 use crate::api::context::CtxCreateParams;
+use crate::api::launch::LaunchConfig;
+use crate::api::library::{CUkernel, CUlibrary};
 use crate::api::{
-    context, device, error, event, init, launch, memory, module, primary_context, proc_address,
-    stream,
+    context, device, error, event, init, launch, library, memory, module, primary_context,
+    proc_address, stream,
 };
 
 crate::entry::cuda_api! {
@@ -106,6 +108,25 @@ crate::entry::cuda_api! {
     fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, hfunc: CUfunction) => module::func_get_attribute;
     fn cuLaunchKernel(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream, kernel_params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel;
     fn cuLaunchKernel_ptsz(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream, kernel_params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ptsz;
+    fn cuLaunchKernelEx(config: *const LaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex;
+    fn cuLaunchKernelEx_ptsz(config: *const LaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex_ptsz;
+    fn cuFuncGetParamInfo(f: CUfunction, index: usize, offset: *mut usize, size: *mut usize) => module::func_get_param_info;
+    fn cuFuncGetName(name: *mut *const c_char, f: CUfunction) => module::func_get_name;
+    fn cuModuleGetLoadingMode(mode: *mut c_int) => module::get_loading_mode;
+
+    fn cuLibraryLoadData(library: *mut CUlibrary, code: *const c_void, jit_options: *mut c_int, jit_values: *mut *mut c_void, num_jit_options: c_uint, library_options: *mut c_int, library_values: *mut *mut c_void, num_library_options: c_uint) => library::load_data;
+    fn cuLibraryLoadFromFile(library: *mut CUlibrary, file_name: *const c_char, jit_options: *mut c_int, jit_values: *mut *mut c_void, num_jit_options: c_uint, library_options: *mut c_int, library_values: *mut *mut c_void, num_library_options: c_uint) => library::load_from_file;
+    fn cuLibraryUnload(library: CUlibrary) => library::unload;
+    fn cuLibraryGetKernel(kernel: *mut CUkernel, library: CUlibrary, name: *const c_char) => library::get_kernel;
+    fn cuLibraryGetModule(module: *mut CUmodule, library: CUlibrary) => library::get_module;
+    fn cuLibraryGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char) => library::get_global;
+    fn cuKernelGetFunction(function: *mut CUfunction, kernel: CUkernel) => library::kernel_get_function;
+    fn cuKernelGetLibrary(library: *mut CUlibrary, kernel: CUkernel) => library::kernel_get_library;
+    fn cuKernelGetAttribute(value: *mut c_int, attribute: c_int, kernel: CUkernel, dev: CUdevice) => library::kernel_get_attribute;
+    fn cuKernelSetAttribute(attribute: c_int, value: c_int, kernel: CUkernel, dev: CUdevice) => library::kernel_set_attribute;
+    fn cuKernelSetCacheConfig(kernel: CUkernel, config: c_int, dev: CUdevice) => library::kernel_set_cache_config;
+    fn cuKernelGetName(name: *mut *const c_char, kernel: CUkernel) => library::kernel_get_name;
+    fn cuKernelGetParamInfo(kernel: CUkernel, index: usize, offset: *mut usize, size: *mut usize) => library::kernel_get_param_info;
 
     fn cuStreamCreate(phstream: *mut CUstream, flags: c_uint) => stream::create;
     fn cuStreamCreateWithPriority(phstream: *mut CUstream, flags: c_uint, priority: c_int) => stream::create_with_priority;

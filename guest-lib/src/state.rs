@@ -245,6 +245,8 @@ pub(crate) struct Function {
     pub context: Arc<Context>,
     pub module: u32,
     pub handle: u32,
+    /// For `cuFuncGetName` / `cuKernelGetName`, which hand out a pointer.
+    pub name: std::ffi::CString,
     pub info: FunctionInfo,
     /// `cuFuncGetAttribute` answers, cached (they never change).
     pub attributes: Mutex<HashMap<i32, i32>>,

@@ -25,7 +25,10 @@ use rgpu_proto::reply::{FunctionInfo, ParamSlot};
 use rgpu_proto::MAX_KERNEL_PARAMS;
 
 use crate::image::{classify, ImageKind};
-use crate::{ptx, ContextExecutor, CuResult, Executor, ExecutorError, HostRun, StreamRef};
+use crate::nvml::HostNvml;
+use crate::{
+    ptx, ContextExecutor, CuResult, DeviceStatus, Executor, ExecutorError, HostRun, StreamRef,
+};
 
 /// Exported by rgpu's guest library so the daemon can tell it apart from
 /// NVIDIA's driver.
@@ -127,6 +130,8 @@ pub struct CudaExecutor {
     info: DeviceInfo,
     driver_version: i32,
     entry: IntegerEntryPoints,
+    /// The host's NVML, where it loads: utilisation and the driver version.
+    nvml: Option<HostNvml>,
 }
 
 // SAFETY: the primary context handle is only passed to the driver, which is
@@ -257,18 +262,21 @@ impl CudaExecutor {
             "cuda executor: GPU {gpu_ordinal} \"{name}\", {} MiB, driver API {driver_version}",
             total_mem >> 20
         );
+        let info = DeviceInfo {
+            name,
+            uuid,
+            total_mem: total_mem as u64,
+            host_ordinal: gpu_ordinal,
+            attributes,
+        };
+        let nvml = HostNvml::open(&info.uuid_string());
         Ok(CudaExecutor {
             device,
             primary,
-            info: DeviceInfo {
-                name,
-                uuid,
-                total_mem: total_mem as u64,
-                host_ordinal: gpu_ordinal,
-                attributes,
-            },
+            info,
             driver_version,
             entry,
+            nvml,
         })
     }
 }
@@ -347,6 +355,33 @@ impl Executor for CudaExecutor {
                 sys::cuMemHostUnregister(run.ptr.cast())
             })
         });
+    }
+
+    fn device_status(&self, device: u32) -> CuResult<DeviceStatus> {
+        if device != 0 {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        let (mut free, mut total) = (0usize, 0usize);
+        self.in_primary(|| {
+            // SAFETY: valid out-pointers; the primary context is current.
+            check("cuMemGetInfo_v2", unsafe {
+                sys::cuMemGetInfo_v2(&mut free, &mut total)
+            })
+        })??;
+        let utilization = self.nvml.as_ref().and_then(HostNvml::utilization);
+        Ok(DeviceStatus {
+            free: free as u64,
+            total: total as u64,
+            gpu_utilization: utilization.map(|(gpu, _)| gpu),
+            memory_utilization: utilization.map(|(_, memory)| memory),
+            driver_version: self
+                .nvml
+                .as_ref()
+                .map(|n| n.driver_version().to_owned())
+                .filter(|v| !v.is_empty())
+                .or_else(crate::nvml::kernel_module_version)
+                .unwrap_or_default(),
+        })
     }
 }
 

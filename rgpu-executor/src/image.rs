@@ -18,7 +18,6 @@ const ELF64_HEADER_SIZE: u64 = 64;
 const ELF64_SECTION_HEADER_SIZE: u64 = 64;
 const ELF64_PROGRAM_HEADER_SIZE: u64 = 56;
 const SHT_NOBITS: u32 = 8;
-const FATBIN_HEADER_SIZE: u64 = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageKind {
@@ -140,14 +139,15 @@ fn check_elf(image: &[u8]) -> Result<(), ImageError> {
 /// Header: magic `u32`, version `u16`, header size `u16`, size of the
 /// entries that follow `u64`.
 fn check_fatbin(image: &[u8]) -> Result<(), ImageError> {
-    let header_size = read_u16(image, 6).ok_or(ImageError::OutOfBounds("fatbin header"))?;
-    let entries_size = read_u64(image, 8).ok_or(ImageError::OutOfBounds("fatbin header"))?;
-    if header_size < FATBIN_HEADER_SIZE
-        || !table_fits(image.len() as u64, header_size, 1, entries_size)
-    {
-        return Err(ImageError::OutOfBounds("fatbin entries"));
+    // Every container header and entry header must lie inside the image,
+    // with every entry's payload: the driver follows those sizes.
+    const HEADER_SIZE: usize = 16;
+    if image.len() < HEADER_SIZE {
+        return Err(ImageError::OutOfBounds("fatbin header"));
     }
-    Ok(())
+    rgpu_proto::fatbin::parse(image)
+        .map(|_| ())
+        .map_err(|_| ImageError::OutOfBounds("fatbin entries"))
 }
 
 #[cfg(test)]
@@ -172,12 +172,17 @@ mod tests {
         image
     }
 
-    fn fatbin(header_size: u16, entries_size: u64, len: usize) -> Vec<u8> {
-        let mut image = vec![0u8; len];
+    /// A fatbin container with one ELF entry whose header claims a
+    /// `payload_size` payload, and `payload` bytes of it actually present.
+    fn fatbin(entries_size: u64, payload_size: u64, payload: usize) -> Vec<u8> {
+        let mut image = vec![0u8; 16 + 64 + payload];
         image[..4].copy_from_slice(&FATBIN_MAGIC.to_le_bytes());
         image[4..6].copy_from_slice(&1u16.to_le_bytes());
-        image[6..8].copy_from_slice(&header_size.to_le_bytes());
+        image[6..8].copy_from_slice(&16u16.to_le_bytes());
         image[8..16].copy_from_slice(&entries_size.to_le_bytes());
+        // Entry: kind 2 (ELF), version 0x101, header size 64.
+        image[16..24].copy_from_slice(&((64u64 << 32) | (0x101 << 16) | 2).to_le_bytes());
+        image[24..32].copy_from_slice(&payload_size.to_le_bytes());
         image
     }
 
@@ -185,7 +190,7 @@ mod tests {
     fn accepts_well_formed_images() {
         assert_eq!(classify(&elf(64, 1, 128, 128)), Ok(ImageKind::Cubin));
         assert_eq!(classify(&elf(0, 0, 0, 0)), Ok(ImageKind::Cubin));
-        assert_eq!(classify(&fatbin(16, 48, 64)), Ok(ImageKind::Fatbin));
+        assert_eq!(classify(&fatbin(64 + 32, 32, 32)), Ok(ImageKind::Fatbin));
         assert_eq!(
             classify(b".version 9.0\n.target sm_90\n\0"),
             Ok(ImageKind::Ptx)
@@ -206,12 +211,23 @@ mod tests {
             classify(&elf(200, 1, 0, 0)),
             Err(ImageError::OutOfBounds("ELF section header table"))
         );
+        // The container runs past the image.
         assert_eq!(
-            classify(&fatbin(16, 49, 64)),
+            classify(&fatbin(64 + 33, 32, 32)),
             Err(ImageError::OutOfBounds("fatbin entries"))
         );
         assert_eq!(
-            classify(&fatbin(16, u64::MAX, 64)),
+            classify(&fatbin(u64::MAX, 32, 32)),
+            Err(ImageError::OutOfBounds("fatbin entries"))
+        );
+        // The container fits, but an entry's payload runs past it: the driver
+        // would follow that size.
+        assert_eq!(
+            classify(&fatbin(64 + 32, 33, 32)),
+            Err(ImageError::OutOfBounds("fatbin entries"))
+        );
+        assert_eq!(
+            classify(&fatbin(64 + 32, u64::MAX, 32)),
             Err(ImageError::OutOfBounds("fatbin entries"))
         );
         assert_eq!(

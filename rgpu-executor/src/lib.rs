@@ -6,7 +6,8 @@
 //!
 //! [`ptx`] reads kernel layouts and module variables from PTX text (the sim
 //! executor's only source of them); [`image`] classifies module images and
-//! checks their headers against their length before a driver reads them.
+//! checks their headers against their length before a driver reads them;
+//! [`nvml`] loads the host's NVML for the live values NVML guests ask for.
 //!
 //! An [`Executor`] is shared by the whole daemon. A [`ContextExecutor`] is one
 //! session's device context; it is created, used and dropped on that
@@ -17,6 +18,7 @@
 
 pub mod cuda;
 pub mod image;
+pub mod nvml;
 pub mod ptx;
 pub mod sim;
 
@@ -77,6 +79,20 @@ pub enum StreamRef {
     Created(u64),
 }
 
+/// Live state of one device, as NVML reports it ([`Executor::device_status`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeviceStatus {
+    /// Free and total device memory in bytes, every user of the GPU counted.
+    pub free: u64,
+    pub total: u64,
+    /// Percent of time the GPU ran a kernel / accessed memory over the last
+    /// sample period; `None` where the host cannot tell.
+    pub gpu_utilization: Option<u32>,
+    pub memory_utilization: Option<u32>,
+    /// The NVIDIA driver's version string ("580.95.05"); empty if unknown.
+    pub driver_version: String,
+}
+
 /// The daemon-wide executor.
 pub trait Executor: Send + Sync {
     /// "cuda" or "sim".
@@ -94,6 +110,11 @@ pub trait Executor: Send + Sync {
     /// Registrations must not overlap. Best effort: a failure costs speed.
     fn register_host_memory(&self, run: HostRun) -> CuResult<()>;
     fn unregister_host_memory(&self, run: HostRun);
+    /// Live state of guest device `device`, without any session's context
+    /// (NVML asks before CUDA is used, and must not cost a context).
+    fn device_status(&self, _device: u32) -> CuResult<DeviceStatus> {
+        Err(rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED)
+    }
 }
 
 /// One session's device context. Handles (`u64`) are the executor's own; the

@@ -22,13 +22,18 @@ use rgpu_proto::cuda_result::*;
 use rgpu_proto::reply::FunctionInfo;
 
 use crate::image::{classify, ImageKind};
-use crate::{ptx, ContextExecutor, CuResult, Executor, HostRun, StreamRef};
+use crate::{ptx, ContextExecutor, CuResult, DeviceStatus, Executor, HostRun, StreamRef};
 
 pub const SIM_DEVICE_NAME: &str = "rgpu-sim (test fixture, no GPU)";
 pub const SIM_TOTAL_MEM: u64 = 16 << 30;
 pub const SIM_DRIVER_VERSION: i32 = 13000;
 /// Deterministic, so tests and guests can recognise the fixture.
 pub const SIM_UUID: [u8; 16] = *b"rgpu-sim-fixture";
+/// What the fixture's NVML reports: the driver the GPU suite ran on, and
+/// fixed utilisation percentages.
+pub const SIM_DRIVER_VERSION_STRING: &str = "580.159";
+pub const SIM_GPU_UTILIZATION: u32 = 37;
+pub const SIM_MEMORY_UTILIZATION: u32 = 12;
 /// Where the fake device addresses start (looks like a real GPU VA).
 const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
 /// `cuMemAlloc` alignment.
@@ -136,6 +141,20 @@ impl Executor for SimExecutor {
     }
 
     fn unregister_host_memory(&self, _run: HostRun) {}
+
+    fn device_status(&self, device: u32) -> CuResult<DeviceStatus> {
+        if device != 0 {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        let used = self.used.load(Ordering::SeqCst).min(SIM_TOTAL_MEM);
+        Ok(DeviceStatus {
+            free: SIM_TOTAL_MEM - used,
+            total: SIM_TOTAL_MEM,
+            gpu_utilization: Some(SIM_GPU_UTILIZATION),
+            memory_utilization: Some(SIM_MEMORY_UTILIZATION),
+            driver_version: SIM_DRIVER_VERSION_STRING.to_owned(),
+        })
+    }
 }
 
 /// Zeroed host memory standing for one device allocation. Allocated through
@@ -1020,6 +1039,28 @@ mod tests {
         let c = ctx.mem_alloc(16).unwrap();
         assert!(c > b);
         assert_eq!(ctx.mem_get_info().unwrap().0, SIM_TOTAL_MEM - 512);
+    }
+
+    #[test]
+    fn device_status_follows_the_shared_memory_accounting() {
+        let sim = SimExecutor::new();
+        let idle = sim.device_status(0).unwrap();
+        assert_eq!(
+            idle,
+            DeviceStatus {
+                free: SIM_TOTAL_MEM,
+                total: SIM_TOTAL_MEM,
+                gpu_utilization: Some(SIM_GPU_UTILIZATION),
+                memory_utilization: Some(SIM_MEMORY_UTILIZATION),
+                driver_version: SIM_DRIVER_VERSION_STRING.to_owned(),
+            }
+        );
+        let mut ctx = sim.create_context(0).unwrap();
+        ctx.mem_alloc(1000).unwrap();
+        assert_eq!(sim.device_status(0).unwrap().free, SIM_TOTAL_MEM - 1024);
+        drop(ctx);
+        assert_eq!(sim.device_status(0).unwrap().free, SIM_TOTAL_MEM);
+        assert_eq!(sim.device_status(1), Err(CUDA_ERROR_INVALID_DEVICE));
     }
 
     #[test]

@@ -35,6 +35,21 @@ impl DeviceInfo {
             .copied()
             .filter(|v| *v != ATTRIBUTE_UNSUPPORTED)
     }
+
+    /// The UUID as NVML and nvidia-smi print it:
+    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (lower-case hex).
+    pub fn uuid_string(&self) -> String {
+        let hex: String = self.uuid.iter().map(|b| format!("{b:02x}")).collect();
+        let part = |range: std::ops::Range<usize>| hex.get(range).unwrap_or_default();
+        format!(
+            "GPU-{}-{}-{}-{}-{}",
+            part(0..8),
+            part(8..12),
+            part(12..16),
+            part(16..20),
+            part(20..32)
+        )
+    }
 }
 
 /// The whole capset.
@@ -170,5 +185,9 @@ mod tests {
         assert_eq!(decoded.devices[0].attribute(1), None);
         assert_eq!(decoded.devices[0].attribute(-1), None);
         assert_eq!(decoded.devices[0].attribute(100_000), None);
+        assert_eq!(
+            decoded.devices[0].uuid_string(),
+            "GPU-07070707-0707-0707-0707-070707070707"
+        );
     }
 }

@@ -183,6 +183,8 @@ opcodes! {
     ModuleGetGlobal = 0x0303,
     FuncGetAttribute = 0x0304,
     LaunchKernel = 0x0305,
+    ModuleLoadCached = 0x0306,
+    ModuleLoadHashed = 0x0307,
     StreamCreate = 0x0400,
     StreamDestroy = 0x0401,
     StreamSynchronize = 0x0402,
@@ -194,6 +196,7 @@ opcodes! {
     EventSynchronize = 0x0503,
     EventQuery = 0x0504,
     EventElapsedTime = 0x0505,
+    DeviceStatus = 0x0600,
 }
 
 /// One decoded command body. Which ones answer with data is documented on
@@ -255,6 +258,20 @@ pub enum Command {
     ModuleUnload {
         module: u32,
     },
+    /// Loads the image the daemon has cached under this SHA-256 (an earlier
+    /// load by any guest); answers `CUDA_ERROR_NOT_FOUND` when it has none,
+    /// and the guest then sends the image with `ModuleLoadHashed`.
+    ModuleLoadCached {
+        module: u32,
+        hash: [u8; 32],
+    },
+    /// `ModuleLoad` of an image whose SHA-256 the guest computed: the host
+    /// refuses it (`CUDA_ERROR_INVALID_VALUE`) unless its own hash agrees.
+    ModuleLoadHashed {
+        module: u32,
+        hash: [u8; 32],
+        image: BlobRange,
+    },
     ModuleGetFunction {
         module: u32,
         function: u32,
@@ -309,6 +326,11 @@ pub enum Command {
         start: u32,
         end: u32,
     },
+    /// Live state of guest device `device` (NVML): answered without the
+    /// session's device context, so it never creates one.
+    DeviceStatus {
+        device: u32,
+    },
 }
 
 fn name(r: &mut WireReader<'_>) -> Result<Vec<u8>, DecodeError> {
@@ -320,6 +342,13 @@ fn name(r: &mut WireReader<'_>) -> Result<Vec<u8>, DecodeError> {
         });
     }
     Ok(bytes.to_vec())
+}
+
+/// A SHA-256 digest.
+fn hash(r: &mut WireReader<'_>) -> Result<[u8; 32], DecodeError> {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(r.take(32)?);
+    Ok(out)
 }
 
 impl Command {
@@ -340,6 +369,8 @@ impl Command {
             Command::Memset { .. } => Opcode::Memset,
             Command::ModuleLoad { .. } => Opcode::ModuleLoad,
             Command::ModuleUnload { .. } => Opcode::ModuleUnload,
+            Command::ModuleLoadCached { .. } => Opcode::ModuleLoadCached,
+            Command::ModuleLoadHashed { .. } => Opcode::ModuleLoadHashed,
             Command::ModuleGetFunction { .. } => Opcode::ModuleGetFunction,
             Command::ModuleGetGlobal { .. } => Opcode::ModuleGetGlobal,
             Command::FuncGetAttribute { .. } => Opcode::FuncGetAttribute,
@@ -355,6 +386,7 @@ impl Command {
             Command::EventSynchronize { .. } => Opcode::EventSynchronize,
             Command::EventQuery { .. } => Opcode::EventQuery,
             Command::EventElapsedTime { .. } => Opcode::EventElapsedTime,
+            Command::DeviceStatus { .. } => Opcode::DeviceStatus,
         }
     }
 
@@ -452,6 +484,15 @@ impl Command {
                 }
             }
             Opcode::ModuleUnload => Command::ModuleUnload { module: r.u32()? },
+            Opcode::ModuleLoadCached => Command::ModuleLoadCached {
+                module: r.u32()?,
+                hash: hash(&mut r)?,
+            },
+            Opcode::ModuleLoadHashed => Command::ModuleLoadHashed {
+                module: r.u32()?,
+                hash: hash(&mut r)?,
+                image: BlobRange::decode(&mut r)?,
+            },
             Opcode::ModuleGetFunction => Command::ModuleGetFunction {
                 module: r.u32()?,
                 function: r.u32()?,
@@ -509,6 +550,7 @@ impl Command {
                 start: r.u32()?,
                 end: r.u32()?,
             },
+            Opcode::DeviceStatus => Command::DeviceStatus { device: r.u32()? },
         };
         r.finish()?;
         Ok(command)
@@ -582,6 +624,17 @@ impl Command {
             Command::ModuleUnload { module } => {
                 w.u32(*module);
             }
+            Command::ModuleLoadCached { module, hash } => {
+                w.u32(*module).raw(hash);
+            }
+            Command::ModuleLoadHashed {
+                module,
+                hash,
+                image,
+            } => {
+                w.u32(*module).raw(hash);
+                image.encode(w);
+            }
             Command::ModuleGetFunction {
                 module,
                 function,
@@ -639,6 +692,9 @@ impl Command {
             }
             Command::EventElapsedTime { start, end } => {
                 w.u32(*start).u32(*end);
+            }
+            Command::DeviceStatus { device } => {
+                w.u32(*device);
             }
         }
     }

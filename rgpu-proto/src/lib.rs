@@ -13,6 +13,7 @@ pub mod capset;
 pub mod channel;
 pub mod command;
 pub mod cuda_result;
+pub mod fatbin;
 pub mod reply;
 pub mod virtio_gpu;
 pub mod wire;

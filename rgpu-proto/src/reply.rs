@@ -10,6 +10,7 @@
 //! | `ModuleGetGlobal` | device pointer `u64`, size `u64` |
 //! | `FuncGetAttribute` | value `i32` |
 //! | `EventElapsedTime` | milliseconds `f32` |
+//! | `DeviceStatus` | [`DeviceStatus`] |
 //!
 //! `MemcpyDtoH` with a reply number answers once the data is in the blob.
 
@@ -67,6 +68,106 @@ impl FunctionInfo {
     }
 }
 
+/// Largest driver version string in a [`DeviceStatus`] (NVML's buffer,
+/// NUL included, is 80 bytes).
+pub const MAX_DRIVER_VERSION_BYTES: usize = 79;
+/// Most sessions listed in a [`DeviceStatus`]: the largest payload then
+/// still fits the smallest reply area (`channel::MIN_REPLY_SIZE`).
+pub const MAX_STATUS_SESSIONS: usize = 128;
+/// A utilisation the host could not measure.
+pub const UTILIZATION_UNKNOWN: u32 = u32::MAX;
+
+/// A session of the asking tenant that holds a device context. The host
+/// knows no guest process ids: the guest maps sessions onto its processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionUsage {
+    /// The session's virtio-gpu context id.
+    pub ctx_id: u32,
+    /// Device memory the session holds (its allocations), in bytes.
+    pub device_memory: u64,
+}
+
+/// Live state of a device, for NVML.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeviceStatus {
+    /// Free and total device memory in bytes (all tenants together).
+    pub free: u64,
+    pub total: u64,
+    /// Percent of the last sample period, or [`UTILIZATION_UNKNOWN`].
+    pub gpu_utilization: u32,
+    pub memory_utilization: u32,
+    /// The host's NVIDIA driver version ("580.95.05").
+    pub driver_version: String,
+    /// The asking tenant's sessions that hold a device context.
+    pub sessions: Vec<SessionUsage>,
+}
+
+impl DeviceStatus {
+    pub fn encode(&self, w: &mut WireWriter) {
+        let version = self.driver_version.as_bytes();
+        let version = version.get(..MAX_DRIVER_VERSION_BYTES).unwrap_or(version);
+        w.u64(self.free)
+            .u64(self.total)
+            .u32(self.gpu_utilization)
+            .u32(self.memory_utilization)
+            .bytes_with_len(version);
+        let sessions = self
+            .sessions
+            .get(..MAX_STATUS_SESSIONS)
+            .unwrap_or(&self.sessions);
+        w.u32(sessions.len() as u32);
+        for s in sessions {
+            w.u32(s.ctx_id).u32(0).u64(s.device_memory);
+        }
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut w = WireWriter::new();
+        self.encode(&mut w);
+        w.into_bytes()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = WireReader::new(bytes);
+        let free = r.u64()?;
+        let total = r.u64()?;
+        let gpu_utilization = r.u32()?;
+        let memory_utilization = r.u32()?;
+        let version = r.bytes_with_len(MAX_DRIVER_VERSION_BYTES)?;
+        if version.contains(&0) {
+            return Err(DecodeError::InvalidField {
+                field: "device_status.driver_version",
+                value: 0,
+            });
+        }
+        let count = r.u32()? as usize;
+        if count > MAX_STATUS_SESSIONS {
+            return Err(DecodeError::LengthOutOfRange {
+                length: count as u64,
+                limit: MAX_STATUS_SESSIONS as u64,
+            });
+        }
+        let mut sessions = Vec::with_capacity(count.min(r.remaining() / 16));
+        for _ in 0..count {
+            let ctx_id = r.u32()?;
+            let _reserved = r.u32()?;
+            sessions.push(SessionUsage {
+                ctx_id,
+                device_memory: r.u64()?,
+            });
+        }
+        r.finish()?;
+        Ok(Self {
+            free,
+            total,
+            gpu_utilization,
+            memory_utilization,
+            driver_version: String::from_utf8_lossy(version).into_owned(),
+            sessions,
+        })
+    }
+}
+
 /// Encodes a `u64` payload.
 pub fn u64_payload(values: &[u64]) -> Vec<u8> {
     let mut w = WireWriter::with_capacity(values.len() * 8);
@@ -85,4 +186,83 @@ pub fn decode_u64s<const N: usize>(bytes: &[u8]) -> Result<[u64; N], DecodeError
     }
     r.finish()?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_status_round_trip_and_limits() {
+        let status = DeviceStatus {
+            free: 100 << 30,
+            total: 141 << 30,
+            gpu_utilization: 42,
+            memory_utilization: UTILIZATION_UNKNOWN,
+            driver_version: "580.159.03".into(),
+            sessions: vec![SessionUsage {
+                ctx_id: 3,
+                device_memory: 1 << 20,
+            }],
+        };
+        let bytes = status.to_bytes();
+        assert_eq!(DeviceStatus::decode(&bytes), Ok(status.clone()));
+        assert!(DeviceStatus::decode(&bytes[..bytes.len() - 1]).is_err());
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(
+            DeviceStatus::decode(&longer),
+            Err(DecodeError::TrailingBytes(1))
+        );
+        // A count beyond the limit is refused before anything is allocated.
+        let mut w = WireWriter::new();
+        w.u64(0)
+            .u64(0)
+            .u32(0)
+            .u32(0)
+            .bytes_with_len(b"1")
+            .u32(u32::MAX);
+        assert!(matches!(
+            DeviceStatus::decode(w.as_bytes()),
+            Err(DecodeError::LengthOutOfRange { .. })
+        ));
+        // An over-long version is cut when encoding.
+        let long = DeviceStatus {
+            driver_version: "9".repeat(200),
+            ..status
+        };
+        let decoded = DeviceStatus::decode(&long.to_bytes()).unwrap();
+        assert_eq!(decoded.driver_version.len(), MAX_DRIVER_VERSION_BYTES);
+    }
+
+    #[test]
+    fn the_largest_device_status_fits_the_smallest_reply_area() {
+        let status = DeviceStatus {
+            driver_version: "9".repeat(MAX_DRIVER_VERSION_BYTES),
+            sessions: vec![
+                SessionUsage {
+                    ctx_id: 1,
+                    device_memory: 1
+                };
+                MAX_STATUS_SESSIONS + 5
+            ],
+            ..DeviceStatus::default()
+        };
+        let room = crate::channel::MIN_REPLY_SIZE - crate::channel::REPLY_OFFSET_PAYLOAD;
+        assert!(status.to_bytes().len() as u64 <= room);
+        let decoded = DeviceStatus::decode(&status.to_bytes()).unwrap();
+        assert_eq!(decoded.sessions.len(), MAX_STATUS_SESSIONS);
+    }
+
+    #[test]
+    fn device_status_command_round_trip() {
+        let command = crate::Command::DeviceStatus { device: 2 };
+        let decoded = crate::command::decode_one(&command.to_bytes(9)).unwrap();
+        assert_eq!(decoded.command, command);
+        assert_eq!(decoded.reply_seq, 9);
+        assert_eq!(
+            crate::Opcode::from_u16(0x0600),
+            Some(crate::Opcode::DeviceStatus)
+        );
+    }
 }

@@ -8,7 +8,7 @@ use proptest::strategy::Union;
 use rgpu_proto::batch::{decode_batch, encode_batch};
 use rgpu_proto::capset::{Capset, DeviceInfo, ATTRIBUTE_SLOTS};
 use rgpu_proto::command::{decode_all, decode_one, ChannelLayout, Launch};
-use rgpu_proto::reply::{FunctionInfo, ParamSlot};
+use rgpu_proto::reply::{DeviceStatus, FunctionInfo, ParamSlot};
 use rgpu_proto::virtio_gpu::{MemEntry, ResourceCreateBlob};
 use rgpu_proto::wire::{WireReader, WireWriter};
 use rgpu_proto::{BlobRange, Command};
@@ -21,6 +21,7 @@ fn decode_everything(bytes: &[u8]) {
     let _ = Capset::decode(bytes);
     let _ = ResourceCreateBlob::decode(&mut WireReader::new(bytes));
     let _ = FunctionInfo::decode(bytes);
+    let _ = DeviceStatus::decode(bytes);
 }
 
 fn blob_range() -> impl Strategy<Value = BlobRange> {
@@ -105,6 +106,16 @@ fn command() -> impl Strategy<Value = Command> {
             .boxed(),
         u().prop_map(|module| Command::ModuleUnload { module })
             .boxed(),
+        (u(), any::<[u8; 32]>())
+            .prop_map(|(module, hash)| Command::ModuleLoadCached { module, hash })
+            .boxed(),
+        (u(), any::<[u8; 32]>(), blob_range())
+            .prop_map(|(module, hash, image)| Command::ModuleLoadHashed {
+                module,
+                hash,
+                image,
+            })
+            .boxed(),
         (u(), u(), name())
             .prop_map(|(module, function, name)| Command::ModuleGetFunction {
                 module,
@@ -175,6 +186,8 @@ fn command() -> impl Strategy<Value = Command> {
         u().prop_map(|event| Command::EventQuery { event }).boxed(),
         (u(), u())
             .prop_map(|(start, end)| Command::EventElapsedTime { start, end })
+            .boxed(),
+        u().prop_map(|device| Command::DeviceStatus { device })
             .boxed(),
     ])
 }

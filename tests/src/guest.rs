@@ -1,6 +1,6 @@
-//! Guest programs: guest-lib's `libcuda.so.1` in a directory of its own, C
-//! programs compiled against `rgpu_cuda.h`, and running them through a
-//! daemon with their output collected.
+//! Guest programs: guest-lib's `libcuda.so.1` and `libnvidia-ml.so.1` in a
+//! directory of their own, C programs compiled against `rgpu_cuda.h`, and
+//! running them through a daemon with their output collected.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use crate::{profile_dir, programs_dir, Daemon, TempDir};
 
 /// A directory holding `libcuda.so.1` and `libcuda.so`, both links to this
-/// build's guest-lib, and the C programs built against it. Only guest
-/// processes get it on their `LD_LIBRARY_PATH`.
+/// build's guest-lib, `libnvidia-ml.so.1` and `libnvidia-ml.so`, links to
+/// its NVML (guest-lib/nvml), and the C programs built against them. Only
+/// guest processes get it on their `LD_LIBRARY_PATH`.
 pub struct GuestLib {
     dir: TempDir,
 }
@@ -29,6 +30,15 @@ impl GuestLib {
         let dir = TempDir::new("rgpu-guest").expect("create a temp dir for the guest");
         for name in ["libcuda.so.1", "libcuda.so"] {
             std::os::unix::fs::symlink(&library, dir.join(name)).expect("link libcuda");
+        }
+        let nvml = profile_dir().join("libnvidia_ml.so");
+        assert!(
+            nvml.exists(),
+            "{} does not exist: run `cargo build --workspace` before the tests",
+            nvml.display()
+        );
+        for name in ["libnvidia-ml.so.1", "libnvidia-ml.so"] {
+            std::os::unix::fs::symlink(&nvml, dir.join(name)).expect("link libnvidia-ml");
         }
         Self { dir }
     }

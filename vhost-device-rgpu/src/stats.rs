@@ -24,6 +24,7 @@ pub fn stats_line(executor: &str, counters: &Counters) -> String {
         ("host_cpu_copy_bytes", &counters.host_cpu_copy_bytes),
         ("dma_registered_bytes", &counters.dma_registered_bytes),
         ("unregistered_copy_bytes", &counters.unregistered_copy_bytes),
+        ("module_cache_hits", &counters.module_cache_hits),
     ];
     let mut line = format!("{{\"executor\":\"{}\"", json_escape(executor));
     for (name, value) in fields {
@@ -86,7 +87,7 @@ mod tests {
              \"sessions_active\":0,\"sessions_total\":0,\"device_memory_bytes\":0,\
              \"commands_executed\":0,\"command_errors\":0,\"zero_copy_bytes\":1099511627776,\
              \"staged_bytes\":0,\"host_cpu_copy_bytes\":0,\"dma_registered_bytes\":0,\
-             \"unregistered_copy_bytes\":0}\n"
+             \"unregistered_copy_bytes\":0,\"module_cache_hits\":0}\n"
         );
         assert_eq!(json_escape("a\"b\n"), "a\\\"b\\u000a");
     }

@@ -1,6 +1,7 @@
-//! `cuLaunchKernel`: the parameters are marshalled here into the layout the
-//! host returned with the function, and the launch is queued without a
-//! round trip.
+//! `cuLaunchKernel` and `cuLaunchKernelEx`: the parameters are marshalled
+//! here into the layout the host returned with the function, and the launch
+//! is queued without a round trip. A `CUkernel` is accepted where a
+//! `CUfunction` is expected and runs in the context of the stream.
 
 use std::ffi::{c_uint, c_void};
 
@@ -10,8 +11,60 @@ use rgpu_proto::Command;
 
 use crate::abi::{CUfunction, CUstream};
 use crate::api::context::same_context;
+use crate::api::library::function_or_kernel;
 use crate::params::marshal;
-use crate::state::{driver, resolve_stream, FUNCTIONS};
+use crate::state::{driver, resolve_stream};
+
+/// `CUlaunchConfig`.
+#[repr(C)]
+pub struct LaunchConfig {
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+    stream: CUstream,
+    attrs: *const LaunchAttribute,
+    num_attrs: c_uint,
+}
+
+/// `CUlaunchAttribute`: an id, then a 64-byte value union at offset 8.
+#[repr(C)]
+pub struct LaunchAttribute {
+    id: u32,
+    _pad: u32,
+    value: [u32; 16],
+}
+
+const ATTRIBUTE_IGNORE: u32 = 0;
+const ATTRIBUTE_ACCESS_POLICY_WINDOW: u32 = 1;
+const ATTRIBUTE_COOPERATIVE: u32 = 2;
+const ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
+const ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 5;
+const ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
+const ATTRIBUTE_PRIORITY: u32 = 8;
+const ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: u32 = 9;
+const ATTRIBUTE_MEM_SYNC_DOMAIN: u32 = 10;
+const ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION: u32 = 11;
+/// Largest attribute list accepted.
+const MAX_ATTRIBUTES: c_uint = 64;
+
+/// Whether a launch attribute can be left out without changing what the
+/// launch computes: hints, permissions and default values can; cooperative
+/// launches, cluster shapes and events cannot (yet).
+fn attribute_is_optional(attribute: &LaunchAttribute) -> bool {
+    match attribute.id {
+        ATTRIBUTE_IGNORE
+        | ATTRIBUTE_ACCESS_POLICY_WINDOW
+        | ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
+        | ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        | ATTRIBUTE_PRIORITY
+        | ATTRIBUTE_MEM_SYNC_DOMAIN_MAP
+        | ATTRIBUTE_MEM_SYNC_DOMAIN
+        | ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION => true,
+        ATTRIBUTE_COOPERATIVE => attribute.value[0] == 0,
+        ATTRIBUTE_CLUSTER_DIMENSION => attribute.value[..3].iter().all(|d| *d <= 1),
+        _ => false,
+    }
+}
 
 #[allow(clippy::too_many_arguments)]
 fn launch(
@@ -25,11 +78,14 @@ fn launch(
     per_thread: bool,
 ) -> Result<(), u32> {
     driver()?;
-    let function = FUNCTIONS.get(f).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    if f.is_null() {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
     if grid.contains(&0) || block.contains(&0) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let (ctx, stream) = resolve_stream(stream, per_thread)?;
+    let function = function_or_kernel(f, &ctx)?;
     same_context(&ctx, &function.context)?;
     // SAFETY: the API contract on kernelParams / extra (see `marshal`).
     let params = unsafe { marshal(&function.info, kernel_params.cast(), extra.cast()) }?;
@@ -93,4 +149,103 @@ pub(crate) fn launch_kernel_ptsz(
         extra,
         true,
     )
+}
+
+fn launch_ex(
+    config: *const LaunchConfig,
+    f: CUfunction,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    per_thread: bool,
+) -> Result<(), u32> {
+    if config.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the API contract makes it a CUlaunchConfig.
+    let config = unsafe { &*config };
+    if config.num_attrs > 0 {
+        if config.attrs.is_null() || config.num_attrs > MAX_ATTRIBUTES {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-NULL, `num_attrs` entries (the API contract), bounded.
+        let attributes =
+            unsafe { std::slice::from_raw_parts(config.attrs, config.num_attrs as usize) };
+        if let Some(a) = attributes.iter().find(|a| !attribute_is_optional(a)) {
+            log::warn!(
+                "rgpu: cuLaunchKernelEx: launch attribute {} ({:?}) is not supported",
+                a.id,
+                &a.value[..3]
+            );
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+    }
+    launch(
+        f,
+        config.grid,
+        config.block,
+        config.shared_mem_bytes,
+        config.stream,
+        kernel_params,
+        extra,
+        per_thread,
+    )
+}
+
+pub(crate) fn launch_kernel_ex(
+    config: *const LaunchConfig,
+    f: CUfunction,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<(), u32> {
+    launch_ex(config, f, kernel_params, extra, false)
+}
+
+pub(crate) fn launch_kernel_ex_ptsz(
+    config: *const LaunchConfig,
+    f: CUfunction,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<(), u32> {
+    launch_ex(config, f, kernel_params, extra, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attribute(id: u32, values: &[u32]) -> LaunchAttribute {
+        let mut value = [0u32; 16];
+        value[..values.len()].copy_from_slice(values);
+        LaunchAttribute { id, _pad: 0, value }
+    }
+
+    #[test]
+    fn launch_attribute_layout_is_cuda_s() {
+        assert_eq!(std::mem::size_of::<LaunchAttribute>(), 72);
+        assert_eq!(std::mem::size_of::<LaunchConfig>(), 56);
+    }
+
+    #[test]
+    fn only_attributes_that_change_nothing_are_left_out() {
+        assert!(attribute_is_optional(&attribute(ATTRIBUTE_PRIORITY, &[3])));
+        assert!(attribute_is_optional(&attribute(
+            ATTRIBUTE_COOPERATIVE,
+            &[0]
+        )));
+        assert!(!attribute_is_optional(&attribute(
+            ATTRIBUTE_COOPERATIVE,
+            &[1]
+        )));
+        assert!(attribute_is_optional(&attribute(
+            ATTRIBUTE_CLUSTER_DIMENSION,
+            &[1, 1, 1]
+        )));
+        assert!(!attribute_is_optional(&attribute(
+            ATTRIBUTE_CLUSTER_DIMENSION,
+            &[2, 1, 1]
+        )));
+        // Programmatic and completion events must fire: not supported.
+        assert!(!attribute_is_optional(&attribute(7, &[])));
+        assert!(!attribute_is_optional(&attribute(12, &[])));
+    }
 }

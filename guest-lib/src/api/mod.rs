@@ -7,6 +7,7 @@ pub mod error;
 pub mod event;
 pub mod init;
 pub mod launch;
+pub mod library;
 pub mod memory;
 pub mod module;
 pub mod primary_context;

@@ -1,18 +1,71 @@
 //! Modules (PTX, cubin, fatbin shipped whole to the host, which picks SASS
 //! or JITs), their functions (parameter layouts come back with the lookup,
 //! cached per module and name) and globals.
+//!
+//! An image crosses to the host once per content: the guest first asks the
+//! daemon to load the image it has cached under the image's SHA-256, and
+//! sends the image only when the daemon does not have it.
 
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::sync::{Arc, Mutex};
 
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::reply::{decode_u64s, FunctionInfo};
 use rgpu_proto::Command;
+use sha2::{Digest, Sha256};
 
 use crate::abi::{c_str, write_optional, write_out, CUdeviceptr, CUfunction, CUmodule};
 use crate::image::image_bytes;
-use crate::state::{current, driver, Function, Module, FUNCTIONS, MODULES};
+use crate::state::{current, driver, Context, Function, Module, FUNCTIONS, MODULES};
+
+/// `CU_MODULE_EAGER_LOADING`.
+const CU_MODULE_EAGER_LOADING: c_int = 1;
+/// `CU_MODULE_LAZY_LOADING`.
+const CU_MODULE_LAZY_LOADING: c_int = 2;
+
+/// Loads `bytes` (a whole image) in `ctx`, from the daemon's cache when it
+/// has the image. The module is not registered yet.
+pub(crate) fn load_image(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Arc<Module>, u32> {
+    let hash: [u8; 32] = Sha256::digest(bytes).into();
+    let mut handle = ctx.new_handle()?;
+    let cached = ctx.with_channel(|c| {
+        c.call(&Command::ModuleLoadCached {
+            module: handle,
+            hash,
+        })
+    })?;
+    match cached.result {
+        CUDA_SUCCESS => log::debug!(
+            "rgpu: module {handle}: {}-byte image loaded from the daemon's cache",
+            bytes.len()
+        ),
+        CUDA_ERROR_NOT_FOUND => {
+            // A fresh handle: the old one stays unused whatever the host did.
+            handle = ctx.new_handle()?;
+            log::debug!(
+                "rgpu: module {handle}: sending a {}-byte image",
+                bytes.len()
+            );
+            let reply = ctx.with_channel(|c| {
+                c.call_with_data(bytes, &|range| Command::ModuleLoadHashed {
+                    module: handle,
+                    hash,
+                    image: range,
+                })
+            })?;
+            if reply.result != CUDA_SUCCESS {
+                return Err(reply.result);
+            }
+        }
+        error => return Err(error),
+    }
+    Ok(Arc::new(Module {
+        context: ctx.clone(),
+        handle,
+        functions: Mutex::new(HashMap::new()),
+    }))
+}
 
 fn load(module: *mut CUmodule, image: *const c_void) -> Result<(), u32> {
     if module.is_null() || image.is_null() {
@@ -24,25 +77,7 @@ fn load(module: *mut CUmodule, image: *const c_void) -> Result<(), u32> {
         log::error!("rgpu: module image rejected: {e}");
         CUDA_ERROR_INVALID_IMAGE
     })?;
-    let handle = ctx.new_handle()?;
-    log::debug!(
-        "rgpu: loading a {}-byte module image as module {handle}",
-        bytes.len()
-    );
-    let reply = ctx.with_channel(|c| {
-        c.call_with_data(bytes, &|range| Command::ModuleLoad {
-            module: handle,
-            image: range,
-        })
-    })?;
-    if reply.result != CUDA_SUCCESS {
-        return Err(reply.result);
-    }
-    let object = Arc::new(Module {
-        context: ctx,
-        handle,
-        functions: Mutex::new(HashMap::new()),
-    });
+    let object = load_image(&ctx, bytes)?;
     write_out(module, MODULES.insert(object))
 }
 
@@ -82,27 +117,18 @@ pub(crate) fn unload(module: CUmodule) -> Result<(), u32> {
         .map(|_| ())
 }
 
-pub(crate) fn get_function(
-    hfunc: *mut CUfunction,
-    module: CUmodule,
-    name: *const c_char,
-) -> Result<(), u32> {
-    if hfunc.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let name = c_str(name)?.to_bytes().to_vec();
-    driver()?;
-    let object = MODULES.get(module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+/// The function `name` of a module (looked up on the host once per name).
+pub(crate) fn module_function(object: &Module, name: &[u8]) -> Result<CUfunction, u32> {
     let mut cache = object.functions.lock().map_err(|_| CUDA_ERROR_UNKNOWN)?;
-    if let Some(f) = cache.get(&name) {
-        return write_out(hfunc, *f as CUfunction);
+    if let Some(f) = cache.get(name) {
+        return Ok(*f as CUfunction);
     }
     let ctx = &object.context;
     let handle = ctx.new_handle()?;
     let payload = ctx.call(&Command::ModuleGetFunction {
         module: object.handle,
         function: handle,
-        name: name.clone(),
+        name: name.to_vec(),
     })?;
     let info = FunctionInfo::decode(&payload).map_err(|e| {
         log::error!("rgpu: bad function reply: {e}");
@@ -112,11 +138,36 @@ pub(crate) fn get_function(
         context: ctx.clone(),
         module: object.handle,
         handle,
+        name: CString::new(name).map_err(|_| CUDA_ERROR_INVALID_VALUE)?,
         info,
         attributes: Mutex::new(HashMap::new()),
     }));
-    cache.insert(name, function as usize);
-    write_out(hfunc, function)
+    cache.insert(name.to_vec(), function as usize);
+    Ok(function)
+}
+
+pub(crate) fn get_function(
+    hfunc: *mut CUfunction,
+    module: CUmodule,
+    name: *const c_char,
+) -> Result<(), u32> {
+    if hfunc.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let name = c_str(name)?.to_bytes();
+    driver()?;
+    let object = MODULES.get(module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    write_out(hfunc, module_function(&object, name)?)
+}
+
+/// `(device pointer, size)` of the global `name` of a module.
+pub(crate) fn module_global(object: &Module, name: &[u8]) -> Result<(u64, u64), u32> {
+    let payload = object.context.call(&Command::ModuleGetGlobal {
+        module: object.handle,
+        name: name.to_vec(),
+    })?;
+    let [ptr, size] = decode_u64s::<2>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    Ok((ptr, size))
 }
 
 pub(crate) fn get_global(
@@ -125,17 +176,32 @@ pub(crate) fn get_global(
     module: CUmodule,
     name: *const c_char,
 ) -> Result<(), u32> {
-    let name = c_str(name)?.to_bytes().to_vec();
+    let name = c_str(name)?.to_bytes();
     driver()?;
     let object = MODULES.get(module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    let payload = object.context.call(&Command::ModuleGetGlobal {
-        module: object.handle,
-        name,
-    })?;
-    let [ptr, size] = decode_u64s::<2>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    let (ptr, size) = module_global(&object, name)?;
     write_optional(dptr, ptr);
     write_optional(bytes, usize::try_from(size).unwrap_or(usize::MAX));
     Ok(())
+}
+
+/// A function attribute, asked of the host once (they never change).
+pub(crate) fn function_attribute(f: &Function, attribute: c_int) -> Result<c_int, u32> {
+    let mut cache = f.attributes.lock().map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    if let Some(v) = cache.get(&attribute) {
+        return Ok(*v);
+    }
+    let payload = f.context.call(&Command::FuncGetAttribute {
+        function: f.handle,
+        attribute,
+    })?;
+    let bytes: [u8; 4] = payload
+        .as_slice()
+        .try_into()
+        .map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    let v = i32::from_le_bytes(bytes);
+    cache.insert(attribute, v);
+    Ok(v)
 }
 
 pub(crate) fn func_get_attribute(
@@ -148,19 +214,56 @@ pub(crate) fn func_get_attribute(
     }
     driver()?;
     let f = FUNCTIONS.get(function).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    let mut cache = f.attributes.lock().map_err(|_| CUDA_ERROR_UNKNOWN)?;
-    if let Some(v) = cache.get(&attribute) {
-        return write_out(value, *v);
+    write_out(value, function_attribute(&f, attribute)?)
+}
+
+/// Offset and size of parameter `index` (`CUDA_ERROR_INVALID_VALUE` past
+/// the last one).
+pub(crate) fn param_info(
+    info: &FunctionInfo,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> Result<(), u32> {
+    let slot = info.params.get(index).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    write_optional(offset, slot.offset as usize);
+    write_optional(size, slot.size as usize);
+    Ok(())
+}
+
+pub(crate) fn func_get_param_info(
+    function: CUfunction,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> Result<(), u32> {
+    driver()?;
+    let f = FUNCTIONS.get(function).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    param_info(&f.info, index, offset, size)
+}
+
+pub(crate) fn func_get_name(name: *mut *const c_char, function: CUfunction) -> Result<(), u32> {
+    if name.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let payload = f.context.call(&Command::FuncGetAttribute {
-        function: f.handle,
-        attribute,
-    })?;
-    let bytes: [u8; 4] = payload
-        .as_slice()
-        .try_into()
-        .map_err(|_| CUDA_ERROR_UNKNOWN)?;
-    let v = i32::from_le_bytes(bytes);
-    cache.insert(attribute, v);
-    write_out(value, v)
+    driver()?;
+    let f = FUNCTIONS.get(function).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    // The name lives as long as the function is registered.
+    write_out(name, f.name.as_ptr())
+}
+
+/// Whether libraries load their modules into the current context when they
+/// are loaded (`CUDA_MODULE_LOADING=EAGER`) rather than on first use in each
+/// context, NVIDIA's default since CUDA 12.2.
+pub(crate) fn eager_loading() -> bool {
+    std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v.eq_ignore_ascii_case("EAGER"))
+}
+
+pub(crate) fn get_loading_mode(mode: *mut c_int) -> Result<(), u32> {
+    let mode_value = if eager_loading() {
+        CU_MODULE_EAGER_LOADING
+    } else {
+        CU_MODULE_LAZY_LOADING
+    };
+    write_out(mode, mode_value)
 }

@@ -30,6 +30,9 @@ pub struct Counters {
     /// Bytes copied from or into guest memory that is not registered for
     /// DMA: the driver stages those through its own buffers (a host copy).
     pub unregistered_copy_bytes: AtomicU64,
+    /// Module loads served from the daemon's module cache (the image did
+    /// not cross from the guest again).
+    pub module_cache_hits: AtomicU64,
 }
 
 impl Counters {

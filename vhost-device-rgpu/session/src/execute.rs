@@ -4,13 +4,16 @@
 
 use rgpu_executor::{CuResult, HostRun};
 use rgpu_proto::command::Launch;
-use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE};
-use rgpu_proto::reply::u64_payload;
+use rgpu_proto::cuda_result::{
+    CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND,
+};
+use rgpu_proto::reply::{u64_payload, DeviceStatus, UTILIZATION_UNKNOWN};
 use rgpu_proto::wire::WireWriter;
 use rgpu_proto::{BlobRange, Command, STREAM_PER_THREAD};
 
 use crate::dma::split_at_chunks;
 use crate::handles::{check_new, FunctionEntry};
+use crate::module_cache::image_hash;
 use crate::worker::{Attached, Worker};
 use crate::Counters;
 
@@ -43,14 +46,64 @@ fn resolve(
     })
 }
 
+/// Copies a module image out of guest memory: the guest could change it
+/// while the driver reads it, and the cache keeps it.
+fn read_image(
+    blobs: &std::collections::HashMap<u32, Attached>,
+    image: &BlobRange,
+) -> CuResult<Vec<u8>> {
+    let attached = blobs
+        .get(&image.resource_id)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    // Checked before allocating: the length comes from the guest.
+    image
+        .end()
+        .filter(|end| *end <= attached.blob.size())
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let length = usize::try_from(image.length).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    let mut bytes = vec![0u8; length];
+    attached
+        .blob
+        .read(image.offset, &mut bytes)
+        .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    Ok(bytes)
+}
+
 fn empty(_: ()) -> Vec<u8> {
     Vec::new()
 }
 
 impl Worker {
+    /// Live device state for NVML: the executor's view of the device and
+    /// this tenant's sessions; needs (and creates) no device context.
+    fn device_status(&self, device: u32) -> CuResult<Vec<u8>> {
+        let status = self.executor.device_status(device)?;
+        Ok(DeviceStatus {
+            free: status.free,
+            total: status.total,
+            gpu_utilization: status.gpu_utilization.unwrap_or(UTILIZATION_UNKNOWN),
+            memory_utilization: status.memory_utilization.unwrap_or(UTILIZATION_UNKNOWN),
+            driver_version: status.driver_version,
+            sessions: self.tenant.active_sessions(),
+        }
+        .to_bytes())
+    }
+
     /// Runs one command; the reply payload on success.
     pub(crate) fn execute(&mut self, command: &Command, reply_seq: u64) -> CuResult<Vec<u8>> {
-        let ctx = &mut *self.context;
+        match command {
+            Command::Padding => return Ok(Vec::new()),
+            // Channel control travels only in SUBMIT_3D.
+            Command::BindChannel(_) | Command::Doorbell { .. } => {
+                return Err(CUDA_ERROR_INVALID_VALUE)
+            }
+            Command::DeviceStatus { device } => return self.device_status(*device),
+            _ => {}
+        }
+        let usage = &*self.usage;
+        let ctx = self
+            .context
+            .get(&*self.executor, self.device, self.ctx_id, usage)?;
         let handles = &mut self.handles;
         let counters = &*self.counters;
         let blobs = &self.blobs;
@@ -67,9 +120,11 @@ impl Worker {
             }
         };
         match command {
-            Command::Padding => Ok(Vec::new()),
-            // Channel control travels only in SUBMIT_3D.
-            Command::BindChannel(_) | Command::Doorbell { .. } => Err(CUDA_ERROR_INVALID_VALUE),
+            // Answered above, before the context.
+            Command::Padding
+            | Command::BindChannel(_)
+            | Command::Doorbell { .. }
+            | Command::DeviceStatus { .. } => Err(CUDA_ERROR_INVALID_VALUE),
             Command::CtxSynchronize => ctx.synchronize().map(empty),
             Command::CtxGetLimit { limit } => ctx.get_limit(*limit).map(|v| u64_payload(&[v])),
             Command::CtxSetLimit { limit, value } => ctx.set_limit(*limit, *value).map(empty),
@@ -77,8 +132,10 @@ impl Worker {
                 let ptr = ctx.mem_alloc(*size)?;
                 if let Some(old) = handles.allocations.insert(ptr, *size) {
                     Counters::sub(&counters.device_memory_bytes, old);
+                    usage.sub_device_memory(old);
                 }
                 Counters::add(&counters.device_memory_bytes, *size);
+                usage.add_device_memory(*size);
                 Ok(u64_payload(&[ptr]))
             }
             Command::MemFree { device_ptr } => {
@@ -89,6 +146,7 @@ impl Worker {
                 ctx.mem_free(*device_ptr)?;
                 handles.allocations.remove(device_ptr);
                 Counters::sub(&counters.device_memory_bytes, size);
+                usage.sub_device_memory(size);
                 Ok(Vec::new())
             }
             Command::MemGetInfo => ctx
@@ -132,23 +190,42 @@ impl Worker {
             }
             Command::ModuleLoad { module, image } => {
                 check_new(&handles.modules, *module)?;
-                let attached = blobs
-                    .get(&image.resource_id)
-                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-                // Checked before allocating: the length comes from the guest.
-                image
-                    .end()
-                    .filter(|end| *end <= attached.blob.size())
-                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-                let length = usize::try_from(image.length).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-                let mut bytes = vec![0u8; length];
-                attached
-                    .blob
-                    .read(image.offset, &mut bytes)
-                    .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+                let bytes = read_image(blobs, image)?;
                 Counters::add(&counters.host_cpu_copy_bytes, image.length);
                 let loaded = ctx.module_load(&bytes)?;
                 handles.modules.insert(*module, loaded);
+                self.module_cache.insert(bytes.into());
+                Ok(Vec::new())
+            }
+            Command::ModuleLoadHashed {
+                module,
+                hash,
+                image,
+            } => {
+                check_new(&handles.modules, *module)?;
+                let bytes = read_image(blobs, image)?;
+                Counters::add(&counters.host_cpu_copy_bytes, image.length);
+                // The guest's hash is checked, never trusted: the cache
+                // keys images by the hash of what arrived.
+                let computed = image_hash(&bytes);
+                if computed != *hash {
+                    log::warn!(
+                        "ctx {}: module image does not match the hash the guest sent; refused",
+                        self.ctx_id
+                    );
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                let loaded = ctx.module_load(&bytes)?;
+                handles.modules.insert(*module, loaded);
+                self.module_cache.insert_hashed(computed, bytes.into());
+                Ok(Vec::new())
+            }
+            Command::ModuleLoadCached { module, hash } => {
+                check_new(&handles.modules, *module)?;
+                let image = self.module_cache.get(hash).ok_or(CUDA_ERROR_NOT_FOUND)?;
+                let loaded = ctx.module_load(&image)?;
+                handles.modules.insert(*module, loaded);
+                Counters::add(&counters.module_cache_hits, 1);
                 Ok(Vec::new())
             }
             Command::ModuleUnload { module } => {

@@ -1,7 +1,9 @@
 //! Host sessions (ARCHITECTURE.md §5): a session is one guest CUDA context
 //! (one virtio-gpu `CTX_CREATE` with the rgpu capset). It owns a device
-//! context of the executor, its handle tables, the blobs attached to it and
-//! a worker thread that drains the channel's command ring in order.
+//! context of the executor (created by the first command that needs it),
+//! its handle tables, the blobs attached to it and a worker thread that
+//! drains the channel's command ring in order. Sessions of one guest may
+//! share a [`Tenant`], whose sessions NVML's `DeviceStatus` lists.
 //!
 //! The virtio-gpu device model (in vhost-device-rgpu) only decodes requests
 //! and hands them over; it never blocks on the GPU.
@@ -12,14 +14,18 @@ pub mod counters;
 pub mod dma;
 mod execute;
 mod handles;
+pub mod module_cache;
 pub mod session;
+pub mod tenant;
 mod worker;
 
 pub use blob::{Blob, BlobError};
 pub use channel::ChannelError;
 pub use counters::Counters;
 pub use dma::DmaRegistry;
+pub use module_cache::ModuleCache;
 pub use session::{Completion, Session, SessionError};
+pub use tenant::Tenant;
 
 /// The guest memory type of the daemon (vhost-user shared memory regions).
 pub type GuestMemory = vm_memory::GuestMemoryMmap<()>;

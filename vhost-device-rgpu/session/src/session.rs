@@ -3,8 +3,15 @@
 //! Interface used by the device model:
 //! - `Session::spawn(ctx_id, debug_name, device: u32, executor: Arc<dyn Executor>,
 //!    counters: Arc<Counters>) -> Result<Session, SessionError>`: starts the
-//!   worker thread ("rgpu-ctx-<id>"), which creates the device context on
-//!   itself (CUDA contexts are per thread); a failure comes back from spawn;
+//!   worker thread ("rgpu-ctx-<id>"). A device the executor does not offer
+//!   comes back from spawn as `CreateContext`. The device context itself is
+//!   created LAZILY on the worker thread (CUDA contexts are per thread), by
+//!   the first command that needs one: NVML's `DeviceStatus` does not, so an
+//!   NVML-only session costs no context. A creation failure becomes the
+//!   result of that command and of every later one that needs the context;
+//! - `Session::spawn_in_tenant(.., tenant: Arc<Tenant>)`: the same, with the
+//!   session counted in a [`crate::Tenant`] shared by the sessions of one
+//!   guest (`spawn` gives each session a tenant of its own);
 //! - `attach_blob(Arc<Blob>)`, `detach_blob(resource_id)`;
 //! - `submit(commands: Vec<rgpu_proto::command::Decoded>, completion: Option<Box<dyn Completion>>)`:
 //!   a decoded SUBMIT_3D batch (BindChannel, Doorbell); the completion is
@@ -23,9 +30,10 @@ use std::thread::JoinHandle;
 
 use rgpu_executor::Executor;
 use rgpu_proto::command::Decoded;
+use rgpu_proto::cuda_result::CUDA_ERROR_INVALID_DEVICE;
 
 use crate::worker::{Message, Worker};
-use crate::{Blob, Counters};
+use crate::{Blob, Counters, Tenant};
 
 /// A deferred virtio response (a fenced SUBMIT_3D): completing it writes the
 /// response into its descriptor chain and notifies the guest.
@@ -39,7 +47,7 @@ pub enum SessionError {
     Spawn(#[from] std::io::Error),
     #[error("the executor cannot create a context on device {device}: CUDA error {code}")]
     CreateContext { device: u32, code: u32 },
-    #[error("the session worker thread ended before it created its context")]
+    #[error("the session worker thread ended before it started")]
     WorkerDied,
 }
 
@@ -68,32 +76,46 @@ impl Session {
         executor: Arc<dyn Executor>,
         counters: Arc<Counters>,
     ) -> Result<Session, SessionError> {
+        Self::spawn_in_tenant(
+            ctx_id,
+            debug_name,
+            device,
+            executor,
+            counters,
+            Tenant::new(),
+        )
+    }
+
+    /// [`Session::spawn`], the session counted in `tenant`.
+    pub fn spawn_in_tenant(
+        ctx_id: u32,
+        debug_name: String,
+        device: u32,
+        executor: Arc<dyn Executor>,
+        counters: Arc<Counters>,
+        tenant: Arc<Tenant>,
+    ) -> Result<Session, SessionError> {
+        // The one creation failure known without creating the context.
+        if usize::try_from(device).map_or(true, |d| d >= executor.devices().len()) {
+            return Err(SessionError::CreateContext {
+                device,
+                code: CUDA_ERROR_INVALID_DEVICE,
+            });
+        }
         let (sender, receiver) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let name = debug_name.clone();
         let worker = std::thread::Builder::new()
             .name(format!("rgpu-ctx-{ctx_id}"))
             .spawn(move || {
-                let context = match executor.create_context(device) {
-                    Ok(context) => context,
-                    Err(code) => {
-                        let _ = ready_tx.send(Err(code));
-                        return;
-                    }
-                };
-                let _ = ready_tx.send(Ok(()));
-                Worker::new(ctx_id, name, context, receiver, counters).run();
+                let worker =
+                    Worker::new(ctx_id, name, device, executor, tenant, receiver, counters);
+                let _ = ready_tx.send(());
+                worker.run();
             })?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(code)) => {
-                let _ = worker.join();
-                return Err(SessionError::CreateContext { device, code });
-            }
-            Err(_) => {
-                let _ = worker.join();
-                return Err(SessionError::WorkerDied);
-            }
+        if ready_rx.recv().is_err() {
+            let _ = worker.join();
+            return Err(SessionError::WorkerDied);
         }
         log::info!("session {ctx_id} ({debug_name}) started on device {device}");
         Ok(Session {

@@ -1,20 +1,35 @@
-//! The session's worker thread: owns the device context, the attached blobs,
-//! the handle tables and the bound channel, and drains the channel's ring in
-//! order, following the doorbell protocol of rgpu_proto::channel.
+//! The session's worker thread: owns the device context (created by the
+//! first command that needs it), the attached blobs, the handle tables and
+//! the bound channel, and drains the channel's ring in order, following the
+//! doorbell protocol of rgpu_proto::channel.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rgpu_executor::{ContextExecutor, CuResult};
+use rgpu_executor::{ContextExecutor, CuResult, Executor};
 use rgpu_proto::command::{ChannelLayout, Decoded};
-use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_READY, CUDA_SUCCESS};
+use rgpu_proto::cuda_result::{
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
+};
 use rgpu_proto::Command;
 
 use crate::channel::{Channel, RingEntry};
 use crate::handles::Handles;
-use crate::{Blob, Completion, Counters};
+use crate::tenant::{Tenant, Usage};
+use crate::{Blob, Completion, Counters, ModuleCache};
+
+/// Whether a command's error result is a failure: a busy stream or event,
+/// and an image the module cache does not hold, are answers.
+fn is_failure(command: &Command, result: &CuResult<Vec<u8>>) -> bool {
+    match result {
+        Ok(_) => false,
+        Err(CUDA_ERROR_NOT_READY) => false,
+        Err(CUDA_ERROR_NOT_FOUND) => !matches!(command, Command::ModuleLoadCached { .. }),
+        Err(_) => true,
+    }
+}
 
 /// Commands executed between two looks at the message queue, so detach and
 /// shutdown are not starved by a guest that keeps the ring full.
@@ -37,11 +52,62 @@ pub struct Attached {
     pub blob: Arc<Blob>,
 }
 
+/// The session's device context, created on first use.
+pub(crate) enum DeviceContext {
+    NotCreated,
+    Ready(Box<dyn ContextExecutor>),
+    /// Creation failed with this CUDA error: every command that needs the
+    /// context fails with it (as a CUDA context that failed to create).
+    Failed(u32),
+}
+
+impl DeviceContext {
+    /// The context, created now if this is the first command needing it.
+    pub(crate) fn get(
+        &mut self,
+        executor: &dyn Executor,
+        device: u32,
+        ctx_id: u32,
+        usage: &Usage,
+    ) -> CuResult<&mut dyn ContextExecutor> {
+        if let DeviceContext::NotCreated = self {
+            *self = match executor.create_context(device) {
+                Ok(context) => {
+                    log::debug!("ctx {ctx_id}: device context created on device {device}");
+                    usage.set_has_context(true);
+                    DeviceContext::Ready(context)
+                }
+                Err(code) => {
+                    log::warn!(
+                        "ctx {ctx_id}: cannot create a device context on device {device}: CUDA \
+                         error {code}; every command that needs it fails with that"
+                    );
+                    DeviceContext::Failed(code)
+                }
+            };
+        }
+        match self {
+            DeviceContext::Ready(context) => Ok(&mut **context),
+            DeviceContext::Failed(code) => Err(*code),
+            DeviceContext::NotCreated => Err(rgpu_proto::cuda_result::CUDA_ERROR_UNKNOWN),
+        }
+    }
+
+    /// The context if one was created (nothing to wait for otherwise).
+    fn created(&mut self) -> Option<&mut dyn ContextExecutor> {
+        match self {
+            DeviceContext::Ready(context) => Some(&mut **context),
+            _ => None,
+        }
+    }
+}
+
 pub struct Worker {
     pub(crate) ctx_id: u32,
     debug_name: String,
     receiver: Receiver<Message>,
     pub(crate) counters: Arc<Counters>,
+    pub(crate) module_cache: Arc<ModuleCache>,
     spin: Duration,
     pub(crate) blobs: HashMap<u32, Attached>,
     pub(crate) channel: Option<Channel>,
@@ -50,8 +116,13 @@ pub struct Worker {
     /// The first error of a command that asked for no reply.
     sticky: Option<u32>,
     pub(crate) handles: Handles,
+    pub(crate) device: u32,
+    pub(crate) executor: Arc<dyn Executor>,
+    pub(crate) tenant: Arc<Tenant>,
+    /// This session's entry in its tenant.
+    pub(crate) usage: Arc<Usage>,
     /// Declared last: dropped after everything that refers to its objects.
-    pub(crate) context: Box<dyn ContextExecutor>,
+    pub(crate) context: DeviceContext,
 }
 
 enum Wake {
@@ -72,24 +143,32 @@ impl Worker {
     pub fn new(
         ctx_id: u32,
         debug_name: String,
-        context: Box<dyn ContextExecutor>,
+        device: u32,
+        executor: Arc<dyn Executor>,
+        tenant: Arc<Tenant>,
         receiver: Receiver<Message>,
         counters: Arc<Counters>,
     ) -> Self {
         Counters::add(&counters.sessions_active, 1);
         Counters::add(&counters.sessions_total, 1);
+        let usage = tenant.join(ctx_id);
         Self {
             ctx_id,
             debug_name,
             receiver,
             counters,
+            module_cache: ModuleCache::shared(),
             spin: spin_from_env(),
             blobs: HashMap::new(),
             channel: None,
             pending: Vec::new(),
             sticky: None,
             handles: Handles::default(),
-            context,
+            device,
+            executor,
+            tenant,
+            usage,
+            context: DeviceContext::NotCreated,
         }
     }
 
@@ -182,7 +261,7 @@ impl Worker {
             self.complete_all();
         }
         // Copies queued on the GPU may still read or write this memory.
-        if let Err(code) = self.context.synchronize() {
+        if let Some(Err(code)) = self.context.created().map(|c| c.synchronize()) {
             self.remember(code);
         }
         drop(attached);
@@ -280,12 +359,13 @@ impl Worker {
                         self.ctx_id,
                         channel.consumed()
                     );
-                    self.finish_command(reply_seq, Err(CUDA_ERROR_INVALID_VALUE));
+                    self.finish_command(reply_seq, Err(CUDA_ERROR_INVALID_VALUE), true);
                     self.advance(len);
                 }
                 RingEntry::Command(Ok(decoded)) => {
                     if decoded.command != Command::Padding {
                         let result = self.execute(&decoded.command, decoded.reply_seq);
+                        let failed = is_failure(&decoded.command, &result);
                         log::trace!(
                             "ctx {} seq {}: {:?} -> {}",
                             self.ctx_id,
@@ -296,7 +376,7 @@ impl Worker {
                                 Err(code) => *code,
                             }
                         );
-                        self.finish_command(decoded.reply_seq, result);
+                        self.finish_command(decoded.reply_seq, result, failed);
                         self.advance(len);
                     } else {
                         // A Padding body may carry the data of the command
@@ -331,10 +411,8 @@ impl Worker {
     }
 
     /// Accounts a command's result and answers it if it asked for a reply.
-    fn finish_command(&mut self, reply_seq: u64, result: CuResult<Vec<u8>>) {
+    fn finish_command(&mut self, reply_seq: u64, result: CuResult<Vec<u8>>, failed: bool) {
         Counters::add(&self.counters.commands_executed, 1);
-        // A busy stream or event is an answer, not a failure.
-        let failed = matches!(result, Err(code) if code != CUDA_ERROR_NOT_READY);
         if failed {
             Counters::add(&self.counters.command_errors, 1);
         }
@@ -419,7 +497,7 @@ impl Worker {
     fn finish(mut self) {
         self.complete_all();
         // Nothing may still be reading or writing guest memory we release.
-        if let Err(code) = self.context.synchronize() {
+        if let Some(Err(code)) = self.context.created().map(|c| c.synchronize()) {
             log::debug!("ctx {}: synchronize at shutdown: {code}", self.ctx_id);
         }
         self.channel = None;
@@ -438,10 +516,13 @@ impl Worker {
             handles,
             context,
             counters,
+            tenant,
+            usage,
             ..
         } = self;
         drop(handles);
         drop(context);
+        tenant.leave(&usage);
         Counters::sub(&counters.sessions_active, 1);
     }
 }

@@ -15,7 +15,7 @@ use rgpu_proto::capset::Capset;
 use rgpu_proto::virtio_gpu::*;
 use rgpu_proto::wire::{DecodeError, WireReader, WireWriter};
 use rgpu_proto::{CAPSET_ID_RGPU, PROTOCOL_VERSION};
-use rgpu_session::{AtomicGuestMemory, Blob, Counters, DmaRegistry, Session, SessionError};
+use rgpu_session::{AtomicGuestMemory, Blob, Counters, DmaRegistry, Session, SessionError, Tenant};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 use vm_memory::GuestAddressSpace;
@@ -117,6 +117,9 @@ pub struct GpuDevice {
     /// Guest memory registered for DMA; declared after `sessions` so it is
     /// unregistered only once no session can copy any more.
     dma: DmaRegistry,
+    /// One tenant per connection: a VM's sessions (its processes) are the
+    /// tenant's own for NVML's process list.
+    tenant: Arc<Tenant>,
 }
 
 impl GpuDevice {
@@ -128,6 +131,7 @@ impl GpuDevice {
             sessions: HashMap::new(),
             resources: HashMap::new(),
             dma,
+            tenant: Tenant::new(),
         }
     }
 
@@ -294,12 +298,13 @@ impl GpuDevice {
         if hdr.ctx_id == 0 || self.sessions.contains_key(&hdr.ctx_id) {
             return Err(RequestError::InvalidContext(hdr.ctx_id));
         }
-        let session = Session::spawn(
+        let session = Session::spawn_in_tenant(
             hdr.ctx_id,
             create.debug_name.clone(),
             SESSION_DEVICE,
             self.shared.executor.clone(),
             self.shared.counters.clone(),
+            self.tenant.clone(),
         )
         .map_err(|e| {
             warn!("context {} ({}): {e}", hdr.ctx_id, create.debug_name);

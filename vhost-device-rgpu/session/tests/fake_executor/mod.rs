@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use rgpu_executor::{ContextExecutor, CuResult, Executor, HostRun, StreamRef};
-use rgpu_proto::capset::DeviceInfo;
+use rgpu_executor::{ContextExecutor, CuResult, DeviceStatus, Executor, HostRun, StreamRef};
+use rgpu_proto::capset::{DeviceInfo, ATTRIBUTE_SLOTS, ATTRIBUTE_UNSUPPORTED};
 use rgpu_proto::cuda_result::{
     CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_IMAGE,
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND,
@@ -17,6 +17,10 @@ use rgpu_proto::reply::{FunctionInfo, ParamSlot};
 #[derive(Debug, Default)]
 pub struct FakeState {
     pub live_contexts: usize,
+    /// Contexts ever created.
+    pub contexts_created: usize,
+    /// Make the next context creations fail with this CUDA error.
+    pub fail_create: Option<u32>,
     pub registered_bytes: usize,
     pub launches: usize,
 }
@@ -33,6 +37,8 @@ impl FakeExecutor {
     }
 }
 
+pub const FAKE_TOTAL_MEM: u64 = 1 << 30;
+
 fn lock(state: &Mutex<FakeState>) -> std::sync::MutexGuard<'_, FakeState> {
     state.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -45,13 +51,25 @@ impl Executor for FakeExecutor {
         13000
     }
     fn devices(&self) -> Vec<DeviceInfo> {
-        Vec::new()
+        vec![DeviceInfo {
+            name: "fake".into(),
+            uuid: [1; 16],
+            total_mem: FAKE_TOTAL_MEM,
+            host_ordinal: 0,
+            attributes: vec![ATTRIBUTE_UNSUPPORTED; ATTRIBUTE_SLOTS],
+        }]
     }
     fn create_context(&self, device: u32) -> CuResult<Box<dyn ContextExecutor>> {
         if device != 0 {
             return Err(CUDA_ERROR_INVALID_DEVICE);
         }
-        lock(&self.state).live_contexts += 1;
+        let mut state = lock(&self.state);
+        if let Some(code) = state.fail_create {
+            return Err(code);
+        }
+        state.live_contexts += 1;
+        state.contexts_created += 1;
+        drop(state);
         Ok(Box::new(FakeContext {
             state: self.state.clone(),
             memory: BTreeMap::new(),
@@ -69,6 +87,18 @@ impl Executor for FakeExecutor {
     }
     fn unregister_host_memory(&self, run: HostRun) {
         lock(&self.state).registered_bytes -= run.len;
+    }
+    fn device_status(&self, device: u32) -> CuResult<DeviceStatus> {
+        if device != 0 {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        Ok(DeviceStatus {
+            free: FAKE_TOTAL_MEM / 2,
+            total: FAKE_TOTAL_MEM,
+            gpu_utilization: Some(50),
+            memory_utilization: None,
+            driver_version: "580.1".into(),
+        })
     }
 }
 

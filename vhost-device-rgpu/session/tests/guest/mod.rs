@@ -125,6 +125,11 @@ impl Guest {
     /// A session with both blobs attached and the channel bound.
     pub fn start(&self, executor: Arc<dyn Executor>, counters: Arc<Counters>) -> Session {
         let session = Session::spawn(7, "test".into(), 0, executor, counters).unwrap();
+        self.bind(session)
+    }
+
+    /// Attaches both blobs to a new session and binds the channel.
+    pub fn bind(&self, session: Session) -> Session {
         session.attach_blob(Arc::new(
             Blob::new(CHANNEL_BLOB, CHANNEL_SIZE, &channel_entries(), &self.memory).unwrap(),
         ));

@@ -1,0 +1,14 @@
+//! `RGPU_LOG=info|debug|trace` (trace: one line per NVML call), initialised
+//! once by the first entry point that runs.
+
+use std::sync::Once;
+
+static INIT: Once = Once::new();
+
+pub(crate) fn init() {
+    INIT.call_once(|| {
+        let env = env_logger::Env::new().filter_or("RGPU_LOG", "warn");
+        // The application may have installed a logger of its own: keep it.
+        let _ = env_logger::Builder::from_env(env).try_init();
+    });
+}
