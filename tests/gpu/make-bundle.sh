@@ -6,13 +6,17 @@
 set -euo pipefail
 dir=${1:?usage: make-bundle.sh DIR}
 cd "$(dirname "$0")/../.."
-cargo build --release -p vhost-device-rgpu -p guest-lib
+cargo build --release -p vhost-device-rgpu -p guest-lib -p rgpu-nvml
 target=${CARGO_TARGET_DIR:-$(pwd)/target}/release
 mkdir -p "$dir"
-cp "$target/vhost-device-rgpu" "$target/libcuda.so" "$dir/"
+cp "$target/vhost-device-rgpu" "$target/libcuda.so" "$target/libnvidia_ml.so" "$dir/"
 # Function names stay for backtraces; line tables would only fatten the bundle.
-strip --strip-debug "$dir/vhost-device-rgpu" "$dir/libcuda.so"
+strip --strip-debug "$dir/vhost-device-rgpu" "$dir/libcuda.so" "$dir/libnvidia_ml.so"
 cp tests/programs/rgpu_cuda.h tests/programs/driver_api_test.c \
     tests/programs/reference_kernels.ptx tests/programs/nvcc_driver_api.cu \
-    tests/bench/rgpu_bench.c tests/gpu/run-gpu-suite.sh "$dir/"
+    tests/bench/rgpu_bench.c tests/gpu/run-gpu-suite.sh \
+    tests/programs/library_api_test.c tests/programs/nvml_test.c "$dir/"
+mkdir -p "$dir/fixtures"
+cp tests/fixtures/fatbin/kernels.cu tests/fixtures/fatbin/second_unit.cu \
+    tests/fixtures/fatbin/make-fixtures.sh "$dir/fixtures/"
 echo "bundle ready in $dir: run $dir/run-gpu-suite.sh on the GPU host"

@@ -177,6 +177,48 @@ step "nvcc_driver_api cubin with cuModuleLoadDataEx through rgpu" "checks passed
 step "nvcc_driver_api PTX with cuModuleLoadData through rgpu" "checks passed" \
     "${through_rgpu[@]}" "$work/nvcc_driver_api-rgpu" "$work/kernels.ptx"
 
+# Fatbin fixtures built here with nvcc (committed from this run's output),
+# then the library API on each, natively and through rgpu.
+if [ -x "$bundle/fixtures/make-fixtures.sh" ] || [ -f "$bundle/fixtures/make-fixtures.sh" ]; then
+    cp -r "$bundle/fixtures" "$work/fixtures"
+    build "fatbin fixtures" bash "$work/fixtures/make-fixtures.sh"
+    tar czf "$logs/fixtures.tgz" -C "$work/fixtures" .
+    for side in native rgpu; do
+        build "library_api_test-$side" gcc -O2 -std=c11 -Wall -I "$bundle" \
+            -o "$work/library_api_test-$side" "$bundle/library_api_test.c" -L "$work/$side-lib" -lcuda
+    done
+    for image in kernels-sm90.fatbin kernels-multi.fatbin kernels-compressed.fatbin \
+        kernels-compressed-size.fatbin kernels-ptx.fatbin kernels.ptx; do
+        [ -e "$work/fixtures/$image" ] || continue
+        step "library_api_test $image native" "checks passed" \
+            "${native[@]}" "$work/library_api_test-native" --image "$work/fixtures/$image" \
+            --fixture --run-fixture-kernel
+        step "library_api_test $image through rgpu" "checks passed" \
+            "${through_rgpu[@]}" "$work/library_api_test-rgpu" --image "$work/fixtures/$image" \
+            --fixture --run-fixture-kernel --check-stale-handles
+    done
+fi
+
+# NVML: rgpu's libnvidia-ml.so.1 must report what NVIDIA's reports.
+if [ -e "$bundle/libnvidia_ml.so" ]; then
+    ln -s "$bundle/libnvidia_ml.so" "$work/rgpu-lib/libnvidia-ml.so.1"
+    ln -s "$bundle/libnvidia_ml.so" "$work/rgpu-lib/libnvidia-ml.so"
+    ln -s "$native_dir/libnvidia-ml.so.1" "$work/native-lib/libnvidia-ml.so"
+    for side in native rgpu; do
+        build "nvml_test-$side" gcc -O2 -std=c11 -Wall -o "$work/nvml_test-$side" \
+            "$bundle/nvml_test.c" -L "$work/$side-lib" -lnvidia-ml
+    done
+    "${native[@]}" "$work/nvml_test-native" >"$logs/nvml-native.log" 2>&1
+    step "nvml_test through rgpu" "checks passed" \
+        "${through_rgpu[@]}" "$work/nvml_test-rgpu"
+    for key in count cuda_driver_version driver_version name uuid compute_capability; do
+        n=$(grep "^$key=" "$logs/nvml-native.log"); r=$(grep "^$key=" "$logs/nvml_test-through-rgpu.log")
+        if [ -n "$n" ] && [ "$n" = "$r" ]; then pass "nvml $n (same as NVIDIA's)"
+        else fail "nvml $key" "native '$n', rgpu '$r'"; fi
+    done
+    echo "nvml memory native: $(grep '^memory=' "$logs/nvml-native.log"), rgpu: $(grep '^memory=' "$logs/nvml_test-through-rgpu.log")"
+fi
+
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
     step "benchmark" "rgpu_bench: device" \
         env RGPU_SOCKET="$socket" "$work/rgpu_bench" --native "$native_lib" \
