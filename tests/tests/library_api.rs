@@ -79,13 +79,7 @@ fn library_api_runs_and_images_cross_once() {
 #[test]
 fn nvcc_fixture_module_globals_through_sim() {
     let image = rgpu_tests::workspace_root().join("tests/fixtures/fatbin/kernels.ptx");
-    if !image.exists() {
-        eprintln!(
-            "{} not generated yet: run make-fixtures.sh on the GPU host",
-            image.display()
-        );
-        return;
-    }
+    assert!(image.exists(), "{} is missing", image.display());
     let guest = GuestLib::new();
     let program = guest.build_program("library_api_test.c");
     let daemon = Daemon::start("sim");
