@@ -369,9 +369,15 @@ impl Executor for CudaExecutor {
             })
         })??;
         let utilization = self.nvml.as_ref().and_then(HostNvml::utilization);
+        // NVML's view where the host has it: what NVIDIA's NVML would report.
+        let (free, total) = self
+            .nvml
+            .as_ref()
+            .and_then(HostNvml::memory)
+            .unwrap_or((free as u64, total as u64));
         Ok(DeviceStatus {
-            free: free as u64,
-            total: total as u64,
+            free,
+            total,
             gpu_utilization: utilization.map(|(gpu, _)| gpu),
             memory_utilization: utilization.map(|(_, memory)| memory),
             driver_version: self

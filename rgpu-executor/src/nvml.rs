@@ -21,6 +21,16 @@ type ShutdownFn = unsafe extern "C" fn() -> u32;
 type DriverVersionFn = unsafe extern "C" fn(*mut c_char, c_uint) -> u32;
 type HandleByUuidFn = unsafe extern "C" fn(*const c_char, *mut Device) -> u32;
 type UtilizationFn = unsafe extern "C" fn(Device, *mut Utilization) -> u32;
+type MemoryInfoFn = unsafe extern "C" fn(Device, *mut MemoryInfo) -> u32;
+
+/// `nvmlMemory_t` (version 1).
+#[repr(C)]
+#[derive(Default)]
+struct MemoryInfo {
+    total: u64,
+    free: u64,
+    used: u64,
+}
 
 /// `nvmlUtilization_t`.
 #[repr(C)]
@@ -34,6 +44,7 @@ struct Utilization {
 pub struct HostNvml {
     device: Device,
     utilization: UtilizationFn,
+    memory_info: MemoryInfoFn,
     shutdown: ShutdownFn,
     driver_version: String,
     /// Kept loaded while the entry points above are used.
@@ -77,6 +88,7 @@ impl HostNvml {
         let driver_version: DriverVersionFn = symbol(&library, "nvmlSystemGetDriverVersion")?;
         let by_uuid: HandleByUuidFn = symbol(&library, "nvmlDeviceGetHandleByUUID")?;
         let utilization: UtilizationFn = symbol(&library, "nvmlDeviceGetUtilizationRates")?;
+        let memory_info: MemoryInfoFn = symbol(&library, "nvmlDeviceGetMemoryInfo")?;
         // SAFETY: plain initialisation, balanced by `shutdown` in drop.
         let code = unsafe { init() };
         if code != NVML_SUCCESS {
@@ -116,6 +128,7 @@ impl HostNvml {
         Some(Self {
             device,
             utilization,
+            memory_info,
             shutdown,
             driver_version: version,
             _library: library,
@@ -132,6 +145,17 @@ impl HostNvml {
         // SAFETY: a handle NVML gave out, valid out-pointer.
         let code = unsafe { (self.utilization)(self.device, &mut rates) };
         (code == NVML_SUCCESS).then_some((rates.gpu, rates.memory))
+    }
+}
+
+impl HostNvml {
+    /// `(free, total)` device memory as NVML counts it (guests that compare
+    /// with NVIDIA's NVML see the same numbers), if NVML answers.
+    pub fn memory(&self) -> Option<(u64, u64)> {
+        let mut memory = MemoryInfo::default();
+        // SAFETY: a handle NVML gave out, valid out-pointer.
+        let code = unsafe { (self.memory_info)(self.device, &mut memory) };
+        (code == NVML_SUCCESS).then_some((memory.free, memory.total))
     }
 }
 

@@ -216,7 +216,10 @@ if [ -e "$bundle/libnvidia_ml.so" ]; then
         if [ -n "$n" ] && [ "$n" = "$r" ]; then pass "nvml $n (same as NVIDIA's)"
         else fail "nvml $key" "native '$n', rgpu '$r'"; fi
     done
-    echo "nvml memory native: $(grep '^memory=' "$logs/nvml-native.log"), rgpu: $(grep '^memory=' "$logs/nvml_test-through-rgpu.log")"
+    n=$(grep '^memory=' "$logs/nvml-native.log" | cut -d/ -f1)
+    r=$(grep '^memory=' "$logs/nvml_test-through-rgpu.log" | cut -d/ -f1)
+    if [ -n "$n" ] && [ "$n" = "$r" ]; then pass "nvml total ${n#memory=} bytes (same as NVIDIA's)"
+    else fail "nvml memory total" "native '$n', rgpu '$r'"; fi
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
