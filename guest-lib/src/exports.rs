@@ -13,8 +13,8 @@ use crate::api::context::CtxCreateParams;
 use crate::api::launch::LaunchConfig;
 use crate::api::library::{CUkernel, CUlibrary};
 use crate::api::{
-    context, device, error, event, init, launch, library, memory, module, primary_context,
-    proc_address, stream,
+    context, device, error, event, export_table, init, launch, library, memory, module,
+    primary_context, proc_address, stream,
 };
 
 crate::entry::cuda_api! {
@@ -22,6 +22,7 @@ crate::entry::cuda_api! {
     fn cuDriverGetVersion(version: *mut c_int) => init::driver_get_version;
     fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) => proc_address::get_proc_address;
     fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64, status: *mut c_int) => proc_address::get_proc_address_v2;
+    fn cuGetExportTable(table: *mut *const c_void, id: *const [u8; 16]) => export_table::get;
     fn cuGetErrorName(error: u32, pstr: *mut *const c_char) => error::get_error_name;
     fn cuGetErrorString(error: u32, pstr: *mut *const c_char) => error::get_error_string;
 

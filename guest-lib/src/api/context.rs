@@ -85,6 +85,7 @@ pub(crate) fn destroy(ctx: CUcontext) -> Result<(), u32> {
     CONTEXTS.remove(ctx);
     state::forget_current(&context);
     context.close();
+    crate::api::export_table::context_destroyed(ctx);
     Ok(())
 }
 

@@ -94,11 +94,11 @@ mod tests {
     #[test]
     fn unsupported_symbols_answer_not_supported() {
         assert_eq!(
-            crate::unsupported::cuGetExportTable(),
+            crate::unsupported::cuGraphCreate(),
             CUDA_ERROR_NOT_SUPPORTED
         );
         assert_eq!(
-            crate::unsupported::cuGetExportTable(),
+            crate::unsupported::cuGraphCreate(),
             CUDA_ERROR_NOT_SUPPORTED
         );
     }

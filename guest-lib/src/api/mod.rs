@@ -5,6 +5,7 @@ pub mod context;
 pub mod device;
 pub mod error;
 pub mod event;
+pub mod export_table;
 pub mod init;
 pub mod launch;
 pub mod library;

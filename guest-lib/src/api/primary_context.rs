@@ -8,6 +8,7 @@ use std::sync::{Arc, MutexGuard};
 use rgpu_proto::cuda_result::*;
 
 use crate::abi::{write_out, CUcontext, CUdevice};
+use crate::api::export_table;
 use crate::state::{self, driver, Context, Primary, CONTEXTS};
 
 fn lock(device: CUdevice) -> Result<MutexGuard<'static, Primary>, u32> {
@@ -35,13 +36,24 @@ pub(crate) fn retain(pctx: *mut CUcontext, device: CUdevice) -> Result<(), u32> 
     write_out(pctx, Arc::as_ptr(&ctx) as CUcontext)
 }
 
-fn close(primary: &mut Primary) {
-    if let Some(ctx) = primary.context.take() {
-        CONTEXTS.remove(Arc::as_ptr(&ctx) as CUcontext);
-        state::forget_current(&ctx);
-        ctx.close();
-    }
+/// Closes the primary context; returns its handle, whose context-local
+/// storage the caller clears once the lock is released.
+fn close(primary: &mut Primary) -> Option<CUcontext> {
     primary.refcount = 0;
+    let ctx = primary.context.take()?;
+    let handle = Arc::as_ptr(&ctx) as CUcontext;
+    CONTEXTS.remove(handle);
+    state::forget_current(&ctx);
+    ctx.close();
+    Some(handle)
+}
+
+/// Runs the context-local storage destructors of a closed context (they may
+/// call back into the driver, so never under the primary's lock).
+fn closed(handle: Option<CUcontext>) {
+    if let Some(handle) = handle {
+        export_table::context_destroyed(handle);
+    }
 }
 
 pub(crate) fn release(device: CUdevice) -> Result<(), u32> {
@@ -51,14 +63,18 @@ pub(crate) fn release(device: CUdevice) -> Result<(), u32> {
     }
     primary.refcount -= 1;
     if primary.refcount == 0 {
-        close(&mut primary);
+        let handle = close(&mut primary);
+        drop(primary);
+        closed(handle);
     }
     Ok(())
 }
 
 pub(crate) fn reset(device: CUdevice) -> Result<(), u32> {
     let mut primary = lock(device)?;
-    close(&mut primary);
+    let handle = close(&mut primary);
+    drop(primary);
+    closed(handle);
     Ok(())
 }
 
