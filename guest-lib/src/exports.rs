@@ -10,11 +10,14 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::abi::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule, CUstream};
 use crate::api::context::CtxCreateParams;
+use crate::api::copy_2d::Memcpy2D;
 use crate::api::launch::LaunchConfig;
 use crate::api::library::{CUkernel, CUlibrary};
+use crate::api::occupancy::BlockToDynamicSmem;
+use crate::api::stream_ordered::HostFn;
 use crate::api::{
-    context, device, error, event, export_table, init, launch, library, memory, module,
-    primary_context, proc_address, stream,
+    context, copy_2d, device, error, event, export_table, host_register, init, launch, library,
+    memory, module, occupancy, pointer, primary_context, proc_address, stream, stream_ordered,
 };
 
 crate::entry::cuda_api! {
@@ -36,6 +39,8 @@ crate::entry::cuda_api! {
     fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) => device::get_attribute;
     fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) => device::compute_capability;
     fn cuDeviceGetPCIBusId(pci_bus_id: *mut c_char, len: c_int, dev: CUdevice) => device::get_pci_bus_id;
+    fn cuDeviceCanAccessPeer(can_access_peer: *mut c_int, dev: CUdevice, peer_dev: CUdevice) => device::can_access_peer;
+    fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, pci_bus_id: *const c_char) => device::get_by_pci_bus_id;
 
     fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) => primary_context::retain;
     fn cuDevicePrimaryCtxRelease(dev: CUdevice) => primary_context::release;
@@ -67,14 +72,39 @@ crate::entry::cuda_api! {
     fn cuCtxGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) => context::get_stream_priority_range;
     fn cuCtxGetLimit(pvalue: *mut usize, limit: c_int) => context::get_limit;
     fn cuCtxSetLimit(limit: c_int, value: usize) => context::set_limit;
+    fn cuCtxGetCacheConfig(pconfig: *mut c_int) => context::get_cache_config;
+    fn cuCtxSetCacheConfig(config: c_int) => context::set_cache_config;
+    fn cuCtxGetSharedMemConfig(pconfig: *mut c_int) => context::get_shared_mem_config;
+    fn cuCtxSetSharedMemConfig(config: c_int) => context::set_shared_mem_config;
+    fn cuCtxGetId(ctx: CUcontext, ctx_id: *mut u64) => context::get_id;
+    fn cuCtxResetPersistingL2Cache() => context::reset_persisting_l2_cache;
 
     fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) => memory::alloc;
     fn cuMemFree_v2(dptr: CUdeviceptr) => memory::free;
+    fn cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr) => memory::get_address_range;
+    fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) => pointer::get_attribute;
+    fn cuPointerGetAttributes(num_attributes: c_uint, attributes: *const c_int, data: *const *mut c_void, ptr: CUdeviceptr) => pointer::get_attributes;
     fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => memory::get_info;
     fn cuMemAllocHost(pp: *mut *mut c_void, bytesize: c_uint) => memory::alloc_host_v1;
     fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) => memory::alloc_host;
     fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint) => memory::host_alloc;
     fn cuMemFreeHost(p: *mut c_void) => memory::free_host;
+    fn cuMemHostRegister(p: *mut c_void, bytesize: c_uint, flags: c_uint) => host_register::register_v1;
+    fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c_uint) => host_register::register;
+    fn cuMemHostUnregister(p: *mut c_void) => host_register::unregister;
+    fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width_in_bytes: usize, height: usize, element_size_bytes: c_uint) => copy_2d::alloc_pitch;
+    fn cuMemcpy2D_v2(p: *const Memcpy2D) => copy_2d::memcpy_2d;
+    fn cuMemcpy2D_v2_ptds(p: *const Memcpy2D) => copy_2d::memcpy_2d_ptds;
+    fn cuMemcpy2DUnaligned_v2(p: *const Memcpy2D) => copy_2d::memcpy_2d;
+    fn cuMemcpy2DUnaligned_v2_ptds(p: *const Memcpy2D) => copy_2d::memcpy_2d_ptds;
+    fn cuMemcpy2DAsync_v2(p: *const Memcpy2D, stream: CUstream) => copy_2d::memcpy_2d_async;
+    fn cuMemcpy2DAsync_v2_ptsz(p: *const Memcpy2D, stream: CUstream) => copy_2d::memcpy_2d_async_ptsz;
+    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => stream_ordered::alloc_async;
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => stream_ordered::alloc_async_ptsz;
+    fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => stream_ordered::free_async;
+    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => stream_ordered::free_async_ptsz;
+    fn cuLaunchHostFunc(stream: CUstream, function: HostFn, user_data: *mut c_void) => stream_ordered::launch_host_func;
+    fn cuLaunchHostFunc_ptsz(stream: CUstream, function: HostFn, user_data: *mut c_void) => stream_ordered::launch_host_func_ptsz;
     fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, count: usize) => memory::htod_sync;
     fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, count: usize) => memory::htod_sync_ptds;
     fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, count: usize, stream: CUstream) => memory::htod_async;
@@ -107,6 +137,15 @@ crate::entry::cuda_api! {
     fn cuModuleGetFunction(hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char) => module::get_function;
     fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, hmod: CUmodule, name: *const c_char) => module::get_global;
     fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, hfunc: CUfunction) => module::func_get_attribute;
+    fn cuFuncSetAttribute(hfunc: CUfunction, attrib: c_int, value: c_int) => module::func_set_attribute;
+    fn cuFuncSetCacheConfig(hfunc: CUfunction, config: c_int) => module::func_set_cache_config;
+    fn cuFuncSetSharedMemConfig(hfunc: CUfunction, config: c_int) => module::func_set_shared_mem_config;
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessor(num_blocks: *mut c_int, func: CUfunction, block_size: c_int, dynamic_smem_size: usize) => occupancy::max_active_blocks_default;
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(num_blocks: *mut c_int, func: CUfunction, block_size: c_int, dynamic_smem_size: usize, flags: c_uint) => occupancy::max_active_blocks_with_flags;
+    fn cuOccupancyAvailableDynamicSMemPerBlock(dynamic_smem_size: *mut usize, func: CUfunction, num_blocks: c_int, block_size: c_int) => occupancy::available_dynamic_smem;
+    fn cuOccupancyMaxActiveClusters(num_clusters: *mut c_int, func: CUfunction, config: *const LaunchConfig) => occupancy::max_active_clusters;
+    fn cuOccupancyMaxPotentialBlockSize(min_grid_size: *mut c_int, block_size: *mut c_int, func: CUfunction, block_size_to_dynamic_smem: BlockToDynamicSmem, dynamic_smem_size: usize, block_size_limit: c_int) => occupancy::max_potential_block_size;
+    fn cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid_size: *mut c_int, block_size: *mut c_int, func: CUfunction, block_size_to_dynamic_smem: BlockToDynamicSmem, dynamic_smem_size: usize, block_size_limit: c_int, flags: c_uint) => occupancy::max_potential_block_size_with_flags;
     fn cuLaunchKernel(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream, kernel_params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel;
     fn cuLaunchKernel_ptsz(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream, kernel_params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ptsz;
     fn cuLaunchKernelEx(config: *const LaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex;
@@ -143,10 +182,28 @@ crate::entry::cuda_api! {
     fn cuStreamGetPriority_ptsz(hstream: CUstream, priority: *mut c_int) => stream::get_priority_ptsz;
     fn cuStreamGetFlags(hstream: CUstream, flags: *mut c_uint) => stream::get_flags;
     fn cuStreamGetFlags_ptsz(hstream: CUstream, flags: *mut c_uint) => stream::get_flags_ptsz;
+    fn cuStreamIsCapturing(hstream: CUstream, capture_status: *mut c_int) => stream::is_capturing;
+    fn cuStreamIsCapturing_ptsz(hstream: CUstream, capture_status: *mut c_int) => stream::is_capturing_ptsz;
+    fn cuStreamGetCaptureInfo(hstream: CUstream, capture_status: *mut c_int, id: *mut u64) => stream::capture_info;
+    fn cuStreamGetCaptureInfo_ptsz(hstream: CUstream, capture_status: *mut c_int, id: *mut u64) => stream::capture_info_ptsz;
+    fn cuStreamGetCaptureInfo_v2(hstream: CUstream, capture_status: *mut c_int, id: *mut u64, graph: *mut *mut c_void, dependencies: *mut *const c_void, num_dependencies: *mut usize) => stream::capture_info_v2;
+    fn cuStreamGetCaptureInfo_v2_ptsz(hstream: CUstream, capture_status: *mut c_int, id: *mut u64, graph: *mut *mut c_void, dependencies: *mut *const c_void, num_dependencies: *mut usize) => stream::capture_info_v2_ptsz;
+    fn cuStreamGetCaptureInfo_v3(hstream: CUstream, capture_status: *mut c_int, id: *mut u64, graph: *mut *mut c_void, dependencies: *mut *const c_void, edge_data: *mut *const c_void, num_dependencies: *mut usize) => stream::capture_info_v3;
+    fn cuStreamGetCaptureInfo_v3_ptsz(hstream: CUstream, capture_status: *mut c_int, id: *mut u64, graph: *mut *mut c_void, dependencies: *mut *const c_void, edge_data: *mut *const c_void, num_dependencies: *mut usize) => stream::capture_info_v3_ptsz;
+    fn cuStreamGetCtx(hstream: CUstream, pctx: *mut CUcontext) => stream::get_ctx;
+    fn cuStreamGetCtx_ptsz(hstream: CUstream, pctx: *mut CUcontext) => stream::get_ctx_ptsz;
+    fn cuStreamGetCtx_v2(hstream: CUstream, pctx: *mut CUcontext, pgreen_ctx: *mut *mut c_void) => stream::get_ctx_v2;
+    fn cuStreamGetCtx_v2_ptsz(hstream: CUstream, pctx: *mut CUcontext, pgreen_ctx: *mut *mut c_void) => stream::get_ctx_v2_ptsz;
+    fn cuStreamGetId(hstream: CUstream, stream_id: *mut u64) => stream::get_id;
+    fn cuStreamGetId_ptsz(hstream: CUstream, stream_id: *mut u64) => stream::get_id_ptsz;
+    fn cuStreamGetDevice(hstream: CUstream, device: *mut CUdevice) => stream::get_device;
+    fn cuStreamGetDevice_ptsz(hstream: CUstream, device: *mut CUdevice) => stream::get_device_ptsz;
 
     fn cuEventCreate(phevent: *mut CUevent, flags: c_uint) => event::create;
     fn cuEventRecord(hevent: CUevent, hstream: CUstream) => event::record;
     fn cuEventRecord_ptsz(hevent: CUevent, hstream: CUstream) => event::record_ptsz;
+    fn cuEventRecordWithFlags(hevent: CUevent, hstream: CUstream, flags: c_uint) => event::record_with_flags;
+    fn cuEventRecordWithFlags_ptsz(hevent: CUevent, hstream: CUstream, flags: c_uint) => event::record_with_flags_ptsz;
     fn cuEventSynchronize(hevent: CUevent) => event::synchronize;
     fn cuEventQuery(hevent: CUevent) => event::query;
     fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) => event::elapsed_time;

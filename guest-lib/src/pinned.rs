@@ -14,6 +14,11 @@ use crate::state::{carrier_error, Context};
 struct PinnedBlock {
     size: u64,
     resource_id: u32,
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`.
+    buffer_id: u64,
+    /// The context that allocated it (its `CUcontext` value) and its device.
+    context: usize,
+    device: i32,
     /// The virtio-gpu contexts the blob is attached to; the first created it.
     attached: Mutex<Vec<u32>>,
 }
@@ -31,6 +36,9 @@ pub(crate) fn alloc(carrier: &dyn Carrier, ctx: &Context, size: u64) -> Result<*
     let block = Arc::new(PinnedBlock {
         size: blob.size.max(size),
         resource_id: blob.resource_id,
+        buffer_id: crate::state::new_id(),
+        context: ctx as *const Context as usize,
+        device: ctx.device,
         attached: Mutex::new(vec![ctx.ctx_id()]),
     });
     PINNED
@@ -97,6 +105,28 @@ fn find(ptr: usize, len: u64) -> Option<(usize, Arc<PinnedBlock>)> {
     let offset = (ptr - base) as u64;
     let end = offset.checked_add(len)?;
     (end <= block.size).then(|| (*base, block.clone()))
+}
+
+/// Page-locked memory as pointer queries report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PinnedRange {
+    pub base: usize,
+    pub size: u64,
+    pub buffer_id: u64,
+    /// The allocating context's `CUcontext` value (it may be gone).
+    pub context: usize,
+    pub device: i32,
+}
+
+/// The page-locked block holding `ptr`, if any.
+pub(crate) fn lookup(ptr: usize) -> Option<PinnedRange> {
+    find(ptr, 1).map(|(base, block)| PinnedRange {
+        base,
+        size: block.size,
+        buffer_id: block.buffer_id,
+        context: block.context,
+        device: block.device,
+    })
 }
 
 /// A destroyed context's blobs are detached by the host: forget them.

@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use rgpu_proto::capset::{Capset, DeviceInfo};
@@ -78,11 +78,38 @@ pub(crate) fn carrier_error(error: CarrierError) -> u32 {
     }
 }
 
+/// Process-wide unique ids, never reused: context ids (`cuCtxGetId`),
+/// stream ids (`cuStreamGetId`) and buffer ids of allocations
+/// (`CU_POINTER_ATTRIBUTE_BUFFER_ID`). Ids 1 and 2 are the default streams'.
+static NEXT_ID: AtomicU64 = AtomicU64::new(3);
+
+pub(crate) fn new_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// `cuStreamGetId` of the legacy and the per-thread default stream.
+pub(crate) const LEGACY_STREAM_ID: u64 = 1;
+pub(crate) const PER_THREAD_STREAM_ID: u64 = 2;
+
+/// A device allocation (`cuMemAlloc`), as pointer queries report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeviceAllocation {
+    pub size: u64,
+    pub buffer_id: u64,
+}
+
 /// A CUDA context: one channel to one host session.
 pub(crate) struct Context {
     pub device: CUdevice,
     pub flags: AtomicU32,
     pub primary: bool,
+    /// `cuCtxGetId`.
+    pub id: u64,
+    /// `cuCtxSetCacheConfig` (a hint for the host driver; kept here).
+    pub cache_config: AtomicI32,
+    /// This context's device allocations by base address: pointer
+    /// attributes and address ranges are answered from here.
+    pub allocations: Mutex<BTreeMap<u64, DeviceAllocation>>,
     alive: AtomicBool,
     channel: RwLock<Option<Channel>>,
     ctx_id: u32,
@@ -104,6 +131,9 @@ impl Context {
             device,
             flags: AtomicU32::new(flags),
             primary,
+            id: new_id(),
+            cache_config: AtomicI32::new(0),
+            allocations: Mutex::new(BTreeMap::new()),
             alive: AtomicBool::new(true),
             ctx_id: channel.ctx_id(),
             channel: RwLock::new(Some(channel)),
@@ -113,6 +143,13 @@ impl Context {
 
     pub fn is_alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
+    }
+
+    /// The allocation holding `ptr`: `(base, allocation)`.
+    pub fn allocation_at(&self, ptr: u64) -> Option<(u64, DeviceAllocation)> {
+        let map = self.allocations.lock().ok()?;
+        let (base, allocation) = map.range(..=ptr).next_back()?;
+        (ptr - base < allocation.size).then_some((*base, *allocation))
     }
 
     /// The virtio-gpu context id of this context's channel.
@@ -208,6 +245,14 @@ impl<T> Registry<T> {
         self.map.write().ok()?.remove(&(handle as usize))
     }
 
+    /// Every registered object.
+    pub fn values(&self) -> Vec<Arc<T>> {
+        self.map
+            .read()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     pub fn retain(&self, keep: impl Fn(&T) -> bool) {
         if let Ok(mut map) = self.map.write() {
             map.retain(|_, v| keep(v));
@@ -226,6 +271,8 @@ pub(crate) struct Stream {
     pub handle: u32,
     pub flags: u32,
     pub priority: i32,
+    /// `cuStreamGetId`.
+    pub id: u64,
 }
 
 pub(crate) struct Event {
@@ -248,8 +295,34 @@ pub(crate) struct Function {
     /// For `cuFuncGetName` / `cuKernelGetName`, which hand out a pointer.
     pub name: std::ffi::CString,
     pub info: FunctionInfo,
-    /// `cuFuncGetAttribute` answers, cached (they never change).
+    /// `cuFuncGetAttribute` answers, cached until `cuFuncSetAttribute`
+    /// changes the function.
     pub attributes: Mutex<HashMap<i32, i32>>,
+    /// Occupancy answers, cached likewise.
+    pub occupancy: Mutex<HashMap<OccupancyQuery, i64>>,
+}
+
+/// An occupancy question about a function, by its arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum OccupancyQuery {
+    /// Blocks per multiprocessor: block size, dynamic shared memory, flags.
+    MaxActiveBlocks(i32, u64, u32),
+    /// Dynamic shared memory per block: blocks, block size.
+    AvailableDynamicSmem(i32, i32),
+    /// Clusters: grid, block, shared memory, cluster shape.
+    MaxActiveClusters([u32; 3], [u32; 3], u32, [u32; 3]),
+}
+
+impl Function {
+    /// Forgets what was cached about the function (its attributes changed).
+    pub fn invalidate(&self) {
+        if let Ok(mut a) = self.attributes.lock() {
+            a.clear();
+        }
+        if let Ok(mut o) = self.occupancy.lock() {
+            o.clear();
+        }
+    }
 }
 
 thread_local! {

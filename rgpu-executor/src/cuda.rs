@@ -5,9 +5,9 @@
 //! library loads, so [`CudaExecutor::new`] first looks for the library itself
 //! with cudarc's own candidate names and refuses rgpu's guest library (which
 //! is also called `libcuda.so`). Entry points whose arguments are enums in
-//! cudarc (device and function attributes, context limits) are called
-//! through our own integer signatures: a guest's number never becomes a Rust
-//! enum. Results are read as plain `u32` codes.
+//! cudarc (device and function attributes, context limits, launch
+//! configurations) are called through our own integer signatures: a guest's
+//! number never becomes a Rust enum. Results are read as plain `u32` codes.
 //!
 //! Every context handle given out (modules, functions, streams, events) is a
 //! number of this context's own tables, so a guest can only name objects its
@@ -20,6 +20,7 @@ use std::ptr::{null_mut, without_provenance_mut};
 use cudarc::driver::sys;
 use log::{debug, info, trace, warn};
 use rgpu_proto::capset::{DeviceInfo, ATTRIBUTE_SLOTS, ATTRIBUTE_UNSUPPORTED};
+use rgpu_proto::command::ClusterQuery;
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::reply::{FunctionInfo, ParamSlot};
 use rgpu_proto::MAX_KERNEL_PARAMS;
@@ -51,6 +52,33 @@ type DeviceGetAttributeFn = unsafe extern "C" fn(*mut c_int, c_int, sys::CUdevic
 type CtxGetLimitFn = unsafe extern "C" fn(*mut usize, c_int) -> u32;
 type CtxSetLimitFn = unsafe extern "C" fn(c_int, usize) -> u32;
 type FuncGetAttributeFn = unsafe extern "C" fn(*mut c_int, c_int, sys::CUfunction) -> u32;
+type FuncSetAttributeFn = unsafe extern "C" fn(sys::CUfunction, c_int, c_int) -> u32;
+type OccupancyMaxActiveClustersFn =
+    unsafe extern "C" fn(*mut c_int, sys::CUfunction, *const LaunchConfig) -> u32;
+
+/// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`.
+const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
+
+/// `CUlaunchAttribute`: an id, then a 64-byte value union at offset 8 (a
+/// cluster dimension is its first three `u32`s).
+#[repr(C)]
+struct LaunchAttribute {
+    id: u32,
+    pad: u32,
+    value: [u32; 16],
+}
+
+/// `CUlaunchConfig`, built here from plain integers rather than through
+/// cudarc's bindgen unions.
+#[repr(C)]
+struct LaunchConfig {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem_bytes: u32,
+    stream: sys::CUstream,
+    attrs: *const LaunchAttribute,
+    num_attrs: u32,
+}
 
 /// The entry points called with guest integers where cudarc has enums.
 #[derive(Clone, Copy)]
@@ -59,6 +87,8 @@ struct IntegerEntryPoints {
     ctx_get_limit: CtxGetLimitFn,
     ctx_set_limit: CtxSetLimitFn,
     func_get_attribute: FuncGetAttributeFn,
+    func_set_attribute: FuncSetAttributeFn,
+    occupancy_max_active_clusters: OccupancyMaxActiveClustersFn,
 }
 
 impl IntegerEntryPoints {
@@ -69,6 +99,8 @@ impl IntegerEntryPoints {
             ctx_get_limit: driver_symbol(library, "cuCtxGetLimit")?,
             ctx_set_limit: driver_symbol(library, "cuCtxSetLimit")?,
             func_get_attribute: driver_symbol(library, "cuFuncGetAttribute")?,
+            func_set_attribute: driver_symbol(library, "cuFuncSetAttribute")?,
+            occupancy_max_active_clusters: driver_symbol(library, "cuOccupancyMaxActiveClusters")?,
         })
     }
 }
@@ -716,6 +748,94 @@ impl ContextExecutor for CudaContext {
             (self.entry.func_get_attribute)(&mut value, attribute, function)
         })?;
         Ok(value)
+    }
+
+    fn func_set_attribute(&mut self, function: u64, attribute: i32, value: i32) -> CuResult<()> {
+        let function = self.function(function)?;
+        // SAFETY: live function; unknown attributes and bad values are
+        // answered with error codes.
+        check_code("cuFuncSetAttribute", unsafe {
+            (self.entry.func_set_attribute)(function, attribute, value)
+        })
+    }
+
+    fn occupancy_max_active_blocks(
+        &mut self,
+        function: u64,
+        block_size: i32,
+        dynamic_smem_bytes: u64,
+        flags: u32,
+    ) -> CuResult<i32> {
+        let function = self.function(function)?;
+        let dynamic = usize::try_from(dynamic_smem_bytes).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let mut blocks: c_int = 0;
+        // SAFETY: live function, valid out-pointer; plain integers.
+        check(
+            "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+            unsafe {
+                sys::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+                    &mut blocks,
+                    function,
+                    block_size,
+                    dynamic,
+                    flags,
+                )
+            },
+        )?;
+        Ok(blocks)
+    }
+
+    fn occupancy_available_dynamic_smem(
+        &mut self,
+        function: u64,
+        num_blocks: i32,
+        block_size: i32,
+    ) -> CuResult<u64> {
+        let function = self.function(function)?;
+        let mut bytes = 0usize;
+        // SAFETY: live function, valid out-pointer; plain integers.
+        check("cuOccupancyAvailableDynamicSMemPerBlock", unsafe {
+            sys::cuOccupancyAvailableDynamicSMemPerBlock(
+                &mut bytes, function, num_blocks, block_size,
+            )
+        })?;
+        Ok(bytes as u64)
+    }
+
+    fn occupancy_max_active_clusters(
+        &mut self,
+        function: u64,
+        query: &ClusterQuery,
+    ) -> CuResult<i32> {
+        let function = self.function(function)?;
+        let mut value = [0u32; 16];
+        value[..3].copy_from_slice(&query.cluster);
+        let attribute = LaunchAttribute {
+            id: LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            pad: 0,
+            value,
+        };
+        // No cluster shape given: the function's own (compile-time) one.
+        let with_cluster = query.cluster != [0; 3];
+        let config = LaunchConfig {
+            grid: query.grid,
+            block: query.block,
+            shared_mem_bytes: query.shared_mem_bytes,
+            stream: null_mut(),
+            attrs: if with_cluster {
+                &attribute
+            } else {
+                std::ptr::null()
+            },
+            num_attrs: u32::from(with_cluster),
+        };
+        let mut clusters: c_int = 0;
+        // SAFETY: live function, valid out-pointer; `config` and the
+        // attribute it points to live across the call and are only read.
+        check_code("cuOccupancyMaxActiveClusters", unsafe {
+            (self.entry.occupancy_max_active_clusters)(&mut clusters, function, &config)
+        })?;
+        Ok(clusters)
     }
 
     fn launch_kernel(

@@ -19,10 +19,12 @@
 pub mod cuda;
 pub mod image;
 pub mod nvml;
+mod occupancy;
 pub mod ptx;
 pub mod sim;
 
 use rgpu_proto::capset::DeviceInfo;
+use rgpu_proto::command::ClusterQuery;
 use rgpu_proto::reply::FunctionInfo;
 use thiserror::Error;
 
@@ -168,6 +170,38 @@ pub trait ContextExecutor {
     /// `(device pointer, size)` of a global.
     fn module_get_global(&mut self, module: u64, name: &str) -> CuResult<(u64, u64)>;
     fn func_get_attribute(&mut self, function: u64, attribute: i32) -> CuResult<i32>;
+    /// `cuFuncSetAttribute` (`attribute` is a `CUfunction_attribute` number).
+    fn func_set_attribute(&mut self, _function: u64, _attribute: i32, _value: i32) -> CuResult<()> {
+        Err(rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`.
+    fn occupancy_max_active_blocks(
+        &mut self,
+        _function: u64,
+        _block_size: i32,
+        _dynamic_smem_bytes: u64,
+        _flags: u32,
+    ) -> CuResult<i32> {
+        Err(rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuOccupancyAvailableDynamicSMemPerBlock`: bytes.
+    fn occupancy_available_dynamic_smem(
+        &mut self,
+        _function: u64,
+        _num_blocks: i32,
+        _block_size: i32,
+    ) -> CuResult<u64> {
+        Err(rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuOccupancyMaxActiveClusters` of `function` (the executor's handle;
+    /// `query.function` is the guest's and is ignored).
+    fn occupancy_max_active_clusters(
+        &mut self,
+        _function: u64,
+        _query: &ClusterQuery,
+    ) -> CuResult<i32> {
+        Err(rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED)
+    }
     /// `params` is the parameter buffer laid out as the function's
     /// [`FunctionInfo`] says.
     #[allow(clippy::too_many_arguments)]

@@ -132,6 +132,17 @@ pub struct ChannelLayout {
     pub bounce_size: u64,
 }
 
+/// What `cuOccupancyMaxActiveClusters` asks about: a launch's geometry and
+/// its cluster shape (all zero: none given).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClusterQuery {
+    pub function: u32,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem_bytes: u32,
+    pub cluster: [u32; 3],
+}
+
 /// Kernel launch geometry and parameters.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Launch {
@@ -185,6 +196,10 @@ opcodes! {
     LaunchKernel = 0x0305,
     ModuleLoadCached = 0x0306,
     ModuleLoadHashed = 0x0307,
+    FuncSetAttribute = 0x0308,
+    OccupancyMaxActiveBlocks = 0x0309,
+    OccupancyAvailableDynamicSmem = 0x030a,
+    OccupancyMaxActiveClusters = 0x030b,
     StreamCreate = 0x0400,
     StreamDestroy = 0x0401,
     StreamSynchronize = 0x0402,
@@ -286,6 +301,25 @@ pub enum Command {
         attribute: i32,
     },
     LaunchKernel(Launch),
+    /// `cuFuncSetAttribute`; sent without a reply (the guest checks what it
+    /// can first), so a failure surfaces at the next synchronising call.
+    FuncSetAttribute {
+        function: u32,
+        attribute: i32,
+        value: i32,
+    },
+    OccupancyMaxActiveBlocks {
+        function: u32,
+        block_size: i32,
+        flags: u32,
+        dynamic_smem_bytes: u64,
+    },
+    OccupancyAvailableDynamicSmem {
+        function: u32,
+        num_blocks: i32,
+        block_size: i32,
+    },
+    OccupancyMaxActiveClusters(ClusterQuery),
     StreamCreate {
         stream: u32,
         flags: u32,
@@ -375,6 +409,10 @@ impl Command {
             Command::ModuleGetGlobal { .. } => Opcode::ModuleGetGlobal,
             Command::FuncGetAttribute { .. } => Opcode::FuncGetAttribute,
             Command::LaunchKernel(_) => Opcode::LaunchKernel,
+            Command::FuncSetAttribute { .. } => Opcode::FuncSetAttribute,
+            Command::OccupancyMaxActiveBlocks { .. } => Opcode::OccupancyMaxActiveBlocks,
+            Command::OccupancyAvailableDynamicSmem { .. } => Opcode::OccupancyAvailableDynamicSmem,
+            Command::OccupancyMaxActiveClusters(_) => Opcode::OccupancyMaxActiveClusters,
             Command::StreamCreate { .. } => Opcode::StreamCreate,
             Command::StreamDestroy { .. } => Opcode::StreamDestroy,
             Command::StreamSynchronize { .. } => Opcode::StreamSynchronize,
@@ -522,6 +560,37 @@ impl Command {
                     params,
                 })
             }
+            Opcode::FuncSetAttribute => Command::FuncSetAttribute {
+                function: r.u32()?,
+                attribute: r.i32()?,
+                value: r.i32()?,
+            },
+            Opcode::OccupancyMaxActiveBlocks => {
+                let function = r.u32()?;
+                let block_size = r.i32()?;
+                let flags = r.u32()?;
+                let _reserved = r.u32()?;
+                Command::OccupancyMaxActiveBlocks {
+                    function,
+                    block_size,
+                    flags,
+                    dynamic_smem_bytes: r.u64()?,
+                }
+            }
+            Opcode::OccupancyAvailableDynamicSmem => Command::OccupancyAvailableDynamicSmem {
+                function: r.u32()?,
+                num_blocks: r.i32()?,
+                block_size: r.i32()?,
+            },
+            Opcode::OccupancyMaxActiveClusters => {
+                Command::OccupancyMaxActiveClusters(ClusterQuery {
+                    function: r.u32()?,
+                    grid: [r.u32()?, r.u32()?, r.u32()?],
+                    block: [r.u32()?, r.u32()?, r.u32()?],
+                    shared_mem_bytes: r.u32()?,
+                    cluster: [r.u32()?, r.u32()?, r.u32()?],
+                })
+            }
             Opcode::StreamCreate => Command::StreamCreate {
                 stream: r.u32()?,
                 flags: r.u32()?,
@@ -659,6 +728,42 @@ impl Command {
                 w.u32(l.shared_mem_bytes)
                     .u32(l.stream)
                     .bytes_with_len(&l.params);
+            }
+            Command::FuncSetAttribute {
+                function,
+                attribute,
+                value,
+            } => {
+                w.u32(*function).i32(*attribute).i32(*value);
+            }
+            Command::OccupancyMaxActiveBlocks {
+                function,
+                block_size,
+                flags,
+                dynamic_smem_bytes,
+            } => {
+                w.u32(*function)
+                    .i32(*block_size)
+                    .u32(*flags)
+                    .u32(0)
+                    .u64(*dynamic_smem_bytes);
+            }
+            Command::OccupancyAvailableDynamicSmem {
+                function,
+                num_blocks,
+                block_size,
+            } => {
+                w.u32(*function).i32(*num_blocks).i32(*block_size);
+            }
+            Command::OccupancyMaxActiveClusters(q) => {
+                w.u32(q.function);
+                for v in q.grid.iter().chain(q.block.iter()) {
+                    w.u32(*v);
+                }
+                w.u32(q.shared_mem_bytes);
+                for v in &q.cluster {
+                    w.u32(*v);
+                }
             }
             Command::StreamCreate {
                 stream,

@@ -9,6 +9,9 @@
 //! | `ModuleGetFunction` | [`FunctionInfo`] |
 //! | `ModuleGetGlobal` | device pointer `u64`, size `u64` |
 //! | `FuncGetAttribute` | value `i32` |
+//! | `OccupancyMaxActiveBlocks` | blocks per multiprocessor `i32` |
+//! | `OccupancyAvailableDynamicSmem` | bytes `u64` |
+//! | `OccupancyMaxActiveClusters` | clusters `i32` |
 //! | `EventElapsedTime` | milliseconds `f32` |
 //! | `DeviceStatus` | [`DeviceStatus`] |
 //!

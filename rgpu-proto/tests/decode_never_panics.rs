@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use proptest::strategy::Union;
 use rgpu_proto::batch::{decode_batch, encode_batch};
 use rgpu_proto::capset::{Capset, DeviceInfo, ATTRIBUTE_SLOTS};
-use rgpu_proto::command::{decode_all, decode_one, ChannelLayout, Launch};
+use rgpu_proto::command::{decode_all, decode_one, ChannelLayout, ClusterQuery, Launch};
 use rgpu_proto::reply::{DeviceStatus, FunctionInfo, ParamSlot};
 use rgpu_proto::virtio_gpu::{MemEntry, ResourceCreateBlob};
 use rgpu_proto::wire::{WireReader, WireWriter};
@@ -152,6 +152,49 @@ fn command() -> impl Strategy<Value = Command> {
                     })
                 },
             )
+            .boxed(),
+        (u(), any::<i32>(), any::<i32>())
+            .prop_map(|(function, attribute, value)| Command::FuncSetAttribute {
+                function,
+                attribute,
+                value,
+            })
+            .boxed(),
+        (u(), any::<i32>(), u(), any::<u64>())
+            .prop_map(|(function, block_size, flags, dynamic_smem_bytes)| {
+                Command::OccupancyMaxActiveBlocks {
+                    function,
+                    block_size,
+                    flags,
+                    dynamic_smem_bytes,
+                }
+            })
+            .boxed(),
+        (u(), any::<i32>(), any::<i32>())
+            .prop_map(
+                |(function, num_blocks, block_size)| Command::OccupancyAvailableDynamicSmem {
+                    function,
+                    num_blocks,
+                    block_size,
+                },
+            )
+            .boxed(),
+        (
+            u(),
+            any::<[u32; 3]>(),
+            any::<[u32; 3]>(),
+            u(),
+            any::<[u32; 3]>(),
+        )
+            .prop_map(|(function, grid, block, shared_mem_bytes, cluster)| {
+                Command::OccupancyMaxActiveClusters(ClusterQuery {
+                    function,
+                    grid,
+                    block,
+                    shared_mem_bytes,
+                    cluster,
+                })
+            })
             .boxed(),
         (u(), u(), any::<i32>())
             .prop_map(|(stream, flags, priority)| Command::StreamCreate {

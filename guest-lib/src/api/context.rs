@@ -10,6 +10,7 @@ use rgpu_proto::reply::decode_u64s;
 use rgpu_proto::Command;
 
 use crate::abi::{write_optional, write_out, CUcontext, CUdevice};
+use crate::api::module::{check_cache_config, check_shared_mem_config};
 use crate::state::{self, context_or_current, current, driver, Context, CONTEXTS};
 
 /// The API version reported for every context (the `_v2` context API).
@@ -17,6 +18,8 @@ const CONTEXT_API_VERSION: c_uint = 3020;
 /// Stream priorities of current NVIDIA GPUs: 0 (least) to -5 (greatest).
 const LEAST_STREAM_PRIORITY: c_int = 0;
 const GREATEST_STREAM_PRIORITY: c_int = -5;
+/// `CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE`.
+const SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE: c_int = 1;
 
 /// `CUctxCreateParams`.
 #[repr(C)]
@@ -194,6 +197,51 @@ pub(crate) fn set_limit(limit: c_int, value: usize) -> Result<(), u32> {
             value: value as u64,
         })
         .map(|_| ())
+}
+
+pub(crate) fn get_cache_config(config: *mut c_int) -> Result<(), u32> {
+    if config.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    write_out(config, current()?.cache_config.load(Ordering::Relaxed))
+}
+
+/// A preference for the host driver, which chooses per launch anyway:
+/// kept for `cuCtxGetCacheConfig`.
+pub(crate) fn set_cache_config(config: c_int) -> Result<(), u32> {
+    let ctx = current()?;
+    check_cache_config(config)?;
+    ctx.cache_config.store(config, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The GPUs rgpu serves have fixed 4-byte shared memory banks, which is
+/// what cuda.h says such devices report.
+pub(crate) fn get_shared_mem_config(config: *mut c_int) -> Result<(), u32> {
+    if config.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    current()?;
+    write_out(config, SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE)
+}
+
+/// Accepted without effect on fixed-bank devices (cuda.h).
+pub(crate) fn set_shared_mem_config(config: c_int) -> Result<(), u32> {
+    current()?;
+    check_shared_mem_config(config)
+}
+
+pub(crate) fn get_id(ctx: CUcontext, id: *mut u64) -> Result<(), u32> {
+    if id.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    write_out(id, context_or_current(ctx)?.id)
+}
+
+/// Persisting L2 lines come only from access policy windows, which rgpu
+/// leaves out of launches: there is nothing to reset.
+pub(crate) fn reset_persisting_l2_cache() -> Result<(), u32> {
+    current().map(|_| ())
 }
 
 /// Streams and events name their own context; a NULL/legacy one, the

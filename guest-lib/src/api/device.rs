@@ -66,7 +66,7 @@ pub(crate) fn total_mem_v1(bytes: *mut c_uint, device: CUdevice) -> Result<(), u
     )
 }
 
-fn attribute(device: CUdevice, attribute: c_int) -> Result<c_int, u32> {
+pub(crate) fn attribute(device: CUdevice, attribute: c_int) -> Result<c_int, u32> {
     driver()?
         .device(device)?
         .attribute(attribute)
@@ -109,4 +109,72 @@ pub(crate) fn get_pci_bus_id(bus_id: *mut c_char, len: c_int, device: CUdevice) 
         attribute(device, ATTRIBUTE_PCI_DEVICE_ID)?
     );
     write_c_string(bus_id, len, &text)
+}
+
+/// The device whose PCI bus id is `bus_id` ("domain:bus:device.function",
+/// domain optional, hexadecimal, any case).
+pub(crate) fn get_by_pci_bus_id(device: *mut CUdevice, bus_id: *const c_char) -> Result<(), u32> {
+    if device.is_null() || bus_id.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: a NUL-terminated string from the caller (the API contract).
+    let text = unsafe { std::ffi::CStr::from_ptr(bus_id) }
+        .to_str()
+        .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    let wanted = parse_pci_bus_id(text).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let count = driver()?.capset().devices.len();
+    for ordinal in 0..count {
+        let ordinal = CUdevice::try_from(ordinal).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?;
+        let id = (
+            attribute(ordinal, ATTRIBUTE_PCI_DOMAIN_ID)?,
+            attribute(ordinal, ATTRIBUTE_PCI_BUS_ID)?,
+            attribute(ordinal, ATTRIBUTE_PCI_DEVICE_ID)?,
+        );
+        if id == wanted {
+            return write_out(device, ordinal);
+        }
+    }
+    Err(CUDA_ERROR_INVALID_DEVICE)
+}
+
+/// "0000:17:00.0" or "17:00.0" -> (domain, bus, device).
+fn parse_pci_bus_id(text: &str) -> Option<(c_int, c_int, c_int)> {
+    let mut parts: Vec<&str> = text.trim().split(':').collect();
+    if parts.len() == 2 {
+        parts.insert(0, "0");
+    }
+    let [domain, bus, rest] = parts.as_slice() else {
+        return None;
+    };
+    let device = rest.split('.').next()?;
+    let hex = |s: &str| c_int::from_str_radix(s, 16).ok();
+    Some((hex(domain)?, hex(bus)?, hex(device)?))
+}
+
+/// One GPU per guest device and no peer access between them: never.
+pub(crate) fn can_access_peer(
+    can_access: *mut c_int,
+    device: CUdevice,
+    peer: CUdevice,
+) -> Result<(), u32> {
+    if can_access.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let driver = driver()?;
+    driver.device(device)?;
+    driver.device(peer)?;
+    write_out(can_access, 0)
+}
+
+#[cfg(test)]
+mod pci_bus_id_tests {
+    use super::parse_pci_bus_id;
+
+    #[test]
+    fn parses_with_and_without_domain() {
+        assert_eq!(parse_pci_bus_id("0000:1a:00.0"), Some((0, 0x1a, 0)));
+        assert_eq!(parse_pci_bus_id("1A:03.0"), Some((0, 0x1a, 3)));
+        assert_eq!(parse_pci_bus_id("garbage"), None);
+        assert_eq!(parse_pci_bus_id("0:zz:00.0"), None);
+    }
 }

@@ -89,3 +89,29 @@ pub(crate) fn destroy(hevent: CUevent) -> Result<(), u32> {
     let e = EVENTS.remove(hevent).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     e.context.send(&Command::EventDestroy { event: e.handle })
 }
+
+/// `CU_EVENT_RECORD_DEFAULT` and `CU_EVENT_RECORD_EXTERNAL`; the latter
+/// only matters during stream capture, which rgpu never is in.
+const RECORD_FLAGS: c_uint = 0x1;
+
+pub(crate) fn record_with_flags(
+    hevent: CUevent,
+    stream: CUstream,
+    flags: c_uint,
+) -> Result<(), u32> {
+    if flags & !RECORD_FLAGS != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    record_on(hevent, stream, false)
+}
+
+pub(crate) fn record_with_flags_ptsz(
+    hevent: CUevent,
+    stream: CUstream,
+    flags: c_uint,
+) -> Result<(), u32> {
+    if flags & !RECORD_FLAGS != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    record_on(hevent, stream, true)
+}

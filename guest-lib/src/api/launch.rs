@@ -9,7 +9,7 @@ use rgpu_proto::command::Launch;
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::Command;
 
-use crate::abi::{CUfunction, CUstream};
+use crate::abi::{CUdevice, CUfunction, CUstream};
 use crate::api::context::same_context;
 use crate::api::library::function_or_kernel;
 use crate::params::marshal;
@@ -32,6 +32,36 @@ pub struct LaunchAttribute {
     id: u32,
     _pad: u32,
     value: [u32; 16],
+}
+
+impl LaunchConfig {
+    /// Its stream and the cluster shape its attributes ask for (all zero
+    /// when none): what `cuOccupancyMaxActiveClusters` reads of it.
+    pub(crate) fn stream_and_cluster(&self) -> Result<(CUstream, [u32; 3]), u32> {
+        let mut cluster = [0; 3];
+        for attribute in attributes(self)? {
+            if attribute.id == ATTRIBUTE_CLUSTER_DIMENSION {
+                cluster.copy_from_slice(&attribute.value[..3]);
+            }
+        }
+        Ok((self.stream, cluster))
+    }
+
+    pub(crate) fn geometry(&self) -> ([c_uint; 3], [c_uint; 3], c_uint) {
+        (self.grid, self.block, self.shared_mem_bytes)
+    }
+}
+
+/// The attribute list of a launch configuration.
+fn attributes(config: &LaunchConfig) -> Result<&[LaunchAttribute], u32> {
+    if config.num_attrs == 0 {
+        return Ok(&[]);
+    }
+    if config.attrs.is_null() || config.num_attrs > MAX_ATTRIBUTES {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL, `num_attrs` entries (the API contract), bounded.
+    Ok(unsafe { std::slice::from_raw_parts(config.attrs, config.num_attrs as usize) })
 }
 
 const ATTRIBUTE_IGNORE: u32 = 0;
@@ -66,6 +96,42 @@ fn attribute_is_optional(attribute: &LaunchAttribute) -> bool {
     }
 }
 
+/// Refuses a launch the device cannot run, at once, as the driver does
+/// (launches are otherwise asynchronous, and an error found by the host
+/// would only surface later): the limits are the device's attributes.
+fn check_geometry(
+    device: CUdevice,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+) -> Result<(), u32> {
+    const MAX_THREADS_PER_BLOCK: i32 = 1;
+    const MAX_BLOCK_DIM: [i32; 3] = [2, 3, 4];
+    const MAX_GRID_DIM: [i32; 3] = [5, 6, 7];
+    const MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: i32 = 97;
+    let info = driver()?.device(device)?;
+    let within = |value: u64, attribute: i32| {
+        info.attribute(attribute)
+            .is_none_or(|limit| value <= u64::try_from(limit).unwrap_or(0))
+    };
+    let threads: u64 = block.iter().map(|d| u64::from(*d)).product();
+    let fits = within(threads, MAX_THREADS_PER_BLOCK)
+        && block
+            .iter()
+            .zip(MAX_BLOCK_DIM)
+            .all(|(d, a)| within((*d).into(), a))
+        && grid
+            .iter()
+            .zip(MAX_GRID_DIM)
+            .all(|(d, a)| within((*d).into(), a))
+        && within(shared_mem_bytes.into(), MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+    if fits {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn launch(
     f: CUfunction,
@@ -85,6 +151,7 @@ fn launch(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let (ctx, stream) = resolve_stream(stream, per_thread)?;
+    check_geometry(ctx.device, grid, block, shared_mem_bytes)?;
     let function = function_or_kernel(f, &ctx)?;
     same_context(&ctx, &function.context)?;
     // SAFETY: the API contract on kernelParams / extra (see `marshal`).
@@ -163,21 +230,16 @@ fn launch_ex(
     }
     // SAFETY: non-NULL; the API contract makes it a CUlaunchConfig.
     let config = unsafe { &*config };
-    if config.num_attrs > 0 {
-        if config.attrs.is_null() || config.num_attrs > MAX_ATTRIBUTES {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        // SAFETY: non-NULL, `num_attrs` entries (the API contract), bounded.
-        let attributes =
-            unsafe { std::slice::from_raw_parts(config.attrs, config.num_attrs as usize) };
-        if let Some(a) = attributes.iter().find(|a| !attribute_is_optional(a)) {
-            log::warn!(
-                "rgpu: cuLaunchKernelEx: launch attribute {} ({:?}) is not supported",
-                a.id,
-                &a.value[..3]
-            );
-            return Err(CUDA_ERROR_NOT_SUPPORTED);
-        }
+    if let Some(a) = attributes(config)?
+        .iter()
+        .find(|a| !attribute_is_optional(a))
+    {
+        log::warn!(
+            "rgpu: cuLaunchKernelEx: launch attribute {} ({:?}) is not supported",
+            a.id,
+            &a.value[..3]
+        );
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
     launch(
         f,

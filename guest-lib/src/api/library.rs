@@ -16,7 +16,8 @@ use rgpu_proto::cuda_result::*;
 
 use crate::abi::{c_str, write_optional, write_out, CUdevice, CUdeviceptr, CUfunction, CUmodule};
 use crate::api::module::{
-    self, eager_loading, function_attribute, load_image, module_function, module_global, param_info,
+    self, eager_loading, function_attribute, load_image, module_function, module_global,
+    param_info, set_function_attribute,
 };
 use crate::image::image_bytes;
 use crate::state::{
@@ -42,7 +43,8 @@ pub(crate) struct Kernel {
     name: CString,
     /// The function it resolved to in each context.
     functions: Mutex<Vec<Arc<Function>>>,
-    /// `cuKernelSetAttribute` values, answered by `cuKernelGetAttribute`.
+    /// `cuKernelSetAttribute` values: answered by `cuKernelGetAttribute`,
+    /// and set in each context the kernel reaches.
     attributes: Mutex<HashMap<c_int, c_int>>,
 }
 
@@ -69,7 +71,8 @@ impl Library {
 }
 
 impl Kernel {
-    /// The function it names in `ctx`.
+    /// The function it names in `ctx`; a context it is new to gets the
+    /// attributes set on the kernel so far.
     fn function_in(&self, ctx: &Arc<Context>) -> Result<Arc<Function>, u32> {
         let mut functions = lock(&self.functions)?;
         if let Some(f) = functions.iter().find(|f| Arc::ptr_eq(&f.context, ctx)) {
@@ -79,8 +82,41 @@ impl Kernel {
         let module = self.library.module_in(ctx)?;
         let handle = module_function(&module, self.name.as_bytes())?;
         let function = FUNCTIONS.get(handle).ok_or(CUDA_ERROR_UNKNOWN)?;
+        let attributes: Vec<(c_int, c_int)> = lock(&self.attributes)?
+            .iter()
+            .map(|(a, v)| (*a, *v))
+            .collect();
+        for (attribute, value) in attributes {
+            set_function_attribute(&function, attribute, value)?;
+        }
         functions.push(function.clone());
         Ok(function)
+    }
+
+    /// `cuKernelSetAttribute`: on the host for every context of `device`
+    /// the kernel is loaded in (the current or primary context first, so a
+    /// bad value fails now), and kept for the contexts it reaches later.
+    pub(crate) fn set_attribute(
+        &self,
+        attribute: c_int,
+        value: c_int,
+        device: CUdevice,
+    ) -> Result<(), u32> {
+        if let Ok(ctx) = query_context(device) {
+            if ctx.device == device {
+                self.function_in(&ctx)?;
+            }
+        }
+        let functions: Vec<Arc<Function>> = lock(&self.functions)?
+            .iter()
+            .filter(|f| f.context.is_alive() && f.context.device == device)
+            .cloned()
+            .collect();
+        for f in &functions {
+            set_function_attribute(f, attribute, value)?;
+        }
+        lock(&self.attributes)?.insert(attribute, value);
+        Ok(())
     }
 }
 
@@ -301,8 +337,6 @@ pub(crate) fn kernel_get_attribute(
     write_out(value, function_attribute(&f, attribute)?)
 }
 
-/// Kept in the guest and answered by `cuKernelGetAttribute`: the command
-/// stream has no way to set a function attribute on the host yet.
 pub(crate) fn kernel_set_attribute(
     attribute: c_int,
     value: c_int,
@@ -311,12 +345,7 @@ pub(crate) fn kernel_set_attribute(
 ) -> Result<(), u32> {
     driver()?.device(device)?;
     let object = KERNELS.get(kernel).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    log::debug!(
-        "rgpu: cuKernelSetAttribute({attribute}, {value}) on {:?} kept in the guest",
-        object.name
-    );
-    lock(&object.attributes)?.insert(attribute, value);
-    Ok(())
+    object.set_attribute(attribute, value, device)
 }
 
 /// A cache preference is a hint: accepted and ignored.

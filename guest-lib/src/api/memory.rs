@@ -13,16 +13,29 @@ use rgpu_proto::cuda_result::*;
 use rgpu_proto::reply::decode_u64s;
 use rgpu_proto::Command;
 
-use crate::abi::{bytes, bytes_mut, write_out, CUdeviceptr, CUstream};
+use crate::abi::{bytes, bytes_mut, write_optional, write_out, CUdeviceptr, CUstream};
 use crate::pinned;
-use crate::state::{current, driver, resolve_stream, sync_stream, Context};
+use crate::state::{
+    current, driver, new_id, resolve_stream, sync_stream, Context, DeviceAllocation,
+};
 
 pub(crate) fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Result<(), u32> {
     if dptr.is_null() || size == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let payload = current()?.call(&Command::MemAlloc { size: size as u64 })?;
+    let ctx = current()?;
+    let payload = ctx.call(&Command::MemAlloc { size: size as u64 })?;
     let [ptr] = decode_u64s::<1>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    ctx.allocations
+        .lock()
+        .map_err(|_| CUDA_ERROR_UNKNOWN)?
+        .insert(
+            ptr,
+            DeviceAllocation {
+                size: size as u64,
+                buffer_id: new_id(),
+            },
+        );
     write_out(dptr, ptr)
 }
 
@@ -31,7 +44,25 @@ pub(crate) fn free(dptr: CUdeviceptr) -> Result<(), u32> {
     if dptr == 0 {
         return Ok(());
     }
-    ctx.call(&Command::MemFree { device_ptr: dptr }).map(|_| ())
+    ctx.call(&Command::MemFree { device_ptr: dptr })?;
+    ctx.allocations
+        .lock()
+        .map_err(|_| CUDA_ERROR_UNKNOWN)?
+        .remove(&dptr);
+    Ok(())
+}
+
+/// `cuMemGetAddressRange_v2`: the allocation of the current context that
+/// holds `dptr`, answered from the guest's own record.
+pub(crate) fn get_address_range(
+    base: *mut CUdeviceptr,
+    size: *mut usize,
+    dptr: CUdeviceptr,
+) -> Result<(), u32> {
+    let (start, allocation) = current()?.allocation_at(dptr).ok_or(CUDA_ERROR_NOT_FOUND)?;
+    write_optional(base, start);
+    write_optional(size, usize::try_from(allocation.size).unwrap_or(usize::MAX));
+    Ok(())
 }
 
 pub(crate) fn get_info(free: *mut usize, total: *mut usize) -> Result<(), u32> {
@@ -79,7 +110,7 @@ fn blob_range(
     pinned::blob_range(driver()?.carrier.as_ref(), ctx, host as usize, len as u64)
 }
 
-fn htod(
+pub(crate) fn htod(
     ctx: &Context,
     stream: u32,
     dst: CUdeviceptr,
@@ -116,7 +147,7 @@ fn htod(
     }
 }
 
-fn dtoh(
+pub(crate) fn dtoh(
     ctx: &Context,
     stream: u32,
     dst: *mut c_void,
@@ -153,7 +184,7 @@ fn dtoh(
     }
 }
 
-fn dtod(
+pub(crate) fn dtod(
     ctx: &Context,
     stream: u32,
     dst: CUdeviceptr,

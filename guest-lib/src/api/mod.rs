@@ -2,15 +2,20 @@
 //! declares which function answers which exported symbol.
 
 pub mod context;
+pub mod copy_2d;
 pub mod device;
 pub mod error;
 pub mod event;
 pub mod export_table;
+pub mod host_register;
 pub mod init;
 pub mod launch;
 pub mod library;
 pub mod memory;
 pub mod module;
+pub mod occupancy;
+pub mod pointer;
 pub mod primary_context;
 pub mod proc_address;
 pub mod stream;
+pub mod stream_ordered;

@@ -16,8 +16,20 @@ use rgpu_proto::Command;
 use sha2::{Digest, Sha256};
 
 use crate::abi::{c_str, write_optional, write_out, CUdeviceptr, CUfunction, CUmodule};
+use crate::api::library::{function_or_kernel, KERNELS};
 use crate::image::image_bytes;
 use crate::state::{current, driver, Context, Function, Module, FUNCTIONS, MODULES};
+
+/// `CUfunction_attribute` numbers (cuda.h).
+const FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: c_int = 1;
+const FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
+const FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: c_int = 9;
+const FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: c_int = 11;
+const FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: c_int = 13;
+const FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: c_int = 14;
+const FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: c_int = 15;
+/// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`.
+const DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: c_int = 97;
 
 /// `CU_MODULE_EAGER_LOADING`.
 const CU_MODULE_EAGER_LOADING: c_int = 1;
@@ -141,6 +153,7 @@ pub(crate) fn module_function(object: &Module, name: &[u8]) -> Result<CUfunction
         name: CString::new(name).map_err(|_| CUDA_ERROR_INVALID_VALUE)?,
         info,
         attributes: Mutex::new(HashMap::new()),
+        occupancy: Mutex::new(HashMap::new()),
     }));
     cache.insert(name.to_vec(), function as usize);
     Ok(function)
@@ -204,6 +217,19 @@ pub(crate) fn function_attribute(f: &Function, attribute: c_int) -> Result<c_int
     Ok(v)
 }
 
+/// A `CUfunction` argument: a function, or a `CUkernel` resolved in the
+/// current context (NVIDIA's runtimes pass either).
+fn function_argument(function: CUfunction) -> Result<Arc<Function>, u32> {
+    driver()?;
+    if let Some(f) = FUNCTIONS.get(function) {
+        return Ok(f);
+    }
+    if KERNELS.get(function).is_none() {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    function_or_kernel(function, &current()?)
+}
+
 pub(crate) fn func_get_attribute(
     value: *mut c_int,
     attribute: c_int,
@@ -212,9 +238,102 @@ pub(crate) fn func_get_attribute(
     if value.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    driver()?;
-    let f = FUNCTIONS.get(function).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let f = function_argument(function)?;
     write_out(value, function_attribute(&f, attribute)?)
+}
+
+/// Checks what the guest can of a `cuFuncSetAttribute` (the attributes
+/// cuda.h lets one set, and their ranges), so a bad value fails now rather
+/// than at the next synchronising call.
+fn check_settable(f: &Function, attribute: c_int, value: c_int) -> Result<(), u32> {
+    let valid = match attribute {
+        FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES => {
+            let static_shared = function_attribute(f, FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?;
+            let optin = crate::api::device::attribute(
+                f.context.device,
+                DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )?;
+            value >= 0 && i64::from(value) + i64::from(static_shared) <= i64::from(optin)
+        }
+        FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT => (-1..=100).contains(&value),
+        FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH..=FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH => value >= 0,
+        FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED => (0..=1).contains(&value),
+        FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE => (0..=2).contains(&value),
+        _ => false,
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
+/// Sets an attribute of a function on the host, without waiting (a later
+/// launch needs it there), and forgets what was cached about the function.
+pub(crate) fn set_function_attribute(
+    f: &Function,
+    attribute: c_int,
+    value: c_int,
+) -> Result<(), u32> {
+    check_settable(f, attribute, value)?;
+    f.context.send(&Command::FuncSetAttribute {
+        function: f.handle,
+        attribute,
+        value,
+    })?;
+    f.invalidate();
+    Ok(())
+}
+
+pub(crate) fn func_set_attribute(
+    function: CUfunction,
+    attribute: c_int,
+    value: c_int,
+) -> Result<(), u32> {
+    driver()?;
+    if let Some(kernel) = KERNELS.get(function) {
+        // A kernel's attribute holds in every context of the device.
+        return kernel.set_attribute(attribute, value, current()?.device);
+    }
+    let f = FUNCTIONS.get(function).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    set_function_attribute(&f, attribute, value)
+}
+
+/// A cache preference is a hint for the host driver: checked, accepted.
+pub(crate) fn func_set_cache_config(function: CUfunction, config: c_int) -> Result<(), u32> {
+    driver()?;
+    if FUNCTIONS.get(function).is_none() && KERNELS.get(function).is_none() {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    check_cache_config(config)
+}
+
+/// Shared memory bank sizes are fixed on the GPUs rgpu serves: checked,
+/// accepted (cuda.h: no effect on such devices).
+pub(crate) fn func_set_shared_mem_config(function: CUfunction, config: c_int) -> Result<(), u32> {
+    driver()?;
+    if FUNCTIONS.get(function).is_none() && KERNELS.get(function).is_none() {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    check_shared_mem_config(config)
+}
+
+/// `CUfunc_cache`: PREFER_NONE, _SHARED, _L1 or _EQUAL.
+pub(crate) fn check_cache_config(config: c_int) -> Result<(), u32> {
+    if (0..=3).contains(&config) {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
+/// `CUsharedconfig`: DEFAULT, FOUR_BYTE or EIGHT_BYTE bank size.
+pub(crate) fn check_shared_mem_config(config: c_int) -> Result<(), u32> {
+    if (0..=2).contains(&config) {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
 }
 
 /// Offset and size of parameter `index` (`CUDA_ERROR_INVALID_VALUE` past

@@ -7,9 +7,18 @@ use std::sync::Arc;
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::Command;
 
-use crate::abi::{write_out, CUevent, CUstream};
+use std::ffi::c_void;
+
+use crate::abi::{write_optional, write_out, CUcontext, CUdevice, CUevent, CUstream};
 use crate::api::context::same_context;
-use crate::state::{current, driver, resolve_stream, Stream, EVENTS, STREAMS};
+use crate::state::{
+    current, driver, resolve_stream, Stream, EVENTS, LEGACY_STREAM_ID, PER_THREAD_STREAM_ID,
+    STREAMS,
+};
+
+/// `CU_STREAM_CAPTURE_STATUS_NONE`: rgpu has no graph capture, so no
+/// stream is ever capturing.
+const CAPTURE_STATUS_NONE: c_int = 0;
 
 pub(crate) fn create(stream: *mut CUstream, flags: c_uint) -> Result<(), u32> {
     create_with_priority(stream, flags, 0)
@@ -35,6 +44,7 @@ pub(crate) fn create_with_priority(
         handle,
         flags,
         priority,
+        id: crate::state::new_id(),
     });
     write_out(stream, STREAMS.insert(object))
 }
@@ -133,4 +143,221 @@ pub(crate) fn get_flags_ptsz(stream: CUstream, flags: *mut c_uint) -> Result<(),
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     write_out(flags, local(stream, true)?.0)
+}
+
+pub(crate) fn is_capturing(stream: CUstream, status: *mut c_int) -> Result<(), u32> {
+    is_capturing_on(stream, status, false)
+}
+
+pub(crate) fn is_capturing_ptsz(stream: CUstream, status: *mut c_int) -> Result<(), u32> {
+    is_capturing_on(stream, status, true)
+}
+
+fn is_capturing_on(stream: CUstream, status: *mut c_int, per_thread: bool) -> Result<(), u32> {
+    if status.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    resolve_stream(stream, per_thread)?;
+    write_out(status, CAPTURE_STATUS_NONE)
+}
+
+/// Every form of `cuStreamGetCaptureInfo`: not capturing, so the other
+/// outputs (id, graph, dependencies, edge data, count) are all zero.
+#[allow(clippy::too_many_arguments)]
+fn capture_info_on(
+    stream: CUstream,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    dependencies: *mut *const c_void,
+    edge_data: *mut *const c_void,
+    count: *mut usize,
+    per_thread: bool,
+) -> Result<(), u32> {
+    if status.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    resolve_stream(stream, per_thread)?;
+    write_optional(id, 0);
+    write_optional(graph, std::ptr::null_mut());
+    write_optional(dependencies, std::ptr::null());
+    write_optional(edge_data, std::ptr::null());
+    write_optional(count, 0);
+    write_out(status, CAPTURE_STATUS_NONE)
+}
+
+pub(crate) fn capture_info(stream: CUstream, status: *mut c_int, id: *mut u64) -> Result<(), u32> {
+    use std::ptr::null_mut;
+    capture_info_on(
+        stream,
+        status,
+        id,
+        null_mut(),
+        null_mut(),
+        null_mut(),
+        null_mut(),
+        false,
+    )
+}
+
+pub(crate) fn capture_info_ptsz(
+    stream: CUstream,
+    status: *mut c_int,
+    id: *mut u64,
+) -> Result<(), u32> {
+    use std::ptr::null_mut;
+    capture_info_on(
+        stream,
+        status,
+        id,
+        null_mut(),
+        null_mut(),
+        null_mut(),
+        null_mut(),
+        true,
+    )
+}
+
+pub(crate) fn capture_info_v2(
+    stream: CUstream,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    dependencies: *mut *const c_void,
+    count: *mut usize,
+) -> Result<(), u32> {
+    let none = std::ptr::null_mut();
+    capture_info_on(stream, status, id, graph, dependencies, none, count, false)
+}
+
+pub(crate) fn capture_info_v2_ptsz(
+    stream: CUstream,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    dependencies: *mut *const c_void,
+    count: *mut usize,
+) -> Result<(), u32> {
+    let none = std::ptr::null_mut();
+    capture_info_on(stream, status, id, graph, dependencies, none, count, true)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn capture_info_v3(
+    stream: CUstream,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    dependencies: *mut *const c_void,
+    edge_data: *mut *const c_void,
+    count: *mut usize,
+) -> Result<(), u32> {
+    capture_info_on(
+        stream,
+        status,
+        id,
+        graph,
+        dependencies,
+        edge_data,
+        count,
+        false,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn capture_info_v3_ptsz(
+    stream: CUstream,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    dependencies: *mut *const c_void,
+    edge_data: *mut *const c_void,
+    count: *mut usize,
+) -> Result<(), u32> {
+    capture_info_on(
+        stream,
+        status,
+        id,
+        graph,
+        dependencies,
+        edge_data,
+        count,
+        true,
+    )
+}
+
+fn get_ctx_on(
+    stream: CUstream,
+    ctx: *mut CUcontext,
+    green_ctx: *mut *mut c_void,
+    per_thread: bool,
+) -> Result<(), u32> {
+    if ctx.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (context, _) = resolve_stream(stream, per_thread)?;
+    // No green contexts: every stream belongs to a plain context.
+    write_optional(green_ctx, std::ptr::null_mut());
+    write_out(ctx, Arc::as_ptr(&context) as CUcontext)
+}
+
+pub(crate) fn get_ctx(stream: CUstream, ctx: *mut CUcontext) -> Result<(), u32> {
+    get_ctx_on(stream, ctx, std::ptr::null_mut(), false)
+}
+
+pub(crate) fn get_ctx_ptsz(stream: CUstream, ctx: *mut CUcontext) -> Result<(), u32> {
+    get_ctx_on(stream, ctx, std::ptr::null_mut(), true)
+}
+
+pub(crate) fn get_ctx_v2(
+    stream: CUstream,
+    ctx: *mut CUcontext,
+    green_ctx: *mut *mut c_void,
+) -> Result<(), u32> {
+    get_ctx_on(stream, ctx, green_ctx, false)
+}
+
+pub(crate) fn get_ctx_v2_ptsz(
+    stream: CUstream,
+    ctx: *mut CUcontext,
+    green_ctx: *mut *mut c_void,
+) -> Result<(), u32> {
+    get_ctx_on(stream, ctx, green_ctx, true)
+}
+
+fn get_id_on(stream: CUstream, id: *mut u64, per_thread: bool) -> Result<(), u32> {
+    if id.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (_, handle) = resolve_stream(stream, per_thread)?;
+    let value = match STREAMS.get(stream) {
+        Some(s) => s.id,
+        None if handle == rgpu_proto::STREAM_PER_THREAD => PER_THREAD_STREAM_ID,
+        None => LEGACY_STREAM_ID,
+    };
+    write_out(id, value)
+}
+
+pub(crate) fn get_id(stream: CUstream, id: *mut u64) -> Result<(), u32> {
+    get_id_on(stream, id, false)
+}
+
+pub(crate) fn get_id_ptsz(stream: CUstream, id: *mut u64) -> Result<(), u32> {
+    get_id_on(stream, id, true)
+}
+
+fn get_device_on(stream: CUstream, device: *mut CUdevice, per_thread: bool) -> Result<(), u32> {
+    if device.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (ctx, _) = resolve_stream(stream, per_thread)?;
+    write_out(device, ctx.device)
+}
+
+pub(crate) fn get_device(stream: CUstream, device: *mut CUdevice) -> Result<(), u32> {
+    get_device_on(stream, device, false)
+}
+
+pub(crate) fn get_device_ptsz(stream: CUstream, device: *mut CUdevice) -> Result<(), u32> {
+    get_device_on(stream, device, true)
 }

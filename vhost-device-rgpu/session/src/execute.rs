@@ -273,6 +273,39 @@ impl Worker {
                 ctx.func_get_attribute(handle, *attribute)
                     .map(|v| v.to_le_bytes().to_vec())
             }
+            Command::FuncSetAttribute {
+                function,
+                attribute,
+                value,
+            } => {
+                let handle = handles.function(*function)?.handle;
+                ctx.func_set_attribute(handle, *attribute, *value)
+                    .map(empty)
+            }
+            Command::OccupancyMaxActiveBlocks {
+                function,
+                block_size,
+                flags,
+                dynamic_smem_bytes,
+            } => {
+                let handle = handles.function(*function)?.handle;
+                ctx.occupancy_max_active_blocks(handle, *block_size, *dynamic_smem_bytes, *flags)
+                    .map(|v| v.to_le_bytes().to_vec())
+            }
+            Command::OccupancyAvailableDynamicSmem {
+                function,
+                num_blocks,
+                block_size,
+            } => {
+                let handle = handles.function(*function)?.handle;
+                ctx.occupancy_available_dynamic_smem(handle, *num_blocks, *block_size)
+                    .map(|v| u64_payload(&[v]))
+            }
+            Command::OccupancyMaxActiveClusters(query) => {
+                let handle = handles.function(query.function)?.handle;
+                ctx.occupancy_max_active_clusters(handle, query)
+                    .map(|v| v.to_le_bytes().to_vec())
+            }
             Command::LaunchKernel(launch) => {
                 let Launch {
                     function,

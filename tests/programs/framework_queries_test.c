@@ -1,0 +1,465 @@
+/* framework_queries_test: the queries CuPy, Triton and PyTorch make of the
+ * driver, checked value by value: pointer attributes of device, page-locked
+ * and foreign memory, stream capture state, stream and context identity,
+ * occupancy, a function attribute set then read (and needed by a launch),
+ * cache configuration round trips. Runs the same against rgpu's libcuda.so.1
+ * (sim or cuda executor) and NVIDIA's.
+ *
+ * Usage: framework_queries_test --image PATH [--require-clusters]
+ *
+ *   --image PATH  reference_kernels.ptx (rgpu_vector_add and rgpu_empty)
+ *   --require-clusters  cuOccupancyMaxActiveClusters must answer (the sim
+ *                 executor does; a GPU may refuse clusters for sm_52 PTX)
+ *
+ * Prints "framework_queries_test: N checks passed" (exit 0) or every failed
+ * check (exit 1). */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rgpu_cuda.h"
+
+#define cuMemGetAddressRange cuMemGetAddressRange_v2
+
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#define MEMORYTYPE_HOST 1
+#define MEMORYTYPE_DEVICE 2
+#define POINTER_ATTRIBUTE_CONTEXT 1
+#define POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define POINTER_ATTRIBUTE_DEVICE_POINTER 3
+#define POINTER_ATTRIBUTE_HOST_POINTER 4
+#define POINTER_ATTRIBUTE_BUFFER_ID 7
+#define POINTER_ATTRIBUTE_IS_MANAGED 8
+#define POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define POINTER_ATTRIBUTE_RANGE_START_ADDR 11
+#define POINTER_ATTRIBUTE_RANGE_SIZE 12
+#define POINTER_ATTRIBUTE_MAPPED 13
+#define FUNC_ATTRIBUTE_NUM_REGS 4
+#define FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+#define DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR 39
+#define DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
+#define STREAM_CAPTURE_STATUS_NONE 0
+#define FUNC_CACHE_PREFER_SHARED 1
+#define FUNC_CACHE_PREFER_L1 2
+#define LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION 4
+
+typedef struct {
+    unsigned int id;
+    char pad[4];
+    union {
+        char bytes[64];
+        unsigned int dims[3];
+    } value;
+} LaunchAttribute;
+
+typedef struct {
+    unsigned int grid_x, grid_y, grid_z;
+    unsigned int block_x, block_y, block_z;
+    unsigned int shared_mem_bytes;
+    CUstream stream;
+    LaunchAttribute *attrs;
+    unsigned int num_attrs;
+} LaunchConfig;
+
+typedef size_t (*BlockToDynamicSmem)(int block_size);
+
+CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr);
+CUresult cuPointerGetAttributes(unsigned int count, int *attributes, void **data, CUdeviceptr ptr);
+CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr ptr);
+CUresult cuStreamIsCapturing(CUstream stream, int *status);
+CUresult cuStreamGetCaptureInfo_v2(CUstream stream, int *status, unsigned long long *id,
+                                   void **graph, const void **dependencies, size_t *count);
+CUresult cuStreamGetCtx(CUstream stream, CUcontext *ctx);
+CUresult cuStreamGetId(CUstream stream, unsigned long long *id);
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id);
+CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned int flags);
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, CUfunction f, int block_size,
+                                                     size_t dynamic_smem);
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *blocks, CUfunction f,
+                                                              int block_size, size_t dynamic_smem,
+                                                              unsigned int flags);
+CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *bytes, CUfunction f, int blocks,
+                                                 int block_size);
+CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block_size, CUfunction f,
+                                          BlockToDynamicSmem callback, size_t dynamic_smem,
+                                          int limit);
+CUresult cuOccupancyMaxActiveClusters(int *clusters, CUfunction f, const LaunchConfig *config);
+CUresult cuFuncSetAttribute(CUfunction f, int attribute, int value);
+CUresult cuFuncSetCacheConfig(CUfunction f, int config);
+CUresult cuCtxGetCacheConfig(int *config);
+CUresult cuCtxSetCacheConfig(int config);
+CUresult cuCtxGetSharedMemConfig(int *config);
+CUresult cuCtxResetPersistingL2Cache(void);
+CUresult cuDeviceCanAccessPeer(int *can_access, CUdevice device, CUdevice peer);
+
+static long checks_passed;
+static long checks_failed;
+
+static const char *error_name(CUresult rc) {
+    const char *name = NULL;
+    if (cuGetErrorName(rc, &name) != CUDA_SUCCESS || name == NULL) return "?";
+    return name;
+}
+
+#define CHECK_RC(call, expected)                                                     \
+    do {                                                                             \
+        CUresult rc_ = (call);                                                       \
+        if (rc_ != (expected)) {                                                     \
+            checks_failed++;                                                         \
+            printf("FAIL line %d: %s: expected %d, got %d (%s)\n", __LINE__, #call,   \
+                   (int)(expected), rc_, error_name(rc_));                           \
+        } else {                                                                     \
+            checks_passed++;                                                         \
+        }                                                                            \
+    } while (0)
+
+#define CHECK_CU(call) CHECK_RC(call, CUDA_SUCCESS)
+
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            checks_failed++;                                                         \
+            printf("FAIL line %d: %s\n", __LINE__, #cond);                           \
+        } else {                                                                     \
+            checks_passed++;                                                         \
+        }                                                                            \
+    } while (0)
+
+#define REQUIRE_CU(call)                                                             \
+    do {                                                                             \
+        CUresult rc_ = (call);                                                       \
+        if (rc_ != CUDA_SUCCESS) {                                                   \
+            checks_failed++;                                                         \
+            printf("FAIL line %d: %s: got %d (%s)\n", __LINE__, #call, rc_,          \
+                   error_name(rc_));                                                 \
+            return -1;                                                               \
+        }                                                                            \
+        checks_passed++;                                                             \
+    } while (0)
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char *data = NULL;
+    long size;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+        data = malloc((size_t)size + 1);
+        if (data && fread(data, 1, (size_t)size, f) == (size_t)size) {
+            data[size] = 0;
+        } else {
+            free(data);
+            data = NULL;
+        }
+    }
+    fclose(f);
+    return data;
+}
+
+static int device_memory(CUcontext ctx) {
+    const size_t size = 1 << 20;
+    CUdeviceptr d = 0, d2 = 0, base = 0, range_start = 0, dptr = 0;
+    size_t range = 0;
+    unsigned int type = 0;
+    unsigned long long id = 0, id2 = 0;
+    CUcontext owner = NULL;
+    int ordinal = -1;
+    unsigned char managed = 7, mapped = 0;
+    void *host = (void *)1;
+
+    REQUIRE_CU(cuMemAlloc(&d, size));
+    REQUIRE_CU(cuMemAlloc(&d2, 4096));
+    CHECK_CU(cuPointerGetAttribute(&type, POINTER_ATTRIBUTE_MEMORY_TYPE, d + 100));
+    CHECK(type == MEMORYTYPE_DEVICE);
+    CHECK_CU(cuPointerGetAttribute(&dptr, POINTER_ATTRIBUTE_DEVICE_POINTER, d + 100));
+    CHECK(dptr == d + 100);
+    CHECK_CU(cuPointerGetAttribute(&owner, POINTER_ATTRIBUTE_CONTEXT, d));
+    CHECK(owner == ctx);
+    CHECK_CU(cuPointerGetAttribute(&ordinal, POINTER_ATTRIBUTE_DEVICE_ORDINAL, d));
+    CHECK(ordinal == 0);
+    CHECK_CU(cuPointerGetAttribute(&managed, POINTER_ATTRIBUTE_IS_MANAGED, d));
+    CHECK(managed == 0);
+    CHECK_CU(cuPointerGetAttribute(&mapped, POINTER_ATTRIBUTE_MAPPED, d));
+    CHECK(mapped == 1);
+    CHECK_CU(cuPointerGetAttribute(&range_start, POINTER_ATTRIBUTE_RANGE_START_ADDR, d + size - 1));
+    CHECK(range_start == d);
+    CHECK_CU(cuPointerGetAttribute(&range, POINTER_ATTRIBUTE_RANGE_SIZE, d + 5));
+    CHECK(range == size);
+    CHECK_CU(cuPointerGetAttribute(&id, POINTER_ATTRIBUTE_BUFFER_ID, d));
+    CHECK_CU(cuPointerGetAttribute(&id2, POINTER_ATTRIBUTE_BUFFER_ID, d2));
+    CHECK(id != 0 && id2 != 0 && id != id2);
+    /* Device memory has no host pointer. */
+    CHECK_RC(cuPointerGetAttribute(&host, POINTER_ATTRIBUTE_HOST_POINTER, d),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cuMemGetAddressRange(&base, &range, d + 4096));
+    CHECK(base == d && range == size);
+
+    {
+        int attributes[4] = {POINTER_ATTRIBUTE_MEMORY_TYPE, POINTER_ATTRIBUTE_DEVICE_POINTER,
+                             POINTER_ATTRIBUTE_HOST_POINTER, POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+        void *data[4] = {&type, &dptr, &host, &ordinal};
+        type = 0;
+        dptr = 0;
+        ordinal = -1;
+        CHECK_CU(cuPointerGetAttributes(4, attributes, data, d + 8));
+        CHECK(type == MEMORYTYPE_DEVICE && dptr == d + 8 && host == NULL && ordinal == 0);
+    }
+
+    /* Past the end and after the free, the memory is no longer known. */
+    CHECK_RC(cuMemGetAddressRange(&base, &range, d2 + 8192), CUDA_ERROR_NOT_FOUND);
+    CHECK_CU(cuMemFree(d2));
+    CHECK_RC(cuPointerGetAttribute(&type, POINTER_ATTRIBUTE_MEMORY_TYPE, d2),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cuMemFree(d));
+    return 0;
+}
+
+static int pinned_and_foreign_memory(CUcontext ctx) {
+    void *h = NULL, *host = NULL;
+    unsigned int type = 0;
+    CUdeviceptr start = 0;
+    size_t range = 0;
+    CUcontext owner = NULL;
+    int on_stack = 0;
+    CUdeviceptr foreign = (CUdeviceptr)(uintptr_t)&on_stack;
+
+    REQUIRE_CU(cuMemAllocHost(&h, 4096));
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)h;
+    CHECK_CU(cuPointerGetAttribute(&type, POINTER_ATTRIBUTE_MEMORY_TYPE, p + 8));
+    CHECK(type == MEMORYTYPE_HOST);
+    CHECK_CU(cuPointerGetAttribute(&host, POINTER_ATTRIBUTE_HOST_POINTER, p + 8));
+    CHECK(host == (char *)h + 8);
+    CHECK_CU(cuPointerGetAttribute(&start, POINTER_ATTRIBUTE_RANGE_START_ADDR, p + 8));
+    CHECK(start == p);
+    CHECK_CU(cuPointerGetAttribute(&range, POINTER_ATTRIBUTE_RANGE_SIZE, p));
+    CHECK(range == 4096);
+    CHECK_CU(cuPointerGetAttribute(&owner, POINTER_ATTRIBUTE_CONTEXT, p));
+    CHECK(owner == ctx);
+
+    /* Memory CUDA never saw: an error alone, zeros in a list. */
+    CHECK_RC(cuPointerGetAttribute(&type, POINTER_ATTRIBUTE_MEMORY_TYPE, foreign),
+             CUDA_ERROR_INVALID_VALUE);
+    {
+        int attributes[3] = {POINTER_ATTRIBUTE_MEMORY_TYPE, POINTER_ATTRIBUTE_DEVICE_POINTER,
+                             POINTER_ATTRIBUTE_IS_MANAGED};
+        CUdeviceptr dptr = 1;
+        unsigned char managed = 1;
+        void *data[3] = {&type, &dptr, &managed};
+        type = 9;
+        CHECK_CU(cuPointerGetAttributes(3, attributes, data, foreign));
+        CHECK(type == 0 && dptr == 0 && managed == 0);
+    }
+    CHECK_CU(cuMemFreeHost(h));
+    CHECK_RC(cuPointerGetAttribute(&type, POINTER_ATTRIBUTE_MEMORY_TYPE, p),
+             CUDA_ERROR_INVALID_VALUE);
+    return 0;
+}
+
+static int streams_and_contexts(CUcontext ctx, CUdevice device) {
+    CUstream s1 = NULL, s2 = NULL;
+    CUevent event = NULL;
+    CUcontext owner = NULL;
+    int status = -1, peer = -1;
+    unsigned long long id1 = 0, id2 = 0, ctx_id = 0, capture_id = 7;
+    size_t count = 9;
+
+    REQUIRE_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+    REQUIRE_CU(cuStreamCreate(&s2, CU_STREAM_DEFAULT));
+    CHECK_CU(cuStreamIsCapturing(s1, &status));
+    CHECK(status == STREAM_CAPTURE_STATUS_NONE);
+    status = -1;
+    CHECK_CU(cuStreamIsCapturing(NULL, &status));
+    CHECK(status == STREAM_CAPTURE_STATUS_NONE);
+    status = -1;
+    CHECK_CU(cuStreamGetCaptureInfo_v2(s2, &status, &capture_id, NULL, NULL, &count));
+    CHECK(status == STREAM_CAPTURE_STATUS_NONE);
+    CHECK_CU(cuStreamGetCtx(s1, &owner));
+    CHECK(owner == ctx);
+    CHECK_CU(cuStreamGetId(s1, &id1));
+    CHECK_CU(cuStreamGetId(s2, &id2));
+    CHECK(id1 != id2);
+    CHECK_CU(cuCtxGetId(NULL, &ctx_id));
+    CHECK(ctx_id != 0);
+    REQUIRE_CU(cuEventCreate(&event, CU_EVENT_DEFAULT));
+    CHECK_CU(cuEventRecordWithFlags(event, s1, 0));
+    CHECK_CU(cuEventSynchronize(event));
+    CHECK_RC(cuEventRecordWithFlags(event, s1, 0x80), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cuDeviceCanAccessPeer(&peer, device, device));
+    CHECK(peer == 0);
+    CHECK_CU(cuCtxResetPersistingL2Cache());
+    CHECK_CU(cuEventDestroy(event));
+    CHECK_CU(cuStreamDestroy(s1));
+    CHECK_CU(cuStreamDestroy(s2));
+    return 0;
+}
+
+static size_t quarter_kib_per_thread(int block_size) { return (size_t)block_size * 256; }
+
+static int occupancy_and_attributes(CUfunction add, CUfunction empty, CUdevice device,
+                                    int require_clusters) {
+    int blocks = -1, again = -1, threads_per_sm = 0, optin = 0, min_grid = 0, block = 0;
+    int sms = 0, value = 0;
+    size_t available = 0;
+    const int big = 64 * 1024;
+
+    REQUIRE_CU(cuDeviceGetAttribute(&threads_per_sm, DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+                                    device));
+    REQUIRE_CU(cuDeviceGetAttribute(&optin, DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                    device));
+    REQUIRE_CU(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device));
+
+    CHECK_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, empty, 256, 0));
+    CHECK(blocks > 0 && blocks * 256 <= threads_per_sm);
+    CHECK_CU(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&again, empty, 256, 0, 0));
+    CHECK(again == blocks);
+    CHECK_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, empty, 1024, 0));
+    CHECK(blocks >= 1 && blocks * 1024 <= threads_per_sm);
+    CHECK_CU(cuOccupancyAvailableDynamicSMemPerBlock(&available, empty, 1, 128));
+    CHECK(available > 0 && available <= (size_t)optin);
+
+    CHECK_CU(cuOccupancyMaxPotentialBlockSize(&min_grid, &block, empty, NULL, 0, 0));
+    CHECK(block > 0 && block <= 1024 && block % 32 == 0);
+    CHECK(min_grid > 0 && min_grid % sms == 0);
+    CHECK_CU(cuOccupancyMaxPotentialBlockSize(&min_grid, &block, empty, quarter_kib_per_thread,
+                                              0, 128));
+    CHECK(block > 0 && block <= 128);
+
+    /* 64 KiB of dynamic shared memory needs the function attribute. */
+    CHECK_CU(cuFuncSetAttribute(add, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, big));
+    CHECK_CU(cuFuncGetAttribute(&value, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, add));
+    CHECK(value == big);
+    CHECK_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, add, 128, (size_t)big));
+    CHECK(blocks > 0 && (long)blocks * big <= 240 * 1024);
+    CHECK_RC(cuFuncSetAttribute(add, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, optin + 1),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_RC(cuFuncSetAttribute(add, FUNC_ATTRIBUTE_NUM_REGS, 32), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cuFuncGetAttribute(&value, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, add));
+    CHECK(value == big);
+    CHECK_CU(cuFuncSetCacheConfig(add, FUNC_CACHE_PREFER_L1));
+    /* Refused values left nothing sticky behind. */
+    CHECK_CU(cuCtxSynchronize());
+
+    {
+        LaunchAttribute cluster;
+        LaunchConfig config;
+        int clusters = -1;
+        CUresult rc;
+        memset(&cluster, 0, sizeof cluster);
+        memset(&config, 0, sizeof config);
+        cluster.id = LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        cluster.value.dims[0] = 2;
+        cluster.value.dims[1] = 1;
+        cluster.value.dims[2] = 1;
+        config.grid_x = 16;
+        config.grid_y = config.grid_z = 1;
+        config.block_x = 128;
+        config.block_y = config.block_z = 1;
+        config.attrs = &cluster;
+        config.num_attrs = 1;
+        rc = cuOccupancyMaxActiveClusters(&clusters, empty, &config);
+        if (rc == CUDA_SUCCESS) {
+            CHECK(clusters > 0);
+        } else if (require_clusters) {
+            CHECK_CU(rc);
+        } else {
+            printf("note: cuOccupancyMaxActiveClusters: %d (%s)\n", rc, error_name(rc));
+        }
+    }
+    return 0;
+}
+
+/* The launch that needs the attribute set above: c = a + b with 64 KiB of
+ * dynamic shared memory. */
+static int launch_with_big_shared_memory(CUfunction add) {
+    enum { N = 1000 };
+    float a[N], b[N], c[N];
+    CUdeviceptr da = 0, db = 0, dc = 0;
+    unsigned int n = N;
+    void *params[4] = {&da, &db, &dc, &n};
+    int i, wrong = 0;
+    for (i = 0; i < N; i++) {
+        a[i] = (float)i;
+        b[i] = 0.5f;
+    }
+    REQUIRE_CU(cuMemAlloc(&da, sizeof a));
+    REQUIRE_CU(cuMemAlloc(&db, sizeof b));
+    REQUIRE_CU(cuMemAlloc(&dc, sizeof c));
+    CHECK_CU(cuMemcpyHtoD(da, a, sizeof a));
+    CHECK_CU(cuMemcpyHtoD(db, b, sizeof b));
+    CHECK_CU(cuLaunchKernel(add, (N + 127) / 128, 1, 1, 128, 1, 1, 64 * 1024, NULL, params, NULL));
+    CHECK_CU(cuMemcpyDtoH(c, dc, sizeof c));
+    for (i = 0; i < N; i++) wrong += c[i] != (float)i + 0.5f;
+    CHECK(wrong == 0);
+    CHECK_CU(cuMemFree(da));
+    CHECK_CU(cuMemFree(db));
+    CHECK_CU(cuMemFree(dc));
+    return 0;
+}
+
+static int cache_configuration(void) {
+    int config = -1;
+    CHECK_CU(cuCtxSetCacheConfig(FUNC_CACHE_PREFER_SHARED));
+    CHECK_CU(cuCtxGetCacheConfig(&config));
+    CHECK(config == FUNC_CACHE_PREFER_SHARED);
+    CHECK_CU(cuCtxSetCacheConfig(FUNC_CACHE_PREFER_L1));
+    CHECK_CU(cuCtxGetCacheConfig(&config));
+    CHECK(config == FUNC_CACHE_PREFER_L1);
+    CHECK_RC(cuCtxSetCacheConfig(7), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cuCtxGetSharedMemConfig(&config));
+    CHECK(config >= 0 && config <= 2);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *image_path = NULL;
+    int require_clusters = 0, i;
+    char *image;
+    CUdevice device = 0;
+    CUcontext ctx = NULL;
+    CUmodule module = NULL;
+    CUfunction add = NULL, empty = NULL;
+
+    for (i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--image") == 0 && i + 1 < argc) {
+            image_path = argv[++i];
+        } else if (strcmp(argv[i], "--require-clusters") == 0) {
+            require_clusters = 1;
+        } else {
+            fprintf(stderr, "usage: %s --image PATH [--require-clusters]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (!image_path || !(image = read_file(image_path))) {
+        fprintf(stderr, "cannot read the module image\n");
+        return 2;
+    }
+
+    if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&device, 0) != CUDA_SUCCESS ||
+        cuDevicePrimaryCtxRetain(&ctx, device) != CUDA_SUCCESS ||
+        cuCtxSetCurrent(ctx) != CUDA_SUCCESS || cuModuleLoadData(&module, image) != CUDA_SUCCESS ||
+        cuModuleGetFunction(&add, module, "rgpu_vector_add") != CUDA_SUCCESS ||
+        cuModuleGetFunction(&empty, module, "rgpu_empty") != CUDA_SUCCESS) {
+        printf("FAIL: setting up a context and the module\n");
+        return 1;
+    }
+
+    device_memory(ctx);
+    pinned_and_foreign_memory(ctx);
+    streams_and_contexts(ctx, device);
+    occupancy_and_attributes(add, empty, device, require_clusters);
+    launch_with_big_shared_memory(add);
+    cache_configuration();
+
+    CHECK_CU(cuModuleUnload(module));
+    CHECK_CU(cuDevicePrimaryCtxRelease(device));
+    free(image);
+    if (checks_failed) {
+        printf("framework_queries_test: %ld of %ld checks failed\n", checks_failed,
+               checks_failed + checks_passed);
+        return 1;
+    }
+    printf("framework_queries_test: %ld checks passed\n", checks_passed);
+    return 0;
+}

@@ -1,0 +1,42 @@
+//! The queries CuPy, Triton and PyTorch make of the driver (pointer
+//! attributes, capture state, stream and context identity, occupancy,
+//! function attributes, cache configuration) end to end through a sim
+//! daemon: tests/programs/framework_queries_test.c checks every value.
+
+use std::time::Duration;
+
+use rgpu_tests::{reference_ptx, Daemon, GuestLib, GuestProcess};
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+const ACCOUNTING_TIMEOUT: Duration = Duration::from_secs(15);
+
+#[test]
+fn framework_queries_answer_like_the_driver() {
+    let guest = GuestLib::new();
+    let program = guest.build_program("framework_queries_test.c");
+    let daemon = Daemon::start("sim");
+    let mut command = guest.command(&program, &daemon);
+    command
+        .arg("--image")
+        .arg(reference_ptx())
+        .arg("--require-clusters");
+    let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
+    assert!(
+        outcome.status.success()
+            && outcome.stdout.lines().any(|l| {
+                l.starts_with("framework_queries_test: ") && l.ends_with(" checks passed")
+            }),
+        "framework_queries_test failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        outcome.status,
+        outcome.stdout,
+        outcome.stderr
+    );
+    daemon.wait_for_stats(ACCOUNTING_TIMEOUT, "every session closed", |s| {
+        s.get("sessions_active") == 0
+    });
+    let stats = daemon.stats();
+    // Refused attribute values were refused in the guest: nothing failed on
+    // the host, and no allocation was left behind.
+    assert_eq!(stats.get("command_errors"), 0, "{stats:?}");
+    assert_eq!(stats.get("device_memory_bytes"), 0, "{stats:?}");
+}
