@@ -12,16 +12,18 @@
 use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use log::{debug, trace, warn};
 use rgpu_proto::capset::{DeviceInfo, ATTRIBUTE_SLOTS, ATTRIBUTE_UNSUPPORTED};
+use rgpu_proto::command::ClusterQuery;
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::reply::FunctionInfo;
 
 use crate::image::{classify, ImageKind};
+use crate::occupancy::{self, KernelResources};
 use crate::{ptx, ContextExecutor, CuResult, DeviceStatus, Executor, HostRun, StreamRef};
 
 pub const SIM_DEVICE_NAME: &str = "rgpu-sim (test fixture, no GPU)";
@@ -42,6 +44,30 @@ const H200_ATTRIBUTES: &str = include_str!("../data/h200-attributes.tsv");
 
 /// `CUDA_ERROR_UNSUPPORTED_LIMIT` (cuda.h), not named by rgpu-proto.
 const CUDA_ERROR_UNSUPPORTED_LIMIT: u32 = 215;
+
+/// For tests of the daemon's process isolation only: with
+/// `RGPU_SIM_FAULT_POISONS_PROCESS=1`, launching a kernel named `rgpu_fault`
+/// makes every later context creation, registration, allocation, copy,
+/// launch and synchronisation of this process fail with
+/// CUDA_ERROR_ILLEGAL_ADDRESS, as NVIDIA's driver does after a kernel fault.
+static POISONED: AtomicBool = AtomicBool::new(false);
+
+fn check_poisoned() -> CuResult<()> {
+    if POISONED.load(Ordering::SeqCst) {
+        return Err(CUDA_ERROR_ILLEGAL_ADDRESS);
+    }
+    Ok(())
+}
+/// `CUDA_ERROR_INVALID_CLUSTER_SIZE` (cuda.h), not named by rgpu-proto.
+const CUDA_ERROR_INVALID_CLUSTER_SIZE: u32 = 912;
+/// What the reference kernels report (`CU_FUNC_ATTRIBUTE_*` numbers).
+const FUNC_ATTRIBUTE_NUM_REGS: i32 = 4;
+const FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
+const FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: i32 = 14;
+const SIM_KERNEL_REGISTERS: i32 = 16;
+const SIM_KERNEL_MAX_DYNAMIC_SHARED: i32 = 49152;
+/// `CU_OCCUPANCY_DEFAULT | CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE`.
+const OCCUPANCY_FLAGS: u32 = 0x1;
 const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
 /// Launch geometry limits of the H200 (device attributes 2-7).
 const MAX_THREADS_PER_BLOCK: u64 = 1024;
@@ -128,6 +154,7 @@ impl Executor for SimExecutor {
     }
 
     fn create_context(&self, device: u32) -> CuResult<Box<dyn ContextExecutor>> {
+        check_poisoned()?;
         if device != 0 {
             return Err(CUDA_ERROR_INVALID_DEVICE);
         }
@@ -137,7 +164,7 @@ impl Executor for SimExecutor {
 
     /// Host memory needs no registration here: copies are CPU copies.
     fn register_host_memory(&self, _run: HostRun) -> CuResult<()> {
-        Ok(())
+        check_poisoned()
     }
 
     fn unregister_host_memory(&self, _run: HostRun) {}
@@ -249,6 +276,8 @@ struct SimFunction {
     name: String,
     info: FunctionInfo,
     kernel: Option<ReferenceKernel>,
+    /// Values set with `func_set_attribute`.
+    attributes: HashMap<i32, i32>,
 }
 
 struct SimEvent {
@@ -296,6 +325,19 @@ impl SimContext {
         let handle = self.next_handle;
         self.next_handle += 1;
         handle
+    }
+
+    /// What the occupancy model needs of a function: its attributes.
+    fn kernel_resources(&mut self, function: u64) -> CuResult<KernelResources> {
+        let registers = self.func_get_attribute(function, FUNC_ATTRIBUTE_NUM_REGS)?;
+        let static_shared = self.func_get_attribute(function, 1)?;
+        let max_dynamic =
+            self.func_get_attribute(function, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)?;
+        Ok(KernelResources {
+            registers,
+            static_shared: u64::try_from(static_shared).unwrap_or(0),
+            max_dynamic_shared: u64::try_from(max_dynamic).unwrap_or(0),
+        })
     }
 
     fn allocate(&mut self, size: u64, owner: Owner) -> CuResult<u64> {
@@ -490,7 +532,7 @@ impl Drop for SimContext {
 
 impl ContextExecutor for SimContext {
     fn synchronize(&mut self) -> CuResult<()> {
-        Ok(())
+        check_poisoned()
     }
 
     fn get_limit(&mut self, limit: u32) -> CuResult<u64> {
@@ -512,6 +554,7 @@ impl ContextExecutor for SimContext {
     }
 
     fn mem_alloc(&mut self, size: u64) -> CuResult<u64> {
+        check_poisoned()?;
         if size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -543,6 +586,7 @@ impl ContextExecutor for SimContext {
         src: &[HostRun],
         _wait_for_source: bool,
     ) -> CuResult<()> {
+        check_poisoned()?;
         self.check_stream(stream)?;
         let total = src
             .iter()
@@ -571,6 +615,7 @@ impl ContextExecutor for SimContext {
         src: u64,
         _wait: bool,
     ) -> CuResult<()> {
+        check_poisoned()?;
         self.check_stream(stream)?;
         let total = dst
             .iter()
@@ -723,6 +768,7 @@ impl ContextExecutor for SimContext {
                 name: name.to_owned(),
                 info: info.clone(),
                 kernel: ReferenceKernel::by_name(name),
+                attributes: HashMap::new(),
             },
         );
         if let Some(loaded) = self.modules.get_mut(&module) {
@@ -741,25 +787,116 @@ impl ContextExecutor for SimContext {
     }
 
     fn func_get_attribute(&mut self, function: u64, attribute: i32) -> CuResult<i32> {
-        if !self.functions.contains_key(&function) {
-            return Err(CUDA_ERROR_INVALID_HANDLE);
+        let f = self
+            .functions
+            .get(&function)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if let Some(value) = f.attributes.get(&attribute) {
+            return Ok(*value);
         }
         // CUfunction_attribute numbering (cuda.h); plausible values for the
         // tiny reference kernels compiled for sm_90.
         Ok(match attribute {
-            0 => 1024,    // MAX_THREADS_PER_BLOCK
-            1 => 0,       // SHARED_SIZE_BYTES
-            2 => 0,       // CONST_SIZE_BYTES
-            3 => 0,       // LOCAL_SIZE_BYTES
-            4 => 16,      // NUM_REGS
-            5 => 90,      // PTX_VERSION
-            6 => 90,      // BINARY_VERSION
-            7 => 0,       // CACHE_MODE_CA
-            8 => 49152,   // MAX_DYNAMIC_SHARED_SIZE_BYTES
+            0 => 1024,                                       // MAX_THREADS_PER_BLOCK
+            1 => 0,                                          // SHARED_SIZE_BYTES
+            2 => 0,                                          // CONST_SIZE_BYTES
+            3 => 0,                                          // LOCAL_SIZE_BYTES
+            FUNC_ATTRIBUTE_NUM_REGS => SIM_KERNEL_REGISTERS, // NUM_REGS
+            5 => 90,                                         // PTX_VERSION
+            6 => 90,                                         // BINARY_VERSION
+            7 => 0,                                          // CACHE_MODE_CA
+            FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES => SIM_KERNEL_MAX_DYNAMIC_SHARED,
             9 => -1,      // PREFERRED_SHARED_MEMORY_CARVEOUT
             10..=15 => 0, // cluster attributes: none required
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         })
+    }
+
+    /// The attributes `cuFuncSetAttribute` accepts, with the ranges cuda.h
+    /// gives them; the rest are read-only.
+    fn func_set_attribute(&mut self, function: u64, attribute: i32, value: i32) -> CuResult<()> {
+        let f = self
+            .functions
+            .get_mut(&function)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let valid = match attribute {
+            // MAX_DYNAMIC_SHARED_SIZE_BYTES: static (0) plus dynamic within the opt-in.
+            FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES => {
+                u64::try_from(value).is_ok_and(|v| v <= occupancy::SHARED_PER_BLOCK_OPTIN)
+            }
+            9 => (-1..=100).contains(&value), // PREFERRED_SHARED_MEMORY_CARVEOUT
+            11..=13 => value >= 0,            // REQUIRED_CLUSTER_WIDTH/HEIGHT/DEPTH
+            FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED => (0..=1).contains(&value),
+            15 => (0..=2).contains(&value), // CLUSTER_SCHEDULING_POLICY_PREFERENCE
+            _ => false,
+        };
+        if !valid {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        f.attributes.insert(attribute, value);
+        Ok(())
+    }
+
+    fn occupancy_max_active_blocks(
+        &mut self,
+        function: u64,
+        block_size: i32,
+        dynamic_smem_bytes: u64,
+        flags: u32,
+    ) -> CuResult<i32> {
+        if flags & !OCCUPANCY_FLAGS != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let kernel = self.kernel_resources(function)?;
+        occupancy::max_active_blocks(&kernel, block_size, dynamic_smem_bytes)
+    }
+
+    fn occupancy_available_dynamic_smem(
+        &mut self,
+        function: u64,
+        num_blocks: i32,
+        block_size: i32,
+    ) -> CuResult<u64> {
+        let kernel = self.kernel_resources(function)?;
+        occupancy::available_dynamic_shared(&kernel, num_blocks, block_size)
+    }
+
+    fn occupancy_max_active_clusters(
+        &mut self,
+        function: u64,
+        query: &ClusterQuery,
+    ) -> CuResult<i32> {
+        let kernel = self.kernel_resources(function)?;
+        let product = |dims: [u32; 3]| dims.iter().map(|d| u64::from(*d)).product::<u64>();
+        // No cluster shape given: the function's required one, else 1.
+        let cluster = if query.cluster == [0; 3] {
+            let required = [11, 12, 13].map(|a| {
+                self.func_get_attribute(function, a)
+                    .map_or(0, |v| u32::try_from(v).unwrap_or(0))
+            });
+            product(required).max(1)
+        } else {
+            product(query.cluster)
+        };
+        let non_portable = self
+            .func_get_attribute(function, FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)?
+            != 0;
+        let limit = if non_portable {
+            occupancy::MAX_CLUSTER
+        } else {
+            occupancy::MAX_PORTABLE_CLUSTER
+        };
+        if cluster == 0 || cluster > limit {
+            return Err(CUDA_ERROR_INVALID_CLUSTER_SIZE);
+        }
+        let block_size =
+            i32::try_from(product(query.block)).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        occupancy::max_active_clusters(
+            &kernel,
+            block_size,
+            u64::from(query.shared_mem_bytes),
+            cluster,
+        )
     }
 
     fn launch_kernel(
@@ -777,6 +914,14 @@ impl ContextExecutor for SimContext {
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         self.check_stream(stream)?;
         let threads = launch_threads(grid, block)?;
+        check_poisoned()?;
+        if f.name == "rgpu_fault" {
+            if std::env::var_os("RGPU_SIM_FAULT_POISONS_PROCESS").is_some_and(|v| v == "1") {
+                warn!("sim: rgpu_fault launched: this process's executor is poisoned (test mode)");
+                POISONED.store(true, Ordering::SeqCst);
+            }
+            return Err(CUDA_ERROR_ILLEGAL_ADDRESS);
+        }
         let Some(kernel) = f.kernel else {
             if self.warned.insert(f.name.clone()) {
                 warn!("sim executor has no implementation of kernel {}", f.name);
@@ -1362,6 +1507,66 @@ mod tests {
             Err(CUDA_ERROR_INVALID_HANDLE)
         );
         assert_eq!(ctx.module_unload(module), Err(CUDA_ERROR_INVALID_HANDLE));
+    }
+
+    #[test]
+    fn function_attributes_and_occupancy() {
+        let mut ctx = context();
+        let module = ctx.module_load(REFERENCE_PTX.as_bytes()).unwrap();
+        let (f, _) = ctx.module_get_function(module, "rgpu_empty").unwrap();
+        assert_eq!(ctx.occupancy_max_active_blocks(f, 256, 0, 0), Ok(8));
+        assert_eq!(
+            ctx.occupancy_max_active_blocks(f, 256, 0, 2),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        // More dynamic shared memory than the function allows: no block fits
+        // until the function is allowed more.
+        assert_eq!(ctx.occupancy_max_active_blocks(f, 128, 100_000, 0), Ok(0));
+        ctx.func_set_attribute(f, 8, 100_000).unwrap();
+        assert_eq!(ctx.func_get_attribute(f, 8), Ok(100_000));
+        assert_eq!(ctx.occupancy_max_active_blocks(f, 128, 100_000, 0), Ok(2));
+        // Read-only attributes and out-of-range values are refused.
+        assert_eq!(
+            ctx.func_set_attribute(f, 4, 32),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            ctx.func_set_attribute(f, 8, 300_000),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            ctx.func_set_attribute(f, 9, 101),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            ctx.func_set_attribute(f + 100, 8, 0),
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        );
+        assert_eq!(ctx.occupancy_available_dynamic_smem(f, 4, 128), Ok(57344));
+        let query = |cluster: [u32; 3]| ClusterQuery {
+            function: 0,
+            grid: [16, 1, 1],
+            block: [128, 1, 1],
+            shared_mem_bytes: 0,
+            cluster,
+        };
+        assert_eq!(
+            ctx.occupancy_max_active_clusters(f, &query([2, 1, 1])),
+            Ok(1024)
+        );
+        assert_eq!(
+            ctx.occupancy_max_active_clusters(f, &query([0, 0, 0])),
+            Ok(2048)
+        );
+        assert_eq!(
+            ctx.occupancy_max_active_clusters(f, &query([16, 1, 1])),
+            Err(CUDA_ERROR_INVALID_CLUSTER_SIZE)
+        );
+        ctx.func_set_attribute(f, 14, 1).unwrap();
+        assert_eq!(
+            ctx.occupancy_max_active_clusters(f, &query([16, 1, 1])),
+            Ok(128)
+        );
     }
 
     #[test]

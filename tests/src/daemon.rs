@@ -9,6 +9,8 @@ use crate::{profile_dir, Stats, TempDir};
 
 /// How long the daemon may take to create its sockets.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the daemon may take to exit on SIGTERM before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A running daemon with its sockets in a private temp dir; killed (and the
 /// dir removed) on drop.
@@ -155,7 +157,21 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// SIGTERM first, so the daemon stops its connection processes and
+    /// removes what it created; SIGKILL if it does not exit in time.
     fn drop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill only sends a signal to the child we started and
+            // have not reaped.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            let deadline = Instant::now() + STOP_TIMEOUT;
+            while Instant::now() < deadline {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

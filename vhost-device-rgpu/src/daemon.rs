@@ -1,11 +1,11 @@
-//! Serving vhost-user connections: each accepted connection gets a fresh
-//! backend (device model) and a `VhostUserDaemon` of its own, so many VMs
-//! and local processes are served at once. When a frontend goes away, its
-//! connection is torn down: every session of it ends, its epoll worker
-//! exits, and its memory mappings go with the last blob that used them.
+//! Serving one vhost-user connection, in the process that the parent
+//! started for it ([`crate::supervisor`]): the connection gets a fresh
+//! backend (device model) and a `VhostUserDaemon`. When the frontend goes
+//! away, the connection is torn down: every session of it ends, its epoll
+//! worker exits; then the process exits, which frees whatever the GPU
+//! driver still held for it.
 
 use std::os::unix::net::UnixListener;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::thread;
 use std::time::Duration;
@@ -30,37 +30,38 @@ pub enum ServeError {
 /// Pause after a failed accept so a persistent failure does not spin.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
-/// Accepts connections on `listener` forever, serving each on threads of its
-/// own. Returns only when a connection's backend cannot be created at all.
-pub fn serve(listener: UnixListener, shared: DaemonShared) -> Result<(), ServeError> {
+/// Accepts one connection on `listener`, calls `accepted`, closes the
+/// listener (the next connection is the next process's), and serves the
+/// connection until its frontend goes away.
+pub fn serve_one(
+    listener: UnixListener,
+    shared: DaemonShared,
+    id: u64,
+    accepted: impl FnOnce(),
+) -> Result<(), ServeError> {
     let mut listener = Listener::from(listener);
-    let next_id = AtomicU64::new(1);
-    loop {
+    let (daemon, backend) = loop {
         let memory = AtomicGuestMemory::new(GuestMemory::new());
         let backend = Arc::new(RwLock::new(
             GpuBackend::new(shared.clone(), memory.clone()).map_err(ServeError::Backend)?,
         ));
         let mut daemon = Daemon::new("vhost-device-rgpu".into(), backend.clone(), memory)
             .map_err(ServeError::Daemon)?;
-        if let Err(e) = daemon.start(&mut listener) {
-            error!("accepting a connection failed: {e}");
-            thread::sleep(ACCEPT_RETRY);
-            continue;
+        match daemon.start(&mut listener) {
+            Ok(()) => break (daemon, backend),
+            Err(e) => {
+                error!("accepting a connection failed: {e}");
+                thread::sleep(ACCEPT_RETRY);
+            }
         }
-        let id = next_id.fetch_add(1, Ordering::Relaxed);
-        Counters::add(&shared.counters.connections_active, 1);
-        Counters::add(&shared.counters.connections_total, 1);
-        info!("connection {id} accepted");
-        let counters = shared.counters.clone();
-        let spawned = thread::Builder::new()
-            .name(format!("rgpu-conn-{id}"))
-            .spawn(move || teardown_when_closed(id, daemon, backend, counters));
-        if let Err(e) = spawned {
-            // The closure, and with it the daemon, is dropped: that closes
-            // the connection and the backend's Drop ends its sessions.
-            error!("connection {id}: cannot start its watcher thread: {e}");
-        }
-    }
+    };
+    drop(listener);
+    Counters::add(&shared.counters.connections_active, 1);
+    Counters::add(&shared.counters.connections_total, 1);
+    info!("connection {id} accepted");
+    accepted();
+    teardown_when_closed(id, daemon, backend, shared.counters);
+    Ok(())
 }
 
 /// Waits for the frontend to go away, then frees everything of the

@@ -1,20 +1,30 @@
 //! vhost-device-rgpu: the rgpu host daemon (see the crate's library docs).
+//!
+//! Started by a user, it is the parent process ([`supervisor`]); started by
+//! the parent with `--serve-one-connection`, it serves one connection.
 
-use std::os::fd::RawFd;
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use log::{error, info, warn};
 use rgpu_executor::Executor;
 use rgpu_session::Counters;
+use vhost_device_rgpu::supervisor::{Message, Notifier, Supervisor};
 use vhost_device_rgpu::virtio_gpu::DaemonShared;
-use vhost_device_rgpu::{daemon, signals, socket, stats};
+use vhost_device_rgpu::{daemon, shared_counters, signals, socket, stats};
 
 /// What QEMU's vhost-user.rst "Backend program conventions" ask
 /// `--print-capabilities` to print.
 const CAPABILITIES: &str = "{\n  \"type\": \"gpu\"\n}";
+
+/// How long the parent waits for its connection processes at exit.
+const CHILDREN_GRACE: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ExecutorKind {
@@ -23,6 +33,16 @@ enum ExecutorKind {
     /// Host memory and a few reference kernels: a test fixture for machines
     /// without a GPU, not a way to run real programs.
     Sim,
+}
+
+impl ExecutorKind {
+    /// The name on the command line, as `Executor::kind` reports it.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Cuda => "cuda",
+            Self::Sim => "sim",
+        }
+    }
 }
 
 /// vhost-user backend of a compute-only virtio-gpu device that runs guests'
@@ -57,6 +77,16 @@ struct Args {
     /// ignored).
     #[arg(long)]
     print_capabilities: bool,
+    /// Internal: serve one connection, number N, accepted on --fd, for the
+    /// parent process that started us.
+    #[arg(long, value_name = "N", hide = true, requires_all = ["fd", "notify_fd", "counters_fd"])]
+    serve_one_connection: Option<u64>,
+    /// Internal: the pipe to tell the parent how start-up went.
+    #[arg(long, value_name = "N", hide = true, requires = "serve_one_connection")]
+    notify_fd: Option<RawFd>,
+    /// Internal: the shared page to count into.
+    #[arg(long, value_name = "N", hide = true, requires = "serve_one_connection")]
+    counters_fd: Option<RawFd>,
 }
 
 fn make_executor(kind: ExecutorKind, gpu: u32) -> Result<Arc<dyn Executor>, String> {
@@ -71,12 +101,10 @@ fn make_executor(kind: ExecutorKind, gpu: u32) -> Result<Arc<dyn Executor>, Stri
     }
 }
 
+/// The parent: owns the sockets, keeps a process ready for the next
+/// connection, answers the stats socket; never touches the GPU.
 fn run(args: Args) -> Result<(), String> {
     signals::block_termination().map_err(|e| format!("cannot block signals: {e}"))?;
-
-    let executor = make_executor(args.executor, args.gpu)?;
-    let counters = Arc::new(Counters::default());
-    let shared = DaemonShared::new(executor.clone(), counters.clone());
 
     let mut created = Vec::new();
     let listener = match (&args.socket_path, args.fd) {
@@ -88,30 +116,142 @@ fn run(args: Args) -> Result<(), String> {
         (None, Some(fd)) => socket::inherit(fd).map_err(|e| e.to_string())?,
         _ => return Err("give exactly one of --socket-path and --fd".into()),
     };
+    let child_args: Vec<OsString> = vec![
+        "--gpu".into(),
+        args.gpu.to_string().into(),
+        "--executor".into(),
+        args.executor.name().into(),
+    ];
+    let supervisor = match Supervisor::new(listener.as_raw_fd(), child_args) {
+        Ok(supervisor) => Arc::new(supervisor),
+        Err(e) => {
+            remove_all(&created);
+            return Err(e.to_string());
+        }
+    };
+    let started = start_parent_threads(&args, &supervisor, &mut created);
+    if let Err(e) = started {
+        supervisor.terminate(CHILDREN_GRACE);
+        remove_all(&created);
+        return Err(e);
+    }
+
+    let where_ = args
+        .socket_path
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| format!("fd {}", args.fd.unwrap_or_default()));
+    let error = supervisor.run(|gpus, driver| {
+        info!(
+            "serving on {where_} with executor {} ({gpus} GPU(s), driver {driver}), \
+             one process per connection",
+            args.executor.name()
+        )
+    });
+    supervisor.terminate(CHILDREN_GRACE);
+    remove_all(&created);
+    drop(listener);
+    Err(error.to_string())
+}
+
+/// The stats socket (if asked for) and the signal thread; adds the sockets
+/// it creates to `created`.
+fn start_parent_threads(
+    args: &Args,
+    supervisor: &Arc<Supervisor>,
+    created: &mut Vec<PathBuf>,
+) -> Result<(), String> {
     if let Some(path) = &args.stats_socket {
         let stats_listener = socket::bind(path).map_err(|e| e.to_string())?;
         created.push(path.clone());
-        stats::spawn(stats_listener, executor.kind(), counters)
-            .map_err(|e| format!("cannot start the stats socket: {e}"))?;
+        let totals = Arc::clone(supervisor);
+        stats::spawn(stats_listener, args.executor.name(), move || {
+            totals.totals()
+        })
+        .map_err(|e| format!("cannot start the stats socket: {e}"))?;
     }
-    signals::exit_on_termination(created.clone())
-        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+    let terminating = Arc::clone(supervisor);
+    signals::exit_on_termination(created.clone(), move || {
+        terminating.terminate(CHILDREN_GRACE)
+    })
+    .map_err(|e| format!("cannot start the signal thread: {e}"))
+}
 
-    info!(
-        "serving on {} with executor {} ({} GPU(s), driver {})",
-        args.socket_path
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|| format!("fd {}", args.fd.unwrap_or_default())),
-        executor.kind(),
-        executor.devices().len(),
-        executor.driver_version()
-    );
-    let result = daemon::serve(listener, shared).map_err(|e| e.to_string());
-    for path in &created {
+fn remove_all(paths: &[PathBuf]) {
+    for path in paths {
         let _ = std::fs::remove_file(path);
     }
-    result
+}
+
+/// How a connection process ended badly.
+enum ChildError {
+    /// Told the parent already, which reports it.
+    Reported,
+    Other(String),
+}
+
+/// A child: starts the executor, accepts one connection on the inherited
+/// socket, serves it, and exits when it ends. Exiting frees everything the
+/// GPU driver held for this tenant, whatever state it was left in.
+fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
+    let other = ChildError::Other;
+    signals::block_termination().map_err(|e| other(format!("cannot block signals: {e}")))?;
+    // SIGTERM from the parent (or its death): the process exit is the
+    // teardown.
+    signals::exit_on_termination(Vec::new(), || {})
+        .map_err(|e| other(format!("cannot start the signal thread: {e}")))?;
+    let (Some(fd), Some(notify_fd), Some(counters_fd)) =
+        (args.fd, args.notify_fd, args.counters_fd)
+    else {
+        return Err(other(
+            "--serve-one-connection needs --fd, --notify-fd and --counters-fd".into(),
+        ));
+    };
+    let mut notifier =
+        Notifier::inherit(notify_fd).map_err(|e| other(format!("--notify-fd {notify_fd}: {e}")))?;
+    let page = shared_counters::map_inherited(counters_fd)
+        .map_err(|e| other(format!("--counters-fd {counters_fd}: {e}")))?;
+    let executor = match make_executor(args.executor, args.gpu) {
+        Ok(executor) => executor,
+        Err(e) => {
+            return Err(match notifier.send(&Message::Failed(e.clone())) {
+                Ok(()) => ChildError::Reported,
+                Err(_) => other(e),
+            })
+        }
+    };
+    notifier
+        .send(&Message::Ready {
+            gpus: executor.devices().len(),
+            driver: executor.driver_version(),
+        })
+        .map_err(|e| other(format!("cannot tell the parent: {e}")))?;
+    let listener = socket::inherit(fd).map_err(|e| other(e.to_string()))?;
+    let shared = DaemonShared::new(executor, Arc::new(Counters::shared(page)));
+    daemon::serve_one(listener, shared, conn, move || {
+        if let Err(e) = notifier.send(&Message::Accepted) {
+            warn!("cannot tell the parent about the connection: {e}");
+        }
+    })
+    .map_err(|e| other(e.to_string()))
+}
+
+/// Logging of a connection process: the daemon's stderr, each line naming
+/// the connection and the process.
+fn init_child_logging(conn: u64) {
+    let pid = std::process::id();
+    env_logger::Builder::from_env(env_logger::Env::new().filter_or("RGPU_LOG", "info"))
+        .format(move |buf, record| {
+            writeln!(
+                buf,
+                "[{} {:<5} {} conn {conn} pid {pid}] {}",
+                buf.timestamp(),
+                record.level(),
+                record.target(),
+                record.args()
+            )
+        })
+        .init();
 }
 
 fn main() -> ExitCode {
@@ -125,6 +265,17 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let args = Args::parse();
+    if let Some(conn) = args.serve_one_connection {
+        init_child_logging(conn);
+        return match serve_one_connection(args, conn) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(ChildError::Reported) => ExitCode::FAILURE,
+            Err(ChildError::Other(e)) => {
+                error!("{e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     env_logger::Builder::from_env(env_logger::Env::new().filter_or("RGPU_LOG", "info")).init();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,4 +1,5 @@
-//! SIGINT/SIGTERM: remove the sockets we created and exit 0.
+//! SIGINT/SIGTERM: stop the connection processes, remove the sockets we
+//! created and exit 0.
 //!
 //! The signals are blocked in every thread and taken by one thread with
 //! `sigwait`, so the cleanup runs as ordinary code, not in a handler.
@@ -35,9 +36,12 @@ pub fn block_termination() -> io::Result<()> {
     Ok(())
 }
 
-/// Starts the thread that waits for SIGINT/SIGTERM, removes `paths` and
-/// exits the process with status 0.
-pub fn exit_on_termination(paths: Vec<PathBuf>) -> io::Result<()> {
+/// Starts the thread that waits for SIGINT/SIGTERM, runs `before_exit`,
+/// removes `paths` and exits the process with status 0.
+pub fn exit_on_termination(
+    paths: Vec<PathBuf>,
+    before_exit: impl FnOnce() + Send + 'static,
+) -> io::Result<()> {
     thread::Builder::new()
         .name("rgpu-signals".into())
         .spawn(move || {
@@ -50,7 +54,8 @@ pub fn exit_on_termination(paths: Vec<PathBuf>) -> io::Result<()> {
                 log::error!("sigwait failed: {}", io::Error::from_raw_os_error(rc));
                 return;
             }
-            info!("signal {signal}: removing sockets and exiting");
+            info!("signal {signal}: exiting");
+            before_exit();
             for path in &paths {
                 let _ = std::fs::remove_file(path);
             }

@@ -3,7 +3,6 @@
 
 use std::io::Write;
 use std::os::unix::net::UnixListener;
-use std::sync::Arc;
 use std::thread;
 
 use log::{debug, warn};
@@ -11,23 +10,8 @@ use rgpu_session::Counters;
 
 /// One JSON line: the executor kind and every field of [`Counters`].
 pub fn stats_line(executor: &str, counters: &Counters) -> String {
-    let fields = [
-        ("connections_active", &counters.connections_active),
-        ("connections_total", &counters.connections_total),
-        ("sessions_active", &counters.sessions_active),
-        ("sessions_total", &counters.sessions_total),
-        ("device_memory_bytes", &counters.device_memory_bytes),
-        ("commands_executed", &counters.commands_executed),
-        ("command_errors", &counters.command_errors),
-        ("zero_copy_bytes", &counters.zero_copy_bytes),
-        ("staged_bytes", &counters.staged_bytes),
-        ("host_cpu_copy_bytes", &counters.host_cpu_copy_bytes),
-        ("dma_registered_bytes", &counters.dma_registered_bytes),
-        ("unregistered_copy_bytes", &counters.unregistered_copy_bytes),
-        ("module_cache_hits", &counters.module_cache_hits),
-    ];
     let mut line = format!("{{\"executor\":\"{}\"", json_escape(executor));
-    for (name, value) in fields {
+    for (name, _, value) in counters.fields() {
         line.push_str(&format!(",\"{name}\":{}", Counters::get(value)));
     }
     line.push_str("}\n");
@@ -45,11 +29,11 @@ fn json_escape(s: &str) -> String {
 }
 
 /// Answers connections on `listener` from a thread of its own, for the life
-/// of the process.
+/// of the process, with the counters `snapshot` returns at that moment.
 pub fn spawn(
     listener: UnixListener,
     executor: &'static str,
-    counters: Arc<Counters>,
+    snapshot: impl Fn() -> Counters + Send + 'static,
 ) -> std::io::Result<thread::JoinHandle<()>> {
     thread::Builder::new()
         .name("rgpu-stats".into())
@@ -58,7 +42,8 @@ pub fn spawn(
                 match stream {
                     Ok(mut stream) => {
                         // A reader that went away is its own problem.
-                        if let Err(e) = stream.write_all(stats_line(executor, &counters).as_bytes())
+                        if let Err(e) =
+                            stream.write_all(stats_line(executor, &snapshot()).as_bytes())
                         {
                             debug!("stats socket: {e}");
                         }
@@ -96,10 +81,16 @@ mod tests {
     fn socket_answers_one_line_per_connection() {
         let path = std::env::temp_dir().join(format!("rgpu-stats-test-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
-        let counters = Arc::new(Counters::default());
-        spawn(UnixListener::bind(&path).unwrap(), "sim", counters.clone()).unwrap();
+        let asked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let seen = asked.clone();
+        spawn(UnixListener::bind(&path).unwrap(), "sim", move || {
+            let counters = Counters::default();
+            Counters::add(&counters.sessions_total, Counters::get(&seen) + 1);
+            Counters::add(&seen, 1);
+            counters
+        })
+        .unwrap();
         for expected in 1..=2 {
-            Counters::add(&counters.sessions_total, 1);
             let mut answer = String::new();
             UnixStream::connect(&path)
                 .unwrap()

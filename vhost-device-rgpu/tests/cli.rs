@@ -192,3 +192,138 @@ fn inherited_listening_socket_is_served() {
     // Not ours to remove.
     assert!(socket.exists());
 }
+
+/// The processes whose parent is `pid` (from /proc).
+fn children_of(pid: u32) -> Vec<libc::pid_t> {
+    let mut children = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": comm may hold spaces, so split after ')'.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let ppid = rest
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            if let Some(child) = head.split_whitespace().next().and_then(|p| p.parse().ok()) {
+                children.push(child);
+            }
+        }
+    }
+    children
+}
+
+fn process_exists(pid: libc::pid_t) -> bool {
+    // A zombie still exists for kill(0); /proc/PID/stat tells them apart.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+/// Each connection has a process of its own: one killed is reaped and its
+/// gauges drop while the totals stay; when the parent dies, every
+/// connection process dies with it.
+#[test]
+fn connection_processes_are_reaped_and_die_with_the_parent() {
+    let dir = std::env::temp_dir().join(format!("rgpu-cli-procs-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("rgpu.sock");
+    let stats = dir.join("stats.sock");
+    let log = dir.join("daemon.log");
+    let mut daemon = Daemon {
+        child: Command::new(BIN)
+            .args(["--executor", "sim", "--socket-path"])
+            .arg(&socket)
+            .arg("--stats-socket")
+            .arg(&stats)
+            .env("RGPU_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+        dir: dir.clone(),
+    };
+    wait_for(&socket);
+    wait_for(&stats);
+    let wait_stats = |want: &[&str]| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut line = String::new();
+            UnixStream::connect(&stats)
+                .unwrap()
+                .read_to_string(&mut line)
+                .unwrap();
+            if want.iter().all(|w| line.contains(w)) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "want {want:?}: {line}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+
+    let first = UnixStream::connect(&socket).unwrap();
+    let _second = UnixStream::connect(&socket).unwrap();
+    wait_stats(&["\"connections_active\":2,", "\"connections_total\":2,"]);
+    // Two serving, one standby.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut children = children_of(daemon.child.id());
+    while children.len() < 3 {
+        assert!(Instant::now() < deadline, "children: {children:?}");
+        std::thread::sleep(Duration::from_millis(10));
+        children = children_of(daemon.child.id());
+    }
+    assert_eq!(children.len(), 3, "{children:?}");
+
+    // Kill the process serving `first`: the one whose connection number is 1.
+    let serving_first = children
+        .iter()
+        .copied()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|cmd| {
+                    let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+                    args.windows(2)
+                        .any(|w| w[0] == b"--serve-one-connection" && w[1] == b"1")
+                })
+                .unwrap_or(false)
+        })
+        .expect("the process of connection 1");
+    // SAFETY: kill only sends a signal to a process of the daemon we started.
+    assert_eq!(unsafe { libc::kill(serving_first, libc::SIGKILL) }, 0);
+    wait_stats(&["\"connections_active\":1,", "\"connections_total\":2,"]);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(&format!("process {serving_first} ended abnormally")),
+        "{text}"
+    );
+    drop(first);
+
+    // The parent dies without cleaning up: its children follow.
+    let parent = daemon.child.id();
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while children.iter().any(|pid| process_exists(*pid)) {
+        assert!(Instant::now() < deadline, "orphans left: {children:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // What a killed daemon leaves behind (the next one would remove it).
+    let prefix = format!("rgpu-modules-{parent}-");
+    for entry in std::fs::read_dir("/dev/shm")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            std::fs::remove_dir_all(entry.path()).unwrap();
+        }
+    }
+}

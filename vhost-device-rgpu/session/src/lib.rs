@@ -21,7 +21,7 @@ mod worker;
 
 pub use blob::{Blob, BlobError};
 pub use channel::ChannelError;
-pub use counters::Counters;
+pub use counters::{CounterKind, CounterPage, Counters};
 pub use dma::DmaRegistry;
 pub use module_cache::ModuleCache;
 pub use session::{Completion, Session, SessionError};

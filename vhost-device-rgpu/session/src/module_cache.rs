@@ -6,9 +6,22 @@
 //! bytes received: a guest's hash only ever selects an entry, it never names
 //! one. The cache is bounded in bytes and evicts the least recently used
 //! images first; an image larger than the whole budget is not kept.
+//!
+//! The daemon serves each connection in a process of its own, so the cache
+//! of one process would not outlive its connection. When
+//! `RGPU_MODULE_CACHE_DIR` names a directory (the daemon's parent process
+//! creates a private one for its children), images are also kept there,
+//! one file per image named by its hash, so that later processes find them:
+//! a file is written under a temporary name and renamed, so it is complete
+//! when seen; it is hashed again when read, so a damaged file is a miss;
+//! the directory is held to the same byte budget, oldest files first.
 
 use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
@@ -40,6 +53,8 @@ struct Inner {
 pub struct ModuleCache {
     capacity: u64,
     inner: Mutex<Inner>,
+    /// Images shared with the daemon's other processes, if any.
+    directory: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for ModuleCache {
@@ -48,6 +63,7 @@ impl std::fmt::Debug for ModuleCache {
             .field("capacity", &self.capacity)
             .field("bytes", &self.bytes())
             .field("len", &self.len())
+            .field("directory", &self.directory)
             .finish()
     }
 }
@@ -58,11 +74,22 @@ impl ModuleCache {
         Self {
             capacity,
             inner: Mutex::new(Inner::default()),
+            directory: None,
+        }
+    }
+
+    /// A cache that also keeps images as files in `directory`, shared with
+    /// other processes (see the module docs).
+    pub fn with_directory(capacity: u64, directory: PathBuf) -> Self {
+        Self {
+            directory: Some(directory),
+            ..Self::new(capacity)
         }
     }
 
     /// The daemon's cache, shared by every session: sized by
-    /// `RGPU_MODULE_CACHE_MB` (default 1024; 0 turns caching off).
+    /// `RGPU_MODULE_CACHE_MB` (default 1024; 0 turns caching off), also
+    /// kept in `RGPU_MODULE_CACHE_DIR` if that is set.
     pub fn shared() -> Arc<ModuleCache> {
         static SHARED: OnceLock<Arc<ModuleCache>> = OnceLock::new();
         SHARED
@@ -71,8 +98,17 @@ impl ModuleCache {
                     .ok()
                     .and_then(|v| v.trim().parse::<u64>().ok())
                     .unwrap_or(DEFAULT_CAPACITY_MB);
-                log::info!("module cache: {mb} MiB");
-                Arc::new(ModuleCache::new(mb.saturating_mul(1 << 20)))
+                let capacity = mb.saturating_mul(1 << 20);
+                Arc::new(match std::env::var_os("RGPU_MODULE_CACHE_DIR") {
+                    Some(dir) if !dir.is_empty() => {
+                        log::debug!("module cache: {mb} MiB, shared in {dir:?}");
+                        ModuleCache::with_directory(capacity, dir.into())
+                    }
+                    _ => {
+                        log::debug!("module cache: {mb} MiB");
+                        ModuleCache::new(capacity)
+                    }
+                })
             })
             .clone()
     }
@@ -85,12 +121,74 @@ impl ModuleCache {
 
     /// The image cached under `hash`, marked as just used.
     pub fn get(&self, hash: &ImageHash) -> Option<Arc<[u8]>> {
-        let mut inner = self.lock();
-        inner.clock += 1;
-        let now = inner.clock;
-        let cached = inner.images.get_mut(hash)?;
-        cached.last_used = now;
-        Some(cached.image.clone())
+        let held = {
+            let mut inner = self.lock();
+            inner.clock += 1;
+            let now = inner.clock;
+            inner.images.get_mut(hash).map(|cached| {
+                cached.last_used = now;
+                cached.image.clone()
+            })
+        };
+        if let Some(image) = held {
+            self.touch_file(hash);
+            return Some(image);
+        }
+        let image = self.read_file(hash)?;
+        self.remember(*hash, image.clone());
+        Some(image)
+    }
+
+    /// The image of `hash` from the shared directory, if it is there and
+    /// its content still has that hash.
+    fn read_file(&self, hash: &ImageHash) -> Option<Arc<[u8]>> {
+        let path = self.directory.as_ref()?.join(hex(hash));
+        let image: Arc<[u8]> = fs::read(&path).ok()?.into();
+        if image_hash(&image) != *hash {
+            log::warn!("module cache: {} is damaged; ignored", path.display());
+            return None;
+        }
+        self.touch_file(hash);
+        Some(image)
+    }
+
+    /// Marks the file of `hash` as just used, for the directory's eviction
+    /// order (other processes use it too).
+    fn touch_file(&self, hash: &ImageHash) {
+        let Some(directory) = &self.directory else {
+            return;
+        };
+        if let Ok(file) = fs::File::options()
+            .write(true)
+            .open(directory.join(hex(hash)))
+        {
+            let _ = file.set_modified(SystemTime::now());
+        }
+    }
+
+    /// Writes `image` into the shared directory (if any, and if it is not
+    /// there yet), then trims the directory to the budget.
+    fn write_file(&self, hash: &ImageHash, image: &[u8]) {
+        let Some(directory) = &self.directory else {
+            return;
+        };
+        let path = directory.join(hex(hash));
+        if path.exists() {
+            return;
+        }
+        let temporary = directory.join(format!(".{}.{}", hex(hash), std::process::id()));
+        let written = fs::File::create(&temporary)
+            .and_then(|mut file| file.write_all(image))
+            .and_then(|()| fs::rename(&temporary, &path));
+        if let Err(e) = written {
+            log::warn!(
+                "module cache: cannot keep an image in {}: {e}",
+                directory.display()
+            );
+            let _ = fs::remove_file(&temporary);
+            return;
+        }
+        trim_directory(directory, self.capacity);
     }
 
     /// Keeps `image` under the hash computed here, evicting the least
@@ -104,11 +202,20 @@ impl ModuleCache {
     /// [`insert`](Self::insert) for an image whose hash the caller has just
     /// computed with [`image_hash`] from these very bytes.
     pub fn insert_hashed(&self, hash: ImageHash, image: Arc<[u8]>) {
-        let size = image.len() as u64;
-        if size > self.capacity {
-            log::debug!("module cache: a {size}-byte image exceeds the budget; not kept");
+        if image.len() as u64 > self.capacity {
+            log::debug!(
+                "module cache: a {}-byte image exceeds the budget; not kept",
+                image.len()
+            );
             return;
         }
+        self.write_file(&hash, &image);
+        self.remember(hash, image);
+    }
+
+    /// Keeps `image` in memory, evicting to stay within budget.
+    fn remember(&self, hash: ImageHash, image: Arc<[u8]>) {
+        let size = image.len() as u64;
         let mut inner = self.lock();
         inner.clock += 1;
         let now = inner.clock;
@@ -152,6 +259,37 @@ impl ModuleCache {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+fn hex(hash: &ImageHash) -> String {
+    hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Removes the least recently used image files of `directory` until the
+/// rest fit in `capacity` bytes. Another process may trim at the same time:
+/// a file already gone is fine.
+fn trim_directory(directory: &Path, capacity: u64) {
+    let Ok(entries) = fs::read_dir(directory) else {
+        return;
+    };
+    let mut files: Vec<(SystemTime, u64, PathBuf)> = entries
+        .filter_map(Result::ok)
+        // Temporary files (leading dot) are another writer's, not yet images.
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .filter_map(|e| {
+            let meta = e.metadata().ok()?;
+            Some((meta.modified().ok()?, meta.len(), e.path()))
+        })
+        .collect();
+    let mut total: u64 = files.iter().map(|(_, len, _)| len).sum();
+    files.sort();
+    for (_, len, path) in files {
+        if total <= capacity {
+            break;
+        }
+        let _ = fs::remove_file(&path);
+        total = total.saturating_sub(len);
     }
 }
 
@@ -211,5 +349,29 @@ mod tests {
         let hash = cache.insert(image(1, 1));
         assert!(cache.get(&hash).is_none());
         assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn directory_shares_images_between_caches_within_budget() {
+        let dir =
+            std::env::temp_dir().join(format!("rgpu-module-cache-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let first = ModuleCache::with_directory(250, dir.clone());
+        let a = first.insert(image(1, 100));
+        // Another process's cache: found in the directory.
+        let second = ModuleCache::with_directory(250, dir.clone());
+        assert_eq!(second.get(&a).as_deref(), Some(&image(1, 100)[..]));
+        // A damaged file is a miss.
+        let b = first.insert(image(2, 100));
+        fs::write(dir.join(hex(&b)), [9u8; 100]).unwrap();
+        assert!(second.get(&b).is_none());
+        // Over budget: the oldest file goes.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        second.get(&a).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let c = first.insert(image(3, 100));
+        assert!(dir.join(hex(&a)).exists() && dir.join(hex(&c)).exists());
+        assert!(!dir.join(hex(&b)).exists());
+        fs::remove_dir_all(&dir).unwrap();
     }
 }
