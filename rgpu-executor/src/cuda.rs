@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::ptr::{null_mut, without_provenance_mut};
+use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::sys;
 use log::{debug, info, trace, warn};
@@ -155,10 +156,12 @@ fn check_code(call: &'static str, code: u32) -> CuResult<()> {
 /// The daemon-wide CUDA executor: one host GPU.
 pub struct CudaExecutor {
     device: sys::CUdevice,
-    /// The device's primary context, retained for the daemon's lifetime:
-    /// guest memory is registered in it (portable, so every session's
-    /// context can DMA from it), and registrations outlive sessions.
-    primary: sys::CUcontext,
+    /// The device's primary context, retained on first use and kept until
+    /// the executor goes: guest memory is registered in it (portable, so
+    /// every session's context can DMA from it) and registrations outlive
+    /// sessions. Lazily, so that a standby daemon process holds no device
+    /// memory before its connection arrives.
+    primary: Mutex<Option<sys::CUcontext>>,
     info: DeviceInfo,
     driver_version: i32,
     entry: IntegerEntryPoints,
@@ -174,11 +177,27 @@ unsafe impl Send for CudaExecutor {}
 unsafe impl Sync for CudaExecutor {}
 
 impl CudaExecutor {
+    /// The primary context, retained on first use.
+    fn primary(&self) -> CuResult<sys::CUcontext> {
+        let mut primary = self.primary.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(ctx) = *primary {
+            return Ok(ctx);
+        }
+        let mut ctx: sys::CUcontext = null_mut();
+        // SAFETY: valid out-pointer; released in `drop`.
+        check("cuDevicePrimaryCtxRetain", unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut ctx, self.device)
+        })?;
+        *primary = Some(ctx);
+        Ok(ctx)
+    }
+
     /// Runs `f` with the primary context current on this thread.
     fn in_primary<T>(&self, f: impl FnOnce() -> T) -> CuResult<T> {
+        let primary = self.primary()?;
         // SAFETY: the primary context is retained until `drop`.
         check("cuCtxPushCurrent_v2", unsafe {
-            sys::cuCtxPushCurrent_v2(self.primary)
+            sys::cuCtxPushCurrent_v2(primary)
         })?;
         let result = f();
         let mut popped: sys::CUcontext = null_mut();
@@ -192,10 +211,17 @@ impl CudaExecutor {
 
 impl Drop for CudaExecutor {
     fn drop(&mut self) {
-        // SAFETY: retained in `new`; released once.
-        let _ = check("cuDevicePrimaryCtxRelease_v2", unsafe {
-            sys::cuDevicePrimaryCtxRelease_v2(self.device)
-        });
+        let retained = self
+            .primary
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        if retained {
+            // SAFETY: retained by `primary`; released once.
+            let _ = check("cuDevicePrimaryCtxRelease_v2", unsafe {
+                sys::cuDevicePrimaryCtxRelease_v2(self.device)
+            });
+        }
     }
 }
 
@@ -285,11 +311,6 @@ impl CudaExecutor {
         call("cuDriverGetVersion", unsafe {
             sys::cuDriverGetVersion(&mut driver_version)
         })?;
-        let mut primary: sys::CUcontext = null_mut();
-        // SAFETY: valid out-pointer; released in `drop`.
-        call("cuDevicePrimaryCtxRetain", unsafe {
-            sys::cuDevicePrimaryCtxRetain(&mut primary, device)
-        })?;
         info!(
             "cuda executor: GPU {gpu_ordinal} \"{name}\", {} MiB, driver API {driver_version}",
             total_mem >> 20
@@ -304,7 +325,7 @@ impl CudaExecutor {
         let nvml = HostNvml::open(&info.uuid_string());
         Ok(CudaExecutor {
             device,
-            primary,
+            primary: Mutex::new(None),
             info,
             driver_version,
             entry,
