@@ -199,6 +199,20 @@ if [ -x "$bundle/fixtures/make-fixtures.sh" ] || [ -f "$bundle/fixtures/make-fix
     done
 fi
 
+# The queries frameworks make (pointer attributes, occupancy, function
+# attributes, capture state), natively and through rgpu.
+if [ -e "$bundle/framework_queries_test.c" ]; then
+    for side in native rgpu; do
+        build "framework_queries_test-$side" gcc -O2 -std=c11 -Wall -I "$bundle" \
+            -o "$work/framework_queries_test-$side" "$bundle/framework_queries_test.c" \
+            -L "$work/$side-lib" -lcuda
+    done
+    step "framework_queries_test native" "checks passed" \
+        "${native[@]}" "$work/framework_queries_test-native" --image "$ptx"
+    step "framework_queries_test through rgpu" "checks passed" \
+        "${through_rgpu[@]}" "$work/framework_queries_test-rgpu" --image "$ptx"
+fi
+
 # NVML: rgpu's libnvidia-ml.so.1 must report what NVIDIA's reports.
 if [ -e "$bundle/libnvidia_ml.so" ]; then
     ln -s "$bundle/libnvidia_ml.so" "$work/rgpu-lib/libnvidia-ml.so.1"
