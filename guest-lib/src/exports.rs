@@ -18,6 +18,7 @@ use crate::api::stream_ordered::HostFn;
 use crate::api::{
     context, copy_2d, device, error, event, export_table, host_register, init, launch, library,
     memory, module, occupancy, pointer, primary_context, proc_address, stream, stream_ordered,
+    unified_copy,
 };
 
 crate::entry::cuda_api! {
@@ -93,6 +94,10 @@ crate::entry::cuda_api! {
     fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c_uint) => host_register::register;
     fn cuMemHostUnregister(p: *mut c_void) => host_register::unregister;
     fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width_in_bytes: usize, height: usize, element_size_bytes: c_uint) => copy_2d::alloc_pitch;
+    fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, count: usize) => unified_copy::memcpy;
+    fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, count: usize) => unified_copy::memcpy_ptds;
+    fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: CUstream) => unified_copy::memcpy_async;
+    fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: CUstream) => unified_copy::memcpy_async_ptsz;
     fn cuMemcpy2D_v2(p: *const Memcpy2D) => copy_2d::memcpy_2d;
     fn cuMemcpy2D_v2_ptds(p: *const Memcpy2D) => copy_2d::memcpy_2d_ptds;
     fn cuMemcpy2DUnaligned_v2(p: *const Memcpy2D) => copy_2d::memcpy_2d;

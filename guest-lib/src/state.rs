@@ -27,6 +27,10 @@ pub(crate) struct Driver {
 #[derive(Default)]
 pub(crate) struct Primary {
     pub context: Option<Arc<Context>>,
+    /// The primary context closed by a release to zero or a reset: the next
+    /// retain reopens this same object, so the `CUcontext` handle stays the
+    /// same for the device, as with NVIDIA's driver (runtimes keep it).
+    pub dormant: Option<Arc<Context>>,
     pub refcount: u32,
     pub flags: u32,
 }
@@ -111,8 +115,12 @@ pub(crate) struct Context {
     /// attributes and address ranges are answered from here.
     pub allocations: Mutex<BTreeMap<u64, DeviceAllocation>>,
     alive: AtomicBool,
+    /// The sticky error this context hit (CUDA_SUCCESS while none).
+    sticky_error: AtomicU32,
     channel: RwLock<Option<Channel>>,
-    ctx_id: u32,
+    /// The virtio-gpu context of the current channel (a reopened primary
+    /// context gets a new one).
+    ctx_id: AtomicU32,
     next_handle: AtomicU32,
 }
 
@@ -135,7 +143,8 @@ impl Context {
             cache_config: AtomicI32::new(0),
             allocations: Mutex::new(BTreeMap::new()),
             alive: AtomicBool::new(true),
-            ctx_id: channel.ctx_id(),
+            sticky_error: AtomicU32::new(CUDA_SUCCESS),
+            ctx_id: AtomicU32::new(channel.ctx_id()),
             channel: RwLock::new(Some(channel)),
             next_handle: AtomicU32::new(1),
         }))
@@ -154,7 +163,23 @@ impl Context {
 
     /// The virtio-gpu context id of this context's channel.
     pub fn ctx_id(&self) -> u32 {
-        self.ctx_id
+        self.ctx_id.load(Ordering::Acquire)
+    }
+
+    /// Gives a closed context a new channel (a new host session, empty): a
+    /// primary context retained again after a reset.
+    pub fn reopen(&self, driver: &Driver) -> Result<(), u32> {
+        let channel =
+            Channel::open(driver.carrier.clone(), &process_name()).map_err(carrier_error)?;
+        let mut guard = self.channel.write().map_err(|_| CUDA_ERROR_UNKNOWN)?;
+        self.ctx_id.store(channel.ctx_id(), Ordering::Release);
+        *guard = Some(channel);
+        if let Ok(mut allocations) = self.allocations.lock() {
+            allocations.clear();
+        }
+        self.sticky_error.store(CUDA_SUCCESS, Ordering::Relaxed);
+        self.alive.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// A fresh guest-chosen handle (non-zero, never the per-thread stream).
@@ -170,6 +195,12 @@ impl Context {
         &self,
         f: impl FnOnce(&Channel) -> Result<R, CarrierError>,
     ) -> Result<R, u32> {
+        // A context that hit a sticky error is unusable, as with NVIDIA's
+        // driver: every later call returns that error.
+        match self.sticky_error.load(Ordering::Relaxed) {
+            CUDA_SUCCESS => {}
+            code => return Err(code),
+        }
         let guard = self.channel.read().map_err(|_| CUDA_ERROR_UNKNOWN)?;
         let channel = guard.as_ref().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
         f(channel).map_err(carrier_error)
@@ -186,6 +217,9 @@ impl Context {
         if result == CUDA_SUCCESS {
             Ok(payload)
         } else {
+            if is_sticky(result) {
+                self.sticky_error.store(result, Ordering::Relaxed);
+            }
             Err(result)
         }
     }
@@ -206,7 +240,7 @@ impl Context {
         EVENTS.retain(|e| e.context.is_alive());
         MODULES.retain(|m| m.context.is_alive());
         FUNCTIONS.retain(|f| f.context.is_alive());
-        crate::pinned::forget_context(self.ctx_id);
+        crate::pinned::forget_context(self.ctx_id());
     }
 }
 
@@ -407,4 +441,11 @@ pub(crate) fn sync_stream(per_thread: bool) -> u32 {
     } else {
         rgpu_proto::STREAM_LEGACY
     }
+}
+
+/// Errors after which NVIDIA's driver considers a context corrupt: a kernel
+/// faulted (illegal or misaligned address, illegal instruction, stack
+/// error, invalid PC, timeout, unspecified launch failure).
+fn is_sticky(code: u32) -> bool {
+    matches!(code, 700 | 702 | 714..=719)
 }

@@ -686,6 +686,24 @@ int main(int argc, char **argv) {
         }
         CHECK_CU(cuModuleUnload(k.module));
         CHECK_CU(cuCtxSynchronize());
+        {
+            /* A reset primary context keeps its handle and works again once
+             * retained, as runtimes (cudaDeviceReset) expect. */
+            CUcontext again = NULL;
+            CUdeviceptr d = 0;
+            uint32_t word = 7;
+            CHECK_CU(cuDevicePrimaryCtxReset(device));
+            CHECK_CU(cuDevicePrimaryCtxRetain(&again, device));
+            CHECK_TRUE(again == ctx);
+            CHECK_CU(cuCtxSetCurrent(again));
+            CHECK_CU(cuMemAlloc(&d, 4));
+            CHECK_CU(cuMemcpyHtoD(d, &word, 4));
+            word = 0;
+            CHECK_CU(cuMemcpyDtoH(&word, d, 4));
+            CHECK_EQ_INT(word, 7);
+            CHECK_CU(cuMemFree(d));
+            CHECK_CU(cuDevicePrimaryCtxRelease(device));
+        }
         CHECK_CU(cuDevicePrimaryCtxRelease(device));
     }
     free(ptx);

@@ -57,6 +57,7 @@ typedef struct CUevent_st *CUevent;
 #define cuDeviceTotalMem cuDeviceTotalMem_v2
 #define cuMemGetInfo cuMemGetInfo_v2
 #define cuMemAlloc cuMemAlloc_v2
+#define cuDevicePrimaryCtxReset cuDevicePrimaryCtxReset_v2
 #define cuMemFree cuMemFree_v2
 #define cuMemAllocHost cuMemAllocHost_v2
 #define cuMemcpyHtoD cuMemcpyHtoD_v2
@@ -95,6 +96,7 @@ CUresult cuCtxSynchronize(void);
 
 CUresult cuMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytes);
+CUresult cuDevicePrimaryCtxReset(CUdevice dev);
 CUresult cuMemFree(CUdeviceptr dptr);
 CUresult cuMemAllocHost(void **pp, size_t bytes);
 CUresult cuMemFreeHost(void *p);

@@ -19,3 +19,4 @@ pub mod primary_context;
 pub mod proc_address;
 pub mod stream;
 pub mod stream_ordered;
+pub mod unified_copy;

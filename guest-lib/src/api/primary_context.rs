@@ -23,9 +23,17 @@ pub(crate) fn retain(pctx: *mut CUcontext, device: CUdevice) -> Result<(), u32> 
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let mut primary = lock(device)?;
-    let ctx = match &primary.context {
-        Some(ctx) => ctx.clone(),
-        None => {
+    let ctx = match (primary.context.clone(), primary.dormant.take()) {
+        (Some(ctx), _) => ctx,
+        (None, Some(ctx)) => {
+            ctx.reopen(driver()?)?;
+            ctx.flags
+                .store(primary.flags, std::sync::atomic::Ordering::Relaxed);
+            CONTEXTS.insert(ctx.clone());
+            primary.context = Some(ctx.clone());
+            ctx
+        }
+        (None, None) => {
             let ctx = Context::open(driver()?, device, primary.flags, true)?;
             CONTEXTS.insert(ctx.clone());
             primary.context = Some(ctx.clone());
@@ -45,6 +53,7 @@ fn close(primary: &mut Primary) -> Option<CUcontext> {
     CONTEXTS.remove(handle);
     state::forget_current(&ctx);
     ctx.close();
+    primary.dormant = Some(ctx);
     Some(handle)
 }
 
@@ -72,7 +81,10 @@ pub(crate) fn release(device: CUdevice) -> Result<(), u32> {
 
 pub(crate) fn reset(device: CUdevice) -> Result<(), u32> {
     let mut primary = lock(device)?;
+    // A reset frees the context's state, not its retains.
+    let refcount = primary.refcount;
     let handle = close(&mut primary);
+    primary.refcount = refcount;
     drop(primary);
     closed(handle);
     Ok(())

@@ -5,8 +5,11 @@
 //! buffers it asks for through hook slots 2 and 6 (ZLUDA's `dark_api` and
 //! `driver.rs`: a 1024-entry buffer of u32 and a 14-entry one). Zeroed
 //! buffers mean "no tool attached"; nothing here ever writes them. The TLS
-//! slots are only used with a profiler attached (ZLUDA leaves them empty):
-//! they report themselves if called.
+//! slots are only used with a tool in the picture (ZLUDA leaves them empty);
+//! cuBLAS calls slot 2 on every handle it creates (seen on the H200 with
+//! arguments (pointer, 1 << 63, pointer, 2)) and fails when it gets an
+//! error, so both answer success, with no tool state to report, and log
+//! their arguments at debug level.
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
@@ -16,9 +19,27 @@ use crate::abi::write_optional;
 
 pub static TLS_TABLE: [Slot; 3] = [
     Slot::size(3),
-    unknown_slot!(TOOLS_TLS, 1),
-    unknown_slot!(TOOLS_TLS, 2),
+    Slot::function(tls_no_tool_1 as *const c_void),
+    Slot::function(tls_no_tool_2 as *const c_void),
 ];
+
+extern "C" fn tls_no_tool_1(a: usize, b: usize, c: usize, d: usize) -> u32 {
+    trace_slot(
+        TOOLS_TLS,
+        1,
+        format_args!("({a:#x}, {b:#x}, {c:#x}, {d:#x}) -> 0 (no tool)"),
+    );
+    0
+}
+
+extern "C" fn tls_no_tool_2(a: usize, b: usize, c: usize, d: usize) -> u32 {
+    trace_slot(
+        TOOLS_TLS,
+        2,
+        format_args!("({a:#x}, {b:#x}, {c:#x}, {d:#x}) -> 0 (no tool)"),
+    );
+    0
+}
 
 pub static HOOKS_TABLE: [Slot; 7] = [
     Slot::size(7),
