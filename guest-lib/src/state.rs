@@ -117,6 +117,9 @@ pub(crate) struct Context {
     alive: AtomicBool,
     /// The sticky error this context hit (CUDA_SUCCESS while none).
     sticky_error: AtomicU32,
+    /// A reset primary context: closed, but its handle stays valid and the
+    /// next call through it opens a new host session.
+    reopen_on_use: AtomicBool,
     channel: RwLock<Option<Channel>>,
     /// The virtio-gpu context of the current channel (a reopened primary
     /// context gets a new one).
@@ -144,6 +147,7 @@ impl Context {
             allocations: Mutex::new(BTreeMap::new()),
             alive: AtomicBool::new(true),
             sticky_error: AtomicU32::new(CUDA_SUCCESS),
+            reopen_on_use: AtomicBool::new(false),
             ctx_id: AtomicU32::new(channel.ctx_id()),
             channel: RwLock::new(Some(channel)),
             next_handle: AtomicU32::new(1),
@@ -166,8 +170,16 @@ impl Context {
         self.ctx_id.load(Ordering::Acquire)
     }
 
+    /// Closes the context's host session but keeps the context usable: the
+    /// next call opens a new, empty session (`cuDevicePrimaryCtxReset`).
+    pub fn reset(&self) {
+        self.close();
+        self.alive.store(true, Ordering::Release);
+        self.reopen_on_use.store(true, Ordering::Release);
+    }
+
     /// Gives a closed context a new channel (a new host session, empty): a
-    /// primary context retained again after a reset.
+    /// primary context retained again after a release to zero or a reset.
     pub fn reopen(&self, driver: &Driver) -> Result<(), u32> {
         let channel =
             Channel::open(driver.carrier.clone(), &process_name()).map_err(carrier_error)?;
@@ -202,6 +214,12 @@ impl Context {
             code => return Err(code),
         }
         let guard = self.channel.read().map_err(|_| CUDA_ERROR_UNKNOWN)?;
+        if guard.is_none() && self.reopen_on_use.swap(false, Ordering::AcqRel) {
+            // A reset primary context comes back on its first use.
+            drop(guard);
+            self.reopen(driver()?)?;
+            return self.with_channel(f);
+        }
         let channel = guard.as_ref().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
         f(channel).map_err(carrier_error)
     }

@@ -80,13 +80,15 @@ pub(crate) fn release(device: CUdevice) -> Result<(), u32> {
 }
 
 pub(crate) fn reset(device: CUdevice) -> Result<(), u32> {
-    let mut primary = lock(device)?;
-    // A reset frees the context's state, not its retains.
-    let refcount = primary.refcount;
-    let handle = close(&mut primary);
-    primary.refcount = refcount;
+    let primary = lock(device)?;
+    // The driver frees the context's state but not its retains, and its
+    // handle stays valid: the next call through it starts afresh.
+    let Some(ctx) = primary.context.clone() else {
+        return Ok(());
+    };
+    ctx.reset();
     drop(primary);
-    closed(handle);
+    closed(Some(Arc::as_ptr(&ctx) as CUcontext));
     Ok(())
 }
 
