@@ -334,6 +334,9 @@ pub(crate) struct Event {
 
 pub(crate) struct Module {
     pub context: Arc<Context>,
+    /// The host session it was loaded in (a reset context gets a new one,
+    /// where this module does not exist).
+    pub session: u32,
     pub handle: u32,
     /// Functions already looked up, by name: `cuModuleGetFunction` asks the
     /// host once per name.
@@ -342,6 +345,8 @@ pub(crate) struct Module {
 
 pub(crate) struct Function {
     pub context: Arc<Context>,
+    /// The host session it was looked up in (see `Module::session`).
+    pub session: u32,
     pub module: u32,
     pub handle: u32,
     /// For `cuFuncGetName` / `cuKernelGetName`, which hand out a pointer.

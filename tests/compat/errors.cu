@@ -50,12 +50,14 @@ int main(void) {
     int *small;
     report_code("cudaMalloc of 1 MiB after the failure", cudaMalloc(&small, 1 << 20), cudaSuccess);
 
+    /* CUDA 13's runtime on driver 580 reports these as cudaErrorInvalidValue
+     * (seen on the H200), not cudaErrorInvalidConfiguration. */
     fill<<<1, 2048>>>(small, 1);
     report_code("a launch with 2048 threads per block", cudaGetLastError(),
-                cudaErrorInvalidConfiguration);
+                cudaErrorInvalidValue);
     fill<<<dim3(1, 70000), 32>>>(small, 1);
     report_code("a launch with grid y = 70000", cudaGetLastError(),
-                cudaErrorInvalidConfiguration);
+                cudaErrorInvalidValue);
     report_code("cudaDeviceSynchronize after refused launches", cudaDeviceSynchronize(),
                 cudaSuccess);
 

@@ -59,10 +59,15 @@ impl Library {
     /// Its module in `ctx`, loaded there on first use.
     fn module_in(&self, ctx: &Arc<Context>) -> Result<Arc<Module>, u32> {
         let mut modules = lock(&self.modules)?;
-        if let Some(m) = modules.iter().find(|m| Arc::ptr_eq(&m.context, ctx)) {
+        let session = ctx.ctx_id();
+        if let Some(m) = modules
+            .iter()
+            .find(|m| Arc::ptr_eq(&m.context, ctx) && m.session == session)
+        {
             return Ok(m.clone());
         }
-        modules.retain(|m| m.context.is_alive());
+        // Modules of ended contexts, or of an earlier session of this one.
+        modules.retain(|m| m.context.is_alive() && m.context.ctx_id() == m.session);
         let module = load_image(ctx, &self.image)?;
         MODULES.insert(module.clone());
         modules.push(module.clone());
@@ -75,10 +80,14 @@ impl Kernel {
     /// attributes set on the kernel so far.
     fn function_in(&self, ctx: &Arc<Context>) -> Result<Arc<Function>, u32> {
         let mut functions = lock(&self.functions)?;
-        if let Some(f) = functions.iter().find(|f| Arc::ptr_eq(&f.context, ctx)) {
+        let session = ctx.ctx_id();
+        if let Some(f) = functions
+            .iter()
+            .find(|f| Arc::ptr_eq(&f.context, ctx) && f.session == session)
+        {
             return Ok(f.clone());
         }
-        functions.retain(|f| f.context.is_alive());
+        functions.retain(|f| f.context.is_alive() && f.context.ctx_id() == f.session);
         let module = self.library.module_in(ctx)?;
         let handle = module_function(&module, self.name.as_bytes())?;
         let function = FUNCTIONS.get(handle).ok_or(CUDA_ERROR_UNKNOWN)?;

@@ -74,6 +74,7 @@ pub(crate) fn load_image(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Arc<Module>
     }
     Ok(Arc::new(Module {
         context: ctx.clone(),
+        session: ctx.ctx_id(),
         handle,
         functions: Mutex::new(HashMap::new()),
     }))
@@ -148,6 +149,7 @@ pub(crate) fn module_function(object: &Module, name: &[u8]) -> Result<CUfunction
     })?;
     let function = FUNCTIONS.insert(Arc::new(Function {
         context: ctx.clone(),
+        session: ctx.ctx_id(),
         module: object.handle,
         handle,
         name: CString::new(name).map_err(|_| CUDA_ERROR_INVALID_VALUE)?,
