@@ -29,77 +29,8 @@
 #include <time.h>
 
 #include "rgpu_cuda.h"
+#include "checks.h"
 
-static long checks_passed;
-static long checks_failed;
-
-static const char *error_name(CUresult rc) {
-    const char *name = NULL;
-    if (cuGetErrorName(rc, &name) != CUDA_SUCCESS || name == NULL) return "?";
-    return name;
-}
-
-static void fail(int line, const char *what) {
-    checks_failed++;
-    printf("FAIL line %d: %s\n", line, what);
-}
-
-/* A CUDA call that must succeed; on failure the current step gives up. */
-#define REQUIRE_CU(call)                                                              \
-    do {                                                                              \
-        CUresult rc_ = (call);                                                        \
-        if (rc_ != CUDA_SUCCESS) {                                                    \
-            checks_failed++;                                                          \
-            printf("FAIL line %d: %s: expected CUDA_SUCCESS, got %d (%s)\n", __LINE__, \
-                   #call, rc_, error_name(rc_));                                      \
-            return -1;                                                                \
-        }                                                                             \
-        checks_passed++;                                                              \
-    } while (0)
-
-/* A CUDA call that must succeed; on failure the program goes on. */
-#define CHECK_CU(call)                                                                \
-    do {                                                                              \
-        CUresult rc_ = (call);                                                        \
-        if (rc_ != CUDA_SUCCESS) {                                                    \
-            checks_failed++;                                                          \
-            printf("FAIL line %d: %s: expected CUDA_SUCCESS, got %d (%s)\n", __LINE__, \
-                   #call, rc_, error_name(rc_));                                      \
-        } else {                                                                      \
-            checks_passed++;                                                          \
-        }                                                                             \
-    } while (0)
-
-/* A CUDA call that must fail (any error code). */
-#define CHECK_CU_FAILS(call)                                                        \
-    do {                                                                            \
-        CUresult rc_ = (call);                                                      \
-        if (rc_ == CUDA_SUCCESS) {                                                  \
-            checks_failed++;                                                        \
-            printf("FAIL line %d: %s: expected an error, got CUDA_SUCCESS\n", __LINE__, \
-                   #call);                                                          \
-        } else {                                                                    \
-            checks_passed++;                                                        \
-        }                                                                           \
-    } while (0)
-
-#define CHECK_EQ_INT(actual, expected)                                                   \
-    do {                                                                                 \
-        long long a_ = (long long)(actual), e_ = (long long)(expected);                  \
-        if (a_ != e_) {                                                                  \
-            checks_failed++;                                                             \
-            printf("FAIL line %d: %s: expected %lld, got %lld\n", __LINE__, #actual, e_, \
-                   a_);                                                                  \
-        } else {                                                                         \
-            checks_passed++;                                                             \
-        }                                                                                \
-    } while (0)
-
-#define CHECK_TRUE(cond)                                           \
-    do {                                                           \
-        if (!(cond)) fail(__LINE__, "expected true: " #cond);      \
-        else checks_passed++;                                      \
-    } while (0)
 
 /* Compares two u32 arrays, reports the first mismatches; one check. */
 static void check_words(int line, const char *what, const uint32_t *actual,

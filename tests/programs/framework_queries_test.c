@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "rgpu_cuda.h"
+#include "checks.h"
 
 #define cuMemGetAddressRange cuMemGetAddressRange_v2
 
@@ -95,51 +96,6 @@ CUresult cuCtxGetSharedMemConfig(int *config);
 CUresult cuCtxResetPersistingL2Cache(void);
 CUresult cuDeviceCanAccessPeer(int *can_access, CUdevice device, CUdevice peer);
 
-static long checks_passed;
-static long checks_failed;
-
-static const char *error_name(CUresult rc) {
-    const char *name = NULL;
-    if (cuGetErrorName(rc, &name) != CUDA_SUCCESS || name == NULL) return "?";
-    return name;
-}
-
-#define CHECK_RC(call, expected)                                                     \
-    do {                                                                             \
-        CUresult rc_ = (call);                                                       \
-        if (rc_ != (expected)) {                                                     \
-            checks_failed++;                                                         \
-            printf("FAIL line %d: %s: expected %d, got %d (%s)\n", __LINE__, #call,   \
-                   (int)(expected), rc_, error_name(rc_));                           \
-        } else {                                                                     \
-            checks_passed++;                                                         \
-        }                                                                            \
-    } while (0)
-
-#define CHECK_CU(call) CHECK_RC(call, CUDA_SUCCESS)
-
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            checks_failed++;                                                         \
-            printf("FAIL line %d: %s\n", __LINE__, #cond);                           \
-        } else {                                                                     \
-            checks_passed++;                                                         \
-        }                                                                            \
-    } while (0)
-
-#define REQUIRE_CU(call)                                                             \
-    do {                                                                             \
-        CUresult rc_ = (call);                                                       \
-        if (rc_ != CUDA_SUCCESS) {                                                   \
-            checks_failed++;                                                         \
-            printf("FAIL line %d: %s: got %d (%s)\n", __LINE__, #call, rc_,          \
-                   error_name(rc_));                                                 \
-            return -1;                                                               \
-        }                                                                            \
-        checks_passed++;                                                             \
-    } while (0)
-
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
     char *data = NULL;
@@ -172,29 +128,29 @@ static int device_memory(CUcontext ctx) {
     REQUIRE_CU(cuMemAlloc(&d, size));
     REQUIRE_CU(cuMemAlloc(&d2, 4096));
     CHECK_CU(cuPointerGetAttribute(&type, POINTER_ATTRIBUTE_MEMORY_TYPE, d + 100));
-    CHECK(type == MEMORYTYPE_DEVICE);
+    CHECK_TRUE(type == MEMORYTYPE_DEVICE);
     CHECK_CU(cuPointerGetAttribute(&dptr, POINTER_ATTRIBUTE_DEVICE_POINTER, d + 100));
-    CHECK(dptr == d + 100);
+    CHECK_TRUE(dptr == d + 100);
     CHECK_CU(cuPointerGetAttribute(&owner, POINTER_ATTRIBUTE_CONTEXT, d));
-    CHECK(owner == ctx);
+    CHECK_TRUE(owner == ctx);
     CHECK_CU(cuPointerGetAttribute(&ordinal, POINTER_ATTRIBUTE_DEVICE_ORDINAL, d));
-    CHECK(ordinal == 0);
+    CHECK_TRUE(ordinal == 0);
     CHECK_CU(cuPointerGetAttribute(&managed, POINTER_ATTRIBUTE_IS_MANAGED, d));
-    CHECK(managed == 0);
+    CHECK_TRUE(managed == 0);
     CHECK_CU(cuPointerGetAttribute(&mapped, POINTER_ATTRIBUTE_MAPPED, d));
-    CHECK(mapped == 1);
+    CHECK_TRUE(mapped == 1);
     CHECK_CU(cuPointerGetAttribute(&range_start, POINTER_ATTRIBUTE_RANGE_START_ADDR, d + size - 1));
-    CHECK(range_start == d);
+    CHECK_TRUE(range_start == d);
     CHECK_CU(cuPointerGetAttribute(&range, POINTER_ATTRIBUTE_RANGE_SIZE, d + 5));
-    CHECK(range == size);
+    CHECK_TRUE(range == size);
     CHECK_CU(cuPointerGetAttribute(&id, POINTER_ATTRIBUTE_BUFFER_ID, d));
     CHECK_CU(cuPointerGetAttribute(&id2, POINTER_ATTRIBUTE_BUFFER_ID, d2));
-    CHECK(id != 0 && id2 != 0 && id != id2);
+    CHECK_TRUE(id != 0 && id2 != 0 && id != id2);
     /* Device memory has no host pointer. */
     CHECK_RC(cuPointerGetAttribute(&host, POINTER_ATTRIBUTE_HOST_POINTER, d),
              CUDA_ERROR_INVALID_VALUE);
     CHECK_CU(cuMemGetAddressRange(&base, &range, d + 4096));
-    CHECK(base == d && range == size);
+    CHECK_TRUE(base == d && range == size);
 
     {
         int attributes[4] = {POINTER_ATTRIBUTE_MEMORY_TYPE, POINTER_ATTRIBUTE_DEVICE_POINTER,
@@ -204,7 +160,7 @@ static int device_memory(CUcontext ctx) {
         dptr = 0;
         ordinal = -1;
         CHECK_CU(cuPointerGetAttributes(4, attributes, data, d + 8));
-        CHECK(type == MEMORYTYPE_DEVICE && dptr == d + 8 && host == NULL && ordinal == 0);
+        CHECK_TRUE(type == MEMORYTYPE_DEVICE && dptr == d + 8 && host == NULL && ordinal == 0);
     }
 
     /* Past the end and after the free, the memory is no longer known. */
@@ -228,15 +184,15 @@ static int pinned_and_foreign_memory(CUcontext ctx) {
     REQUIRE_CU(cuMemAllocHost(&h, 4096));
     CUdeviceptr p = (CUdeviceptr)(uintptr_t)h;
     CHECK_CU(cuPointerGetAttribute(&type, POINTER_ATTRIBUTE_MEMORY_TYPE, p + 8));
-    CHECK(type == MEMORYTYPE_HOST);
+    CHECK_TRUE(type == MEMORYTYPE_HOST);
     CHECK_CU(cuPointerGetAttribute(&host, POINTER_ATTRIBUTE_HOST_POINTER, p + 8));
-    CHECK(host == (char *)h + 8);
+    CHECK_TRUE(host == (char *)h + 8);
     CHECK_CU(cuPointerGetAttribute(&start, POINTER_ATTRIBUTE_RANGE_START_ADDR, p + 8));
-    CHECK(start == p);
+    CHECK_TRUE(start == p);
     CHECK_CU(cuPointerGetAttribute(&range, POINTER_ATTRIBUTE_RANGE_SIZE, p));
-    CHECK(range == 4096);
+    CHECK_TRUE(range == 4096);
     CHECK_CU(cuPointerGetAttribute(&owner, POINTER_ATTRIBUTE_CONTEXT, p));
-    CHECK(owner == ctx);
+    CHECK_TRUE(owner == ctx);
 
     /* Memory CUDA never saw: an error alone, zeros in a list. */
     CHECK_RC(cuPointerGetAttribute(&type, POINTER_ATTRIBUTE_MEMORY_TYPE, foreign),
@@ -249,7 +205,7 @@ static int pinned_and_foreign_memory(CUcontext ctx) {
         void *data[3] = {&type, &dptr, &managed};
         type = 9;
         CHECK_CU(cuPointerGetAttributes(3, attributes, data, foreign));
-        CHECK(type == 0 && dptr == 0 && managed == 0);
+        CHECK_TRUE(type == 0 && dptr == 0 && managed == 0);
     }
     CHECK_CU(cuMemFreeHost(h));
     CHECK_RC(cuPointerGetAttribute(&type, POINTER_ATTRIBUTE_MEMORY_TYPE, p),
@@ -268,26 +224,26 @@ static int streams_and_contexts(CUcontext ctx, CUdevice device) {
     REQUIRE_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
     REQUIRE_CU(cuStreamCreate(&s2, CU_STREAM_DEFAULT));
     CHECK_CU(cuStreamIsCapturing(s1, &status));
-    CHECK(status == STREAM_CAPTURE_STATUS_NONE);
+    CHECK_TRUE(status == STREAM_CAPTURE_STATUS_NONE);
     status = -1;
     CHECK_CU(cuStreamIsCapturing(NULL, &status));
-    CHECK(status == STREAM_CAPTURE_STATUS_NONE);
+    CHECK_TRUE(status == STREAM_CAPTURE_STATUS_NONE);
     status = -1;
     CHECK_CU(cuStreamGetCaptureInfo_v2(s2, &status, &capture_id, NULL, NULL, &count));
-    CHECK(status == STREAM_CAPTURE_STATUS_NONE);
+    CHECK_TRUE(status == STREAM_CAPTURE_STATUS_NONE);
     CHECK_CU(cuStreamGetCtx(s1, &owner));
-    CHECK(owner == ctx);
+    CHECK_TRUE(owner == ctx);
     CHECK_CU(cuStreamGetId(s1, &id1));
     CHECK_CU(cuStreamGetId(s2, &id2));
-    CHECK(id1 != id2);
+    CHECK_TRUE(id1 != id2);
     CHECK_CU(cuCtxGetId(NULL, &ctx_id));
-    CHECK(ctx_id != 0);
+    CHECK_TRUE(ctx_id != 0);
     REQUIRE_CU(cuEventCreate(&event, CU_EVENT_DEFAULT));
     CHECK_CU(cuEventRecordWithFlags(event, s1, 0));
     CHECK_CU(cuEventSynchronize(event));
     CHECK_RC(cuEventRecordWithFlags(event, s1, 0x80), CUDA_ERROR_INVALID_VALUE);
     CHECK_CU(cuDeviceCanAccessPeer(&peer, device, device));
-    CHECK(peer == 0);
+    CHECK_TRUE(peer == 0);
     CHECK_CU(cuCtxResetPersistingL2Cache());
     CHECK_CU(cuEventDestroy(event));
     CHECK_CU(cuStreamDestroy(s1));
@@ -311,32 +267,32 @@ static int occupancy_and_attributes(CUfunction add, CUfunction empty, CUdevice d
     REQUIRE_CU(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device));
 
     CHECK_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, empty, 256, 0));
-    CHECK(blocks > 0 && blocks * 256 <= threads_per_sm);
+    CHECK_TRUE(blocks > 0 && blocks * 256 <= threads_per_sm);
     CHECK_CU(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&again, empty, 256, 0, 0));
-    CHECK(again == blocks);
+    CHECK_TRUE(again == blocks);
     CHECK_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, empty, 1024, 0));
-    CHECK(blocks >= 1 && blocks * 1024 <= threads_per_sm);
+    CHECK_TRUE(blocks >= 1 && blocks * 1024 <= threads_per_sm);
     CHECK_CU(cuOccupancyAvailableDynamicSMemPerBlock(&available, empty, 1, 128));
-    CHECK(available > 0 && available <= (size_t)optin);
+    CHECK_TRUE(available > 0 && available <= (size_t)optin);
 
     CHECK_CU(cuOccupancyMaxPotentialBlockSize(&min_grid, &block, empty, NULL, 0, 0));
-    CHECK(block > 0 && block <= 1024 && block % 32 == 0);
-    CHECK(min_grid > 0 && min_grid % sms == 0);
+    CHECK_TRUE(block > 0 && block <= 1024 && block % 32 == 0);
+    CHECK_TRUE(min_grid > 0 && min_grid % sms == 0);
     CHECK_CU(cuOccupancyMaxPotentialBlockSize(&min_grid, &block, empty, quarter_kib_per_thread,
                                               0, 128));
-    CHECK(block > 0 && block <= 128);
+    CHECK_TRUE(block > 0 && block <= 128);
 
     /* 64 KiB of dynamic shared memory needs the function attribute. */
     CHECK_CU(cuFuncSetAttribute(add, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, big));
     CHECK_CU(cuFuncGetAttribute(&value, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, add));
-    CHECK(value == big);
+    CHECK_TRUE(value == big);
     CHECK_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, add, 128, (size_t)big));
-    CHECK(blocks > 0 && (long)blocks * big <= 240 * 1024);
+    CHECK_TRUE(blocks > 0 && (long)blocks * big <= 240 * 1024);
     CHECK_RC(cuFuncSetAttribute(add, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, optin + 1),
              CUDA_ERROR_INVALID_VALUE);
     CHECK_RC(cuFuncSetAttribute(add, FUNC_ATTRIBUTE_NUM_REGS, 32), CUDA_ERROR_INVALID_VALUE);
     CHECK_CU(cuFuncGetAttribute(&value, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, add));
-    CHECK(value == big);
+    CHECK_TRUE(value == big);
     CHECK_CU(cuFuncSetCacheConfig(add, FUNC_CACHE_PREFER_L1));
     /* Refused values left nothing sticky behind. */
     CHECK_CU(cuCtxSynchronize());
@@ -360,7 +316,7 @@ static int occupancy_and_attributes(CUfunction add, CUfunction empty, CUdevice d
         config.num_attrs = 1;
         rc = cuOccupancyMaxActiveClusters(&clusters, empty, &config);
         if (rc == CUDA_SUCCESS) {
-            CHECK(clusters > 0);
+            CHECK_TRUE(clusters > 0);
         } else if (require_clusters) {
             CHECK_CU(rc);
         } else {
@@ -391,7 +347,7 @@ static int launch_with_big_shared_memory(CUfunction add) {
     CHECK_CU(cuLaunchKernel(add, (N + 127) / 128, 1, 1, 128, 1, 1, 64 * 1024, NULL, params, NULL));
     CHECK_CU(cuMemcpyDtoH(c, dc, sizeof c));
     for (i = 0; i < N; i++) wrong += c[i] != (float)i + 0.5f;
-    CHECK(wrong == 0);
+    CHECK_TRUE(wrong == 0);
     CHECK_CU(cuMemFree(da));
     CHECK_CU(cuMemFree(db));
     CHECK_CU(cuMemFree(dc));
@@ -402,13 +358,13 @@ static int cache_configuration(void) {
     int config = -1;
     CHECK_CU(cuCtxSetCacheConfig(FUNC_CACHE_PREFER_SHARED));
     CHECK_CU(cuCtxGetCacheConfig(&config));
-    CHECK(config == FUNC_CACHE_PREFER_SHARED);
+    CHECK_TRUE(config == FUNC_CACHE_PREFER_SHARED);
     CHECK_CU(cuCtxSetCacheConfig(FUNC_CACHE_PREFER_L1));
     CHECK_CU(cuCtxGetCacheConfig(&config));
-    CHECK(config == FUNC_CACHE_PREFER_L1);
+    CHECK_TRUE(config == FUNC_CACHE_PREFER_L1);
     CHECK_RC(cuCtxSetCacheConfig(7), CUDA_ERROR_INVALID_VALUE);
     CHECK_CU(cuCtxGetSharedMemConfig(&config));
-    CHECK(config >= 0 && config <= 2);
+    CHECK_TRUE(config >= 0 && config <= 2);
     return 0;
 }
 

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "rgpu_cuda.h"
+#include "checks.h"
 
 typedef struct CUlib_st *CUlibrary;
 typedef struct CUkern_st *CUkernel;
@@ -82,64 +83,6 @@ CUresult cuLaunchKernelEx(const LaunchConfig *config, CUfunction f, void **param
 CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice device);
 CUresult cuCtxDestroy_v2(CUcontext ctx);
 
-static long checks_passed;
-static long checks_failed;
-
-static const char *error_name(CUresult rc) {
-    const char *name = NULL;
-    if (cuGetErrorName(rc, &name) != CUDA_SUCCESS || name == NULL) return "?";
-    return name;
-}
-
-/* A CUDA call that must return `expected`; on failure the program goes on. */
-#define CHECK_RC(call, expected)                                                     \
-    do {                                                                             \
-        CUresult rc_ = (call);                                                       \
-        if (rc_ != (expected)) {                                                     \
-            checks_failed++;                                                         \
-            printf("FAIL line %d: %s: expected %d, got %d (%s)\n", __LINE__, #call,   \
-                   (int)(expected), rc_, error_name(rc_));                           \
-        } else {                                                                     \
-            checks_passed++;                                                         \
-        }                                                                            \
-    } while (0)
-
-#define CHECK_CU(call) CHECK_RC(call, CUDA_SUCCESS)
-
-/* A CUDA call that must succeed; on failure the current step gives up. */
-#define REQUIRE_CU(call)                                                             \
-    do {                                                                             \
-        CUresult rc_ = (call);                                                       \
-        if (rc_ != CUDA_SUCCESS) {                                                   \
-            checks_failed++;                                                         \
-            printf("FAIL line %d: %s: expected CUDA_SUCCESS, got %d (%s)\n", __LINE__, \
-                   #call, rc_, error_name(rc_));                                     \
-            return -1;                                                               \
-        }                                                                            \
-        checks_passed++;                                                             \
-    } while (0)
-
-#define CHECK_EQ_INT(actual, expected)                                                   \
-    do {                                                                                 \
-        long long a_ = (long long)(actual), e_ = (long long)(expected);                  \
-        if (a_ != e_) {                                                                  \
-            checks_failed++;                                                             \
-            printf("FAIL line %d: %s: expected %lld, got %lld\n", __LINE__, #actual, e_, \
-                   a_);                                                                  \
-        } else {                                                                         \
-            checks_passed++;                                                             \
-        }                                                                                \
-    } while (0)
-
-#define CHECK_TRUE(cond)                                                   \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            checks_failed++;                                               \
-            printf("FAIL line %d: expected true: %s\n", __LINE__, #cond);  \
-        } else {                                                           \
-            checks_passed++;                                               \
-        }                                                                  \
-    } while (0)
 
 /* The whole file, plus a NUL (PTX text must end with one), 16-byte aligned. */
 static char *read_file(const char *path, size_t *len) {

@@ -1,0 +1,84 @@
+/* The checks rgpu's C test programs share. Each check counts a pass or
+ * prints "FAIL line N: ..." and counts a failure, so a program runs to its
+ * end and reports every failure; REQUIRE_CU gives up the current step
+ * (returns -1). Include after the CUDA declarations (rgpu_cuda.h). */
+#ifndef RGPU_CHECKS_H
+#define RGPU_CHECKS_H
+
+#include <stdio.h>
+
+static long checks_passed;
+static long checks_failed;
+
+static inline const char *error_name(CUresult rc) {
+    const char *name = NULL;
+    if (cuGetErrorName(rc, &name) != CUDA_SUCCESS || name == NULL) return "?";
+    return name;
+}
+
+static inline void fail(int line, const char *what) {
+    checks_failed++;
+    printf("FAIL line %d: %s\n", line, what);
+}
+
+/* A CUDA call that must return `expected`; on failure the program goes on. */
+#define CHECK_RC(call, expected)                                                   \
+    do {                                                                           \
+        CUresult rc_ = (call);                                                     \
+        if (rc_ != (expected)) {                                                   \
+            checks_failed++;                                                       \
+            printf("FAIL line %d: %s: expected %d, got %d (%s)\n", __LINE__, #call, \
+                   (int)(expected), rc_, error_name(rc_));                         \
+        } else {                                                                   \
+            checks_passed++;                                                       \
+        }                                                                          \
+    } while (0)
+
+/* A CUDA call that must succeed; on failure the program goes on. */
+#define CHECK_CU(call) CHECK_RC(call, CUDA_SUCCESS)
+
+/* A CUDA call that must fail (any error code). */
+#define CHECK_CU_FAILS(call)                                                            \
+    do {                                                                                \
+        CUresult rc_ = (call);                                                          \
+        if (rc_ == CUDA_SUCCESS) {                                                      \
+            checks_failed++;                                                            \
+            printf("FAIL line %d: %s: expected an error, got CUDA_SUCCESS\n", __LINE__, \
+                   #call);                                                              \
+        } else {                                                                        \
+            checks_passed++;                                                            \
+        }                                                                               \
+    } while (0)
+
+/* A CUDA call that must succeed; on failure the current step gives up. */
+#define REQUIRE_CU(call)                                                              \
+    do {                                                                              \
+        CUresult rc_ = (call);                                                        \
+        if (rc_ != CUDA_SUCCESS) {                                                    \
+            checks_failed++;                                                          \
+            printf("FAIL line %d: %s: expected CUDA_SUCCESS, got %d (%s)\n", __LINE__, \
+                   #call, rc_, error_name(rc_));                                      \
+            return -1;                                                                \
+        }                                                                             \
+        checks_passed++;                                                              \
+    } while (0)
+
+#define CHECK_EQ_INT(actual, expected)                                                   \
+    do {                                                                                 \
+        long long a_ = (long long)(actual), e_ = (long long)(expected);                  \
+        if (a_ != e_) {                                                                  \
+            checks_failed++;                                                             \
+            printf("FAIL line %d: %s: expected %lld, got %lld\n", __LINE__, #actual, e_, \
+                   a_);                                                                  \
+        } else {                                                                         \
+            checks_passed++;                                                             \
+        }                                                                                \
+    } while (0)
+
+#define CHECK_TRUE(cond)                                          \
+    do {                                                          \
+        if (!(cond)) fail(__LINE__, "expected true: " #cond);     \
+        else checks_passed++;                                     \
+    } while (0)
+
+#endif
