@@ -5,19 +5,24 @@
 //! size in bytes (the context-local storage table does not). The layouts,
 //! slot meanings and the integrity hash were learnt from public
 //! reimplementations (ZLUDA's `dark_api` crate and `zluda/src/impl/driver.rs`,
-//! Wine-staging's `nvcuda`) and from the sizes driver 580 hands out
-//! (`shared/cuda-driver-requests.txt`). One submodule per kind of table.
+//! Wine-staging's `nvcuda`, the GX emulator, a CXL GPU-sharing shim) and
+//! from the sizes driver 580 hands out (`shared/cuda-driver-requests.txt`).
+//! One submodule per kind of table.
 //!
 //! Every slot is a real function. Slots whose meaning is unknown log once,
-//! with their first arguments, and answer `CUDA_ERROR_NOT_SUPPORTED`, so a
-//! run on the GPU host shows which slots a program uses. Unknown UUIDs are
+//! with their first arguments (each annotated with the library and symbol
+//! it points into, if any) and the caller's stack, and answer
+//! `CUDA_ERROR_NOT_SUPPORTED`, so a run on the GPU host shows which slots a
+//! program uses and who calls them. Unknown UUIDs are
 //! logged once and refused with `CUDA_ERROR_INVALID_VALUE`.
 //!
 //! `RGPU_REFUSE_EXPORT_TABLES=UUID-prefix,...` refuses known tables too:
 //! a diagnostic for finding out, without a rebuild, whether a runtime needs
 //! a table at all.
 
+mod addresses;
 mod checks;
+mod context_stream;
 mod integrity;
 mod opaque;
 mod runtime;
@@ -77,7 +82,7 @@ const CONTEXT_STORAGE: usize = 3;
 const INTEGRITY: usize = 4;
 const CONTEXT_CHECKS: usize = 5;
 const F8CFF951: usize = 6;
-const CUBLAS_21318C60: usize = 7;
+const CONTEXT_STREAM: usize = 7;
 const TORCH_69A28E9F: usize = 8;
 const CUPY_DA9151D3: usize = 9;
 
@@ -127,9 +132,9 @@ pub static TABLES: [Table; 10] = [
     },
     Table {
         uuid: uuid(0x21318C60, 0x9714, 0x3248, 0x8CA6, 0x41FF7324C8F2),
-        name: "cuBLAS 21318C60",
+        name: "context and stream",
         sized: true,
-        slots: &opaque::CUBLAS_TABLE,
+        slots: &context_stream::TABLE,
     },
     Table {
         uuid: uuid(0x69A28E9F, 0x2449, 0x8B47, 0xB030, 0xC5DA330EA4E9),
@@ -247,14 +252,17 @@ fn report_unknown_slot(table: usize, slot: usize, args: [usize; 4]) {
         .get(table)
         .map_or_else(String::new, |t| uuid_text(&t.uuid));
     if first {
+        let args: Vec<String> = args
+            .iter()
+            .map(|&a| format!("{a:#x}{}", addresses::describe(a)))
+            .collect();
         log::warn!(
-            "rgpu: export table {uuid} slot {slot} called (not implemented): \
-             args {:#x}, {:#x}, {:#x}, {:#x}",
-            args[0],
-            args[1],
-            args[2],
-            args[3]
+            "rgpu: export table {uuid} slot {slot} called (not implemented): args {}",
+            args.join(", ")
         );
+        for frame in addresses::caller_stack() {
+            log::warn!("rgpu:   slot {slot} called from {frame}");
+        }
     }
     log::trace!("rgpu: export table {uuid} slot {slot}({args:x?}) -> {CUDA_ERROR_NOT_SUPPORTED}");
 }

@@ -1,111 +1,24 @@
 //! Tables whose slots are all unknown: only their size is known, from
 //! what driver 580 handed out (`shared/cuda-driver-requests.txt`). Static
-//! cudart asks for F8CFF951 before `cuInit`; cuBLAS for 21318C60; PyTorch
-//! for 69A28E9F; CuPy and Triton for DA9151D3. Every slot reports itself
-//! when called, so the GPU host's logs say which ones matter.
+//! cudart asks for F8CFF951 before `cuInit`; PyTorch for 69A28E9F; CuPy and
+//! Triton for DA9151D3. Every slot reports itself when called, so the GPU
+//! host's logs say which ones matter.
+//!
+//! PyTorch 2.11 calls 69A28E9F slots 24, 19 and 25 during `torch.cuda`
+//! initialisation. No public reimplementation describes them, so they stay
+//! unknown. What the H200 log shows: slot 24 gets a pointer into a
+//! library's data and then 0x81, 0x7fffffff and a libc text address, which
+//! are what a futex wake (FUTEX_WAKE_PRIVATE, wake all) leaves in rsi, rdx
+//! and rcx: most likely a one-argument function called right after a
+//! `call_once` or mutex unlock. Slot 25 gets the same object + 0x10, then
+//! 0, 1, 0; slot 19 two adjacent stack addresses (two out-values).
 
-use super::{unknown_slot, Slot, CUBLAS_21318C60, CUPY_DA9151D3, F8CFF951, TORCH_69A28E9F};
+use super::{unknown_slot, Slot, CUPY_DA9151D3, F8CFF951, TORCH_69A28E9F};
 
 pub static F8CFF951_TABLE: [Slot; 3] = [
     Slot::size(3),
     unknown_slot!(F8CFF951, 1),
     unknown_slot!(F8CFF951, 2),
-];
-
-pub static CUBLAS_TABLE: [Slot; 93] = [
-    Slot::size(93),
-    unknown_slot!(CUBLAS_21318C60, 1),
-    unknown_slot!(CUBLAS_21318C60, 2),
-    unknown_slot!(CUBLAS_21318C60, 3),
-    unknown_slot!(CUBLAS_21318C60, 4),
-    unknown_slot!(CUBLAS_21318C60, 5),
-    unknown_slot!(CUBLAS_21318C60, 6),
-    unknown_slot!(CUBLAS_21318C60, 7),
-    unknown_slot!(CUBLAS_21318C60, 8),
-    unknown_slot!(CUBLAS_21318C60, 9),
-    unknown_slot!(CUBLAS_21318C60, 10),
-    unknown_slot!(CUBLAS_21318C60, 11),
-    unknown_slot!(CUBLAS_21318C60, 12),
-    unknown_slot!(CUBLAS_21318C60, 13),
-    unknown_slot!(CUBLAS_21318C60, 14),
-    unknown_slot!(CUBLAS_21318C60, 15),
-    unknown_slot!(CUBLAS_21318C60, 16),
-    unknown_slot!(CUBLAS_21318C60, 17),
-    unknown_slot!(CUBLAS_21318C60, 18),
-    unknown_slot!(CUBLAS_21318C60, 19),
-    unknown_slot!(CUBLAS_21318C60, 20),
-    unknown_slot!(CUBLAS_21318C60, 21),
-    unknown_slot!(CUBLAS_21318C60, 22),
-    unknown_slot!(CUBLAS_21318C60, 23),
-    unknown_slot!(CUBLAS_21318C60, 24),
-    unknown_slot!(CUBLAS_21318C60, 25),
-    unknown_slot!(CUBLAS_21318C60, 26),
-    unknown_slot!(CUBLAS_21318C60, 27),
-    unknown_slot!(CUBLAS_21318C60, 28),
-    unknown_slot!(CUBLAS_21318C60, 29),
-    unknown_slot!(CUBLAS_21318C60, 30),
-    unknown_slot!(CUBLAS_21318C60, 31),
-    unknown_slot!(CUBLAS_21318C60, 32),
-    unknown_slot!(CUBLAS_21318C60, 33),
-    unknown_slot!(CUBLAS_21318C60, 34),
-    unknown_slot!(CUBLAS_21318C60, 35),
-    unknown_slot!(CUBLAS_21318C60, 36),
-    unknown_slot!(CUBLAS_21318C60, 37),
-    unknown_slot!(CUBLAS_21318C60, 38),
-    unknown_slot!(CUBLAS_21318C60, 39),
-    unknown_slot!(CUBLAS_21318C60, 40),
-    unknown_slot!(CUBLAS_21318C60, 41),
-    unknown_slot!(CUBLAS_21318C60, 42),
-    unknown_slot!(CUBLAS_21318C60, 43),
-    unknown_slot!(CUBLAS_21318C60, 44),
-    unknown_slot!(CUBLAS_21318C60, 45),
-    unknown_slot!(CUBLAS_21318C60, 46),
-    unknown_slot!(CUBLAS_21318C60, 47),
-    unknown_slot!(CUBLAS_21318C60, 48),
-    unknown_slot!(CUBLAS_21318C60, 49),
-    unknown_slot!(CUBLAS_21318C60, 50),
-    unknown_slot!(CUBLAS_21318C60, 51),
-    unknown_slot!(CUBLAS_21318C60, 52),
-    unknown_slot!(CUBLAS_21318C60, 53),
-    unknown_slot!(CUBLAS_21318C60, 54),
-    unknown_slot!(CUBLAS_21318C60, 55),
-    unknown_slot!(CUBLAS_21318C60, 56),
-    unknown_slot!(CUBLAS_21318C60, 57),
-    unknown_slot!(CUBLAS_21318C60, 58),
-    unknown_slot!(CUBLAS_21318C60, 59),
-    unknown_slot!(CUBLAS_21318C60, 60),
-    unknown_slot!(CUBLAS_21318C60, 61),
-    unknown_slot!(CUBLAS_21318C60, 62),
-    unknown_slot!(CUBLAS_21318C60, 63),
-    unknown_slot!(CUBLAS_21318C60, 64),
-    unknown_slot!(CUBLAS_21318C60, 65),
-    unknown_slot!(CUBLAS_21318C60, 66),
-    unknown_slot!(CUBLAS_21318C60, 67),
-    unknown_slot!(CUBLAS_21318C60, 68),
-    unknown_slot!(CUBLAS_21318C60, 69),
-    unknown_slot!(CUBLAS_21318C60, 70),
-    unknown_slot!(CUBLAS_21318C60, 71),
-    unknown_slot!(CUBLAS_21318C60, 72),
-    unknown_slot!(CUBLAS_21318C60, 73),
-    unknown_slot!(CUBLAS_21318C60, 74),
-    unknown_slot!(CUBLAS_21318C60, 75),
-    unknown_slot!(CUBLAS_21318C60, 76),
-    unknown_slot!(CUBLAS_21318C60, 77),
-    unknown_slot!(CUBLAS_21318C60, 78),
-    unknown_slot!(CUBLAS_21318C60, 79),
-    unknown_slot!(CUBLAS_21318C60, 80),
-    unknown_slot!(CUBLAS_21318C60, 81),
-    unknown_slot!(CUBLAS_21318C60, 82),
-    unknown_slot!(CUBLAS_21318C60, 83),
-    unknown_slot!(CUBLAS_21318C60, 84),
-    unknown_slot!(CUBLAS_21318C60, 85),
-    unknown_slot!(CUBLAS_21318C60, 86),
-    unknown_slot!(CUBLAS_21318C60, 87),
-    unknown_slot!(CUBLAS_21318C60, 88),
-    unknown_slot!(CUBLAS_21318C60, 89),
-    unknown_slot!(CUBLAS_21318C60, 90),
-    unknown_slot!(CUBLAS_21318C60, 91),
-    unknown_slot!(CUBLAS_21318C60, 92),
 ];
 
 pub static TORCH_TABLE: [Slot; 34] = [

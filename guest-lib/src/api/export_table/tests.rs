@@ -117,7 +117,7 @@ type Unknown4 = extern "C" fn(usize, usize, usize, usize) -> u32;
 fn unknown_slots_answer_not_supported() {
     let f: Unknown4 =
         // SAFETY: the slot holds an `unknown` function of this signature.
-        unsafe { std::mem::transmute(TABLES[CUBLAS_21318C60].slots[92].value()) };
+        unsafe { std::mem::transmute(TABLES[CONTEXT_STREAM].slots[92].value()) };
     assert_eq!(f(1, 2, 3, 4), CUDA_ERROR_NOT_SUPPORTED);
     assert_eq!(f(1, 2, 3, 4), CUDA_ERROR_NOT_SUPPORTED);
 }
@@ -308,5 +308,91 @@ fn integrity_slot_answers_fixed_versions_without_a_driver() {
     if std::env::var_os("RGPU_SOCKET").is_none() {
         // The full hash needs the devices: not before cuInit.
         assert_eq!(f(13002, 1, &mut out), CUDA_ERROR_NOT_INITIALIZED);
+    }
+}
+
+fn no_driver() -> bool {
+    std::env::var_os("RGPU_SOCKET").is_none()
+}
+
+type CurrentContext = extern "C" fn(*mut *mut c_void) -> u32;
+
+#[test]
+fn tools_tls_slot_2_answers_the_current_context() {
+    // SAFETY: TLS slot 2 has this signature.
+    let f: CurrentContext = unsafe { std::mem::transmute(TABLES[TOOLS_TLS].slots[2].value()) };
+    // No context is current on a test thread: NULL, and still success.
+    let mut ctx = 0x1234usize as *mut c_void;
+    assert_eq!(f(&mut ctx), CUDA_SUCCESS);
+    assert!(ctx.is_null());
+    assert_eq!(f(std::ptr::null_mut()), CUDA_SUCCESS);
+}
+
+type ContextId = extern "C" fn(*mut c_void, *mut u64) -> u32;
+type PrivateStream = extern "C" fn(*mut c_void, *mut c_void, *mut *mut c_void, i32) -> u32;
+type StreamId = extern "C" fn(*mut c_void, *mut c_void, *mut u64) -> u32;
+
+/// `CU_STREAM_LEGACY` as a handle.
+fn legacy_stream() -> *mut c_void {
+    crate::abi::CU_STREAM_LEGACY as *mut c_void
+}
+
+#[test]
+fn context_stream_slots_check_their_arguments() {
+    let slots = TABLES[CONTEXT_STREAM].slots;
+    // SAFETY: slots 4, 51 and 39 have these signatures.
+    let context_id = unsafe { std::mem::transmute::<usize, ContextId>(slots[4].value()) };
+    // SAFETY: as above.
+    let private_stream = unsafe { std::mem::transmute::<usize, PrivateStream>(slots[51].value()) };
+    // SAFETY: as above.
+    let stream_id = unsafe { std::mem::transmute::<usize, StreamId>(slots[39].value()) };
+    let null = std::ptr::null_mut();
+    assert_eq!(context_id(null, null.cast()), CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(
+        private_stream(null, null, null.cast(), 0),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(stream_id(null, null, &mut 0), CUDA_ERROR_INVALID_VALUE);
+    if no_driver() {
+        let mut id = 7u64;
+        assert_eq!(context_id(null, &mut id), CUDA_ERROR_NOT_INITIALIZED);
+        assert_eq!(id, 7);
+        let mut private = legacy_stream();
+        assert_eq!(
+            private_stream(null, null, &mut private, 0),
+            CUDA_ERROR_NOT_INITIALIZED
+        );
+        assert_eq!(private, legacy_stream());
+        assert_eq!(
+            stream_id(null, legacy_stream(), &mut id),
+            CUDA_ERROR_NOT_INITIALIZED
+        );
+        assert_eq!(id, 7);
+    }
+}
+
+#[test]
+fn private_streams_are_public_handles_of_the_same_stream() {
+    use super::context_stream::private_handle;
+    let null = std::ptr::null_mut();
+    assert_eq!(private_handle(null, false), 0x1);
+    assert_eq!(private_handle(null, true), 0x2);
+    assert_eq!(private_handle(legacy_stream(), true), 0x1);
+    assert_eq!(private_handle(0x2 as *mut c_void, false), 0x2);
+    assert_eq!(private_handle(0xABC0 as *mut c_void, false), 0xABC0);
+}
+
+#[test]
+fn addresses_name_their_library_and_symbol() {
+    use super::addresses::{caller_stack, describe};
+    assert_eq!(describe(0x81), "");
+    assert_eq!(describe(0x7fff_ffff), "");
+    let text = describe(libc::getpid as *const () as usize);
+    assert!(text.contains("libc"), "{text}");
+    assert!(text.contains("getpid+0x0"), "{text}");
+    let heap = Box::new(0u64);
+    assert_eq!(describe(&*heap as *const u64 as usize), "");
+    if cfg!(target_env = "gnu") {
+        assert!(!caller_stack().is_empty());
     }
 }

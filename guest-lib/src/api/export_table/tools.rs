@@ -4,23 +4,31 @@
 //! The runtime reads its tool-callback state from two driver-owned
 //! buffers it asks for through hook slots 2 and 6 (ZLUDA's `dark_api` and
 //! `driver.rs`: a 1024-entry buffer of u32 and a 14-entry one). Zeroed
-//! buffers mean "no tool attached"; nothing here ever writes them. The TLS
-//! slots are only used with a tool in the picture (ZLUDA leaves them empty);
-//! cuBLAS calls slot 2 on every handle it creates (seen on the H200 with
-//! arguments (pointer, 1 << 63, pointer, 2)) and fails when it gets an
-//! error, so both answer success, with no tool state to report, and log
-//! their arguments at debug level.
+//! buffers mean "no tool attached"; nothing here ever writes them.
+//!
+//! TLS slot 2 answers the calling thread's current context through its one
+//! out-parameter (the GX emulator, checked against NVIDIA's driver, and a
+//! CXL GPU-sharing shim's cuBLAS test agree). cuBLAS calls it on every
+//! handle it creates (seen on the H200 with a pointer first) and
+//! cuBLASLt keys its kernel registry by that context, through the context
+//! and stream table: a context left unwritten disables every GEMM kernel.
+//! With no current context it writes NULL and still succeeds, as
+//! `cuCtxGetCurrent` does (cuBLAS fails on an error here). Slot 1 is only
+//! used with a tool in the picture: it answers success with nothing.
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
+use std::sync::Arc;
+
+use rgpu_proto::cuda_result::CUDA_SUCCESS;
 
 use super::{trace_slot, unknown_slot, Slot, TOOLS_HOOKS, TOOLS_TLS};
-use crate::abi::write_optional;
+use crate::abi::{write_optional, CUcontext};
 
 pub static TLS_TABLE: [Slot; 3] = [
     Slot::size(3),
     Slot::function(tls_no_tool_1 as *const c_void),
-    Slot::function(tls_no_tool_2 as *const c_void),
+    Slot::function(current_context as *const c_void),
 ];
 
 extern "C" fn tls_no_tool_1(a: usize, b: usize, c: usize, d: usize) -> u32 {
@@ -32,13 +40,15 @@ extern "C" fn tls_no_tool_1(a: usize, b: usize, c: usize, d: usize) -> u32 {
     0
 }
 
-extern "C" fn tls_no_tool_2(a: usize, b: usize, c: usize, d: usize) -> u32 {
-    trace_slot(
-        TOOLS_TLS,
-        2,
-        format_args!("({a:#x}, {b:#x}, {c:#x}, {d:#x}) -> 0 (no tool)"),
-    );
-    0
+/// Slot 2: the current context, NULL when there is none.
+extern "C" fn current_context(out: *mut CUcontext) -> u32 {
+    let current = crate::state::current_or_none()
+        .ok()
+        .flatten()
+        .map_or(std::ptr::null_mut(), |c| Arc::as_ptr(&c) as CUcontext);
+    write_optional(out, current);
+    trace_slot(TOOLS_TLS, 2, format_args!("({out:?}) -> {current:?}"));
+    CUDA_SUCCESS
 }
 
 pub static HOOKS_TABLE: [Slot; 7] = [
