@@ -110,6 +110,11 @@ elif [ -n "${RGPU_BUNDLE:-}" ]; then
     mkdir -p "$rgpu_lib"
     ln -s "$bundle/libcuda.so" "$rgpu_lib/libcuda.so.1"
     ln -s "$bundle/libcuda.so" "$rgpu_lib/libcuda.so"
+    # rgpu's NVML beside its libcuda, as a guest has them: NVIDIA's NVML
+    # would talk to the local driver, not to the host's GPU.
+    if [ -e "$bundle/libnvidia_ml.so" ]; then
+        ln -s "$bundle/libnvidia_ml.so" "$rgpu_lib/libnvidia-ml.so.1"
+    fi
     rgpu_socket=$work/rgpu.sock
     rgpu_stats=$work/stats.sock
     # The daemon sees NVIDIA's library only, never ours.

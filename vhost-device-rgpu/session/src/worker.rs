@@ -131,6 +131,13 @@ enum Wake {
     Idle,
 }
 
+/// What a round of draining the ring did.
+enum Drained {
+    Worked,
+    Idle,
+    ShutDown,
+}
+
 fn spin_from_env() -> Duration {
     let micros = std::env::var("RGPU_HOST_SPIN_US")
         .ok()
@@ -172,21 +179,30 @@ impl Worker {
         }
     }
 
-    pub fn run(mut self) {
-        'serve: loop {
-            loop {
-                match self.receiver.try_recv() {
-                    Ok(message) => {
-                        if !self.handle(message) {
-                            break 'serve;
-                        }
+    /// Handles every message waiting in the mailbox; false means shut down.
+    fn absorb_messages(&mut self) -> bool {
+        loop {
+            match self.receiver.try_recv() {
+                Ok(message) => {
+                    if !self.handle(message) {
+                        return false;
                     }
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => break 'serve,
                 }
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => return false,
             }
-            if self.drain_ring() {
-                continue;
+        }
+    }
+
+    pub fn run(mut self) {
+        loop {
+            if !self.absorb_messages() {
+                break;
+            }
+            match self.drain_ring() {
+                Drained::Worked => continue,
+                Drained::Idle => {}
+                Drained::ShutDown => break,
             }
             match self.spin_for_work() {
                 Wake::Work => continue,
@@ -331,9 +347,21 @@ impl Worker {
     }
 
     /// Executes up to a round of commands; true if it did anything.
-    fn drain_ring(&mut self) -> bool {
+    fn drain_ring(&mut self) -> Drained {
         let mut worked = false;
         for _ in 0..COMMANDS_PER_ROUND {
+            let Some(channel) = self.channel.as_ref() else {
+                break;
+            };
+            if !channel.has_work() {
+                break;
+            }
+            // A blob attached on the control queue before the guest wrote a
+            // command that uses it must be known before that command runs:
+            // its Attach may have arrived while this ring was draining.
+            if !self.absorb_messages() {
+                return Drained::ShutDown;
+            }
             let Some(channel) = self.channel.as_mut() else {
                 break;
             };
@@ -395,7 +423,11 @@ impl Worker {
             }
         }
         self.complete_reached();
-        worked
+        if worked {
+            Drained::Worked
+        } else {
+            Drained::Idle
+        }
     }
 
     fn advance_unpublished(&mut self, len: u64) {
