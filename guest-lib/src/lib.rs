@@ -7,9 +7,14 @@
 //! stubs of everything else ([`unsupported`]), the symbol table
 //! ([`symbols`]) and the `cuGetProcAddress` table
 //! ([`api::proc_address`]).
+//!
+//! Besides the CUDA names it exports `rgpu_guest_lib_marker` and
+//! [`device_status::rgpu_device_status`] (for rgpu's NVML in the same
+//! process).
 
 pub mod abi;
 pub mod api;
+pub mod device_status;
 mod entry;
 pub mod exports;
 pub mod image;

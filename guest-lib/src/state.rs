@@ -242,6 +242,20 @@ impl Context {
         }
     }
 
+    /// Sends a command and waits, if the context has a host session now:
+    /// `None` when it has none. Neither reopens a reset context nor heeds
+    /// the sticky error: for queries about the device (NVML's
+    /// `DeviceStatus`), which must not start a session and still work after
+    /// a kernel fault.
+    pub fn call_if_open(&self, command: &Command) -> Result<Option<Reply>, u32> {
+        let guard = self.channel.read().map_err(|_| CUDA_ERROR_UNKNOWN)?;
+        guard
+            .as_ref()
+            .map(|channel| channel.call(command))
+            .transpose()
+            .map_err(carrier_error)
+    }
+
     /// Closes the channel: the host frees the session's resources.
     pub fn close(&self) {
         self.alive.store(false, Ordering::Release);

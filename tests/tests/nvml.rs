@@ -95,3 +95,59 @@ fn nvml_reports_what_the_sim_executor_reports() {
     assert_eq!(value("processes"), "0");
     assert!(daemon.is_alive(), "the daemon died:\n{}", daemon.log());
 }
+
+/// NVML and libcuda in one process (local mode: NVML's own connection is a
+/// tenant without contexts): the process is listed, with its memory, only
+/// while it holds a CUDA context, because NVML asks through libcuda's
+/// channel.
+#[test]
+fn nvml_lists_this_process_while_it_holds_a_cuda_context() {
+    let guest = GuestLib::new();
+    let program = guest.build_c(
+        &rgpu_tests::programs_dir().join("nvml_processes_test.c"),
+        &["-lcuda", "-lnvidia-ml"],
+    );
+    let mut daemon = Daemon::start("sim");
+    let process = GuestProcess::spawn(guest.command(&program, &daemon));
+    let pid = process.id();
+    let outcome = process.finish(RUN_TIMEOUT);
+    assert!(
+        outcome.status.success()
+            && outcome
+                .stdout
+                .lines()
+                .any(|l| l.starts_with("nvml_processes_test: ") && l.ends_with(" checks passed")),
+        "nvml_processes_test failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        outcome.status,
+        outcome.stdout,
+        outcome.stderr
+    );
+    assert!(
+        outcome
+            .stdout
+            .lines()
+            .any(|l| l == format!("self_pid={pid}")),
+        "the program is not process {pid}:\n{}",
+        outcome.stdout
+    );
+    // Both ways of asking (current context, primary context) listed this
+    // pid with at least the 64 MiB allocation.
+    for when in ["current", "primary"] {
+        let line = outcome
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{when}: ")))
+            .unwrap_or_else(|| panic!("no {when} line:\n{}", outcome.stdout));
+        let fields: HashMap<&str, &str> = line
+            .split_whitespace()
+            .filter_map(|f| f.split_once('='))
+            .collect();
+        assert_eq!(fields.get("pid"), Some(&pid.to_string().as_str()), "{line}");
+        let used: u64 = fields
+            .get("used")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no used= in {line}"));
+        assert!(used >= 64 << 20, "{line}");
+    }
+    assert!(daemon.is_alive(), "the daemon died:\n{}", daemon.log());
+}

@@ -6,7 +6,10 @@
 //! tenant's processes, the NVIDIA driver version) from the host through the
 //! `DeviceStatus` command on a channel of NVML's own, opened by the first
 //! `nvmlInit` and closed by the last `nvmlShutdown`. The host answers it
-//! without creating a device context.
+//! without creating a device context. When rgpu's libcuda is loaded in the
+//! same process and has a session, `DeviceStatus` goes through its channel
+//! instead ([`libcuda`]), so that the processes listed are this process's
+//! contexts (in local mode NVML's connection is a tenant of its own).
 //!
 //! One declarative list ([`exports`]) names every hand-written entry point;
 //! the build script generates stubs for the rest of NVIDIA's export list
@@ -17,6 +20,7 @@ pub mod device;
 mod entry;
 pub mod error;
 pub mod exports;
+mod libcuda;
 mod logging;
 mod out;
 mod state;

@@ -1,7 +1,9 @@
 //! Process-wide NVML state: the reference count of `nvmlInit`, and the
 //! connection to the host opened by the first `nvmlInit` and closed by the
 //! last `nvmlShutdown`: a carrier of its own (as libcuda's is its own) and a
-//! small channel whose session never creates a device context.
+//! small channel whose session never creates a device context. Device
+//! status goes through rgpu's libcuda instead when it is loaded in the
+//! process with a session ([`crate::libcuda`]).
 //!
 //! Device handles are addresses inside [`HANDLES`]: stable across init and
 //! shutdown (as NVIDIA's are), and checked against the device count.
@@ -18,6 +20,7 @@ use rgpu_transport::channel::ChannelConfig;
 use rgpu_transport::{carrier, Channel};
 
 use crate::abi::*;
+use crate::libcuda;
 
 /// One byte per possible device: a handle is the address of its byte.
 static HANDLES: [u8; MAX_DEVICES] = [0; MAX_DEVICES];
@@ -97,18 +100,26 @@ impl Connection {
         Ok((index, info))
     }
 
-    /// Asks the host for the live state of device `index`.
+    /// Asks the host for the live state of device `index`: through rgpu's
+    /// libcuda when it has a session in this process (so that the sessions
+    /// listed are this process's contexts), else on NVML's own channel.
     pub fn status(&self, index: usize) -> Result<DeviceStatus, u32> {
         let device = u32::try_from(index).map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?;
-        let reply = self
-            .channel
-            .call(&Command::DeviceStatus { device })
-            .map_err(|e| {
-                log::error!("rgpu NVML: the host connection failed: {e}");
-                NVML_ERROR_GPU_IS_LOST
-            })?;
-        match reply.result {
-            CUDA_SUCCESS => DeviceStatus::decode(&reply.payload).map_err(|e| {
+        let (result, payload) = match libcuda::device_status(device) {
+            Some(answer) => answer,
+            None => {
+                let reply = self
+                    .channel
+                    .call(&Command::DeviceStatus { device })
+                    .map_err(|e| {
+                        log::error!("rgpu NVML: the host connection failed: {e}");
+                        NVML_ERROR_GPU_IS_LOST
+                    })?;
+                (reply.result, reply.payload)
+            }
+        };
+        match result {
+            CUDA_SUCCESS => DeviceStatus::decode(&payload).map_err(|e| {
                 log::error!("rgpu NVML: bad DeviceStatus reply: {e}");
                 NVML_ERROR_UNKNOWN
             }),
@@ -154,6 +165,7 @@ pub(crate) fn init(flags: u32) -> Result<(), u32> {
             return Err(NVML_ERROR_DRIVER_NOT_LOADED);
         }
         state.connection = Some(Arc::new(connection));
+        libcuda::lookup();
     }
     state.references = state.references.saturating_add(1);
     Ok(())
