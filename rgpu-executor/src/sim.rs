@@ -5,12 +5,15 @@
 //! device addresses, streams run synchronously in order, and the only
 //! kernels it can launch are the reference kernels, recognised by entry name
 //! (tests/programs/reference_kernels.ptx describes them): `rgpu_vector_add`,
-//! `rgpu_scale`, `rgpu_fill_index`, `rgpu_count_mismatches`, `rgpu_empty`.
+//! `rgpu_scale`, `rgpu_fill_index`, `rgpu_count_mismatches`, `rgpu_empty`,
+//! `rgpu_printf` (its text is written to this process's stdout at the next
+//! synchronisation, as NVIDIA's driver prints device printf output).
 //! It takes PTX text only. Nothing is "done" until it runs on a GPU with the
 //! `cuda` executor.
 
 use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -58,6 +61,8 @@ fn check_poisoned() -> CuResult<()> {
     }
     Ok(())
 }
+/// `CU_LIMIT_PRINTF_FIFO_SIZE`.
+const LIMIT_PRINTF_FIFO_SIZE: u32 = 1;
 /// `CUDA_ERROR_INVALID_CLUSTER_SIZE` (cuda.h), not named by rgpu-proto.
 const CUDA_ERROR_INVALID_CLUSTER_SIZE: u32 = 912;
 /// What the reference kernels report (`CU_FUNC_ATTRIBUTE_*` numbers).
@@ -236,6 +241,7 @@ enum ReferenceKernel {
     FillIndex,
     CountMismatches,
     Empty,
+    Printf,
 }
 
 impl ReferenceKernel {
@@ -246,6 +252,7 @@ impl ReferenceKernel {
             "rgpu_fill_index" => Self::FillIndex,
             "rgpu_count_mismatches" => Self::CountMismatches,
             "rgpu_empty" => Self::Empty,
+            "rgpu_printf" => Self::Printf,
             _ => return None,
         })
     }
@@ -258,6 +265,7 @@ impl ReferenceKernel {
             Self::FillIndex => &[8, 4, 4],
             Self::CountMismatches => &[8, 4, 4, 8],
             Self::Empty => &[],
+            Self::Printf => &[4],
         }
     }
 }
@@ -302,6 +310,9 @@ pub struct SimContext {
     limits: HashMap<u32, u64>,
     /// Kernel names already reported as unimplemented.
     warned: HashSet<String>,
+    /// Device printf output not yet printed: the driver prints it at the
+    /// next synchronisation.
+    printf_buffer: Vec<u8>,
 }
 
 impl SimContext {
@@ -318,6 +329,7 @@ impl SimContext {
             events: HashMap::new(),
             limits: LIMITS.iter().map(|(l, v, _)| (*l, *v)).collect(),
             warned: HashSet::new(),
+            printf_buffer: Vec::new(),
         }
     }
 
@@ -430,6 +442,23 @@ impl SimContext {
         let bad = CUDA_ERROR_ILLEGAL_ADDRESS;
         match kernel {
             ReferenceKernel::Empty => Ok(()),
+            ReferenceKernel::Printf => {
+                // Every thread prints; what overflows the FIFO is lost, as
+                // on a GPU.
+                let fifo = self
+                    .limits
+                    .get(&LIMIT_PRINTF_FIFO_SIZE)
+                    .copied()
+                    .unwrap_or(0);
+                let line = format!("rgpu_printf {}\n", arg(0)? as u32);
+                for _ in 0..threads {
+                    if (self.printf_buffer.len() + line.len()) as u64 > fifo {
+                        break;
+                    }
+                    self.printf_buffer.extend_from_slice(line.as_bytes());
+                }
+                Ok(())
+            }
             ReferenceKernel::VectorAdd => {
                 let count = arg(3)?.min(threads);
                 let a = self.read(arg(0)?, count * 4, bad)?;
@@ -519,8 +548,28 @@ fn launch_threads(grid: [u32; 3], block: [u32; 3]) -> CuResult<u64> {
         .fold(per_block, |n, d| n.saturating_mul(u64::from(*d))))
 }
 
+impl SimContext {
+    /// Prints the device printf output on stdout, as the driver does when a
+    /// call synchronises with the device.
+    fn print_device_output(&mut self) {
+        if self.printf_buffer.is_empty() {
+            return;
+        }
+        let mut stdout = std::io::stdout().lock();
+        if let Err(e) = stdout
+            .write_all(&self.printf_buffer)
+            .and_then(|()| stdout.flush())
+        {
+            debug!("sim: cannot print device printf output: {e}");
+        }
+        self.printf_buffer.clear();
+    }
+}
+
 impl Drop for SimContext {
     fn drop(&mut self) {
+        // Destroying a context prints what its kernels left.
+        self.print_device_output();
         self.used.fetch_sub(self.charged, Ordering::SeqCst);
         debug!(
             "sim: context destroyed ({} allocations, {} bytes freed)",
@@ -532,7 +581,9 @@ impl Drop for SimContext {
 
 impl ContextExecutor for SimContext {
     fn synchronize(&mut self) -> CuResult<()> {
-        check_poisoned()
+        check_poisoned()?;
+        self.print_device_output();
+        Ok(())
     }
 
     fn get_limit(&mut self, limit: u32) -> CuResult<u64> {
@@ -613,10 +664,14 @@ impl ContextExecutor for SimContext {
         stream: StreamRef,
         dst: &[HostRun],
         src: u64,
-        _wait: bool,
+        wait: bool,
     ) -> CuResult<()> {
         check_poisoned()?;
         self.check_stream(stream)?;
+        if wait {
+            // A synchronous copy waits for the kernels before it.
+            self.print_device_output();
+        }
         let total = dst
             .iter()
             .try_fold(0u64, |sum, run| sum.checked_add(run.len as u64))
@@ -965,7 +1020,9 @@ impl ContextExecutor for SimContext {
     }
 
     fn stream_synchronize(&mut self, stream: StreamRef) -> CuResult<()> {
-        self.check_stream(stream)
+        self.check_stream(stream)?;
+        self.print_device_output();
+        Ok(())
     }
 
     fn stream_query(&mut self, stream: StreamRef) -> CuResult<()> {
@@ -1007,7 +1064,9 @@ impl ContextExecutor for SimContext {
     }
 
     fn event_synchronize(&mut self, event: u64) -> CuResult<()> {
-        self.event(event).map(|_| ())
+        self.event(event)?;
+        self.print_device_output();
+        Ok(())
     }
 
     fn event_query(&mut self, event: u64) -> CuResult<()> {

@@ -30,10 +30,27 @@ pub const OFFSET_HOST_IDLE: u64 = 192;
 
 /// The reply record at the start of the reply area: the sequence number is
 /// written last (release), so a guest that reads it (acquire) sees the rest.
+///
+/// | offset | field |
+/// | --- | --- |
+/// | 0 | `seq` u64 |
+/// | 8 | `result` u32 (a CUDA result code) |
+/// | 12 | `len` u32: payload bytes |
+/// | 16 | `console_len` u32: console bytes (protocol version 2) |
+/// | 20 | reserved, zero |
+/// | 24 | payload (`len` bytes), then console bytes (`console_len` bytes) |
+///
+/// Console bytes are what the host's GPU driver printed on the session's
+/// behalf (device `printf`, flushed at synchronisation points): the guest
+/// writes them to the application's stdout before it returns the reply.
+/// `len + console_len` never exceeds the reply area after the header; output
+/// that does not fit waits for the next reply. `console_len` is 0 in the
+/// common case, so a reply costs one more load.
 pub const REPLY_OFFSET_SEQ: u64 = 0;
 pub const REPLY_OFFSET_RESULT: u64 = 8;
 pub const REPLY_OFFSET_LEN: u64 = 12;
-pub const REPLY_OFFSET_PAYLOAD: u64 = 16;
+pub const REPLY_OFFSET_CONSOLE_LEN: u64 = 16;
+pub const REPLY_OFFSET_PAYLOAD: u64 = 24;
 
 pub const MIN_RING_SIZE: u64 = 4096;
 pub const MAX_RING_SIZE: u64 = 1 << 30;

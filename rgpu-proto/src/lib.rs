@@ -22,8 +22,9 @@ pub use command::{BlobRange, Command, CommandHeader, Opcode};
 pub use wire::DecodeError;
 
 /// Version of the command stream. The guest refuses a host whose capset
-/// carries another major version.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// carries another major version. Version 2 added console output to the
+/// reply record (`channel::REPLY_OFFSET_CONSOLE_LEN`).
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The virtio-gpu capability-set id of the rgpu CUDA context type.
 ///

@@ -267,6 +267,11 @@ fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(conn) = args.serve_one_connection {
         init_child_logging(conn);
+        // The GPU driver prints device printf output on this process's
+        // stdout: capture it for the guests (the log stays on stderr).
+        if let Err(e) = rgpu_session::console::capture_stdout() {
+            warn!("cannot capture stdout for GPU printf output: {e}");
+        }
         return match serve_one_connection(args, conn) {
             Ok(()) => ExitCode::SUCCESS,
             Err(ChildError::Reported) => ExitCode::FAILURE,

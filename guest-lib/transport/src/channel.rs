@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use rgpu_proto::batch::encode_batch;
 use rgpu_proto::channel::{
     self as proto, CHANNEL_MAGIC, HEADER_SIZE, OFFSET_CONSUMED, OFFSET_HOST_IDLE, OFFSET_MAGIC,
-    OFFSET_PRODUCED, OFFSET_VERSION, REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT,
-    REPLY_OFFSET_SEQ,
+    OFFSET_PRODUCED, OFFSET_VERSION, REPLY_OFFSET_CONSOLE_LEN, REPLY_OFFSET_LEN,
+    REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
 };
 use rgpu_proto::command::{padded, ChannelLayout, CommandHeader, COMMAND_HEADER_SIZE};
 use rgpu_proto::cuda_result::CUDA_SUCCESS;
@@ -591,7 +591,7 @@ impl Channel {
         let base = self.layout.reply_offset;
         // SAFETY: the reply record lies inside the blob; the acquire load of
         // its sequence number ordered these reads after the host's writes.
-        let (result, len) = unsafe {
+        let (result, len, console_len) = unsafe {
             (
                 u32::from_le(
                     self.at(base + REPLY_OFFSET_RESULT)
@@ -603,13 +603,32 @@ impl Channel {
                         .cast::<u32>()
                         .read_volatile(),
                 ),
+                u32::from_le(
+                    self.at(base + REPLY_OFFSET_CONSOLE_LEN)
+                        .cast::<u32>()
+                        .read_volatile(),
+                ),
             )
         };
         let capacity = self.layout.reply_size - REPLY_OFFSET_PAYLOAD;
-        if u64::from(len) > capacity {
+        if u64::from(len) + u64::from(console_len) > capacity {
             return Err(CarrierError::Protocol(format!(
-                "reply of {len} bytes is larger than the {capacity}-byte reply area"
+                "reply of {len} bytes and {console_len} console bytes is larger than the \
+                 {capacity}-byte reply area"
             )));
+        }
+        if console_len > 0 {
+            let mut console = vec![0u8; console_len as usize];
+            // SAFETY: the console bytes follow the payload inside the reply
+            // area (checked just above).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.at(base + REPLY_OFFSET_PAYLOAD + u64::from(len)),
+                    console.as_mut_ptr(),
+                    console.len(),
+                );
+            }
+            crate::console::write_stdout(&console);
         }
         let mut payload = vec![0u8; len as usize];
         // SAFETY: `len` bytes from the payload offset stay inside the reply

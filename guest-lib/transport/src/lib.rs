@@ -4,6 +4,7 @@
 
 pub mod carrier;
 pub mod channel;
+pub mod console;
 pub mod guest_memory;
 
 pub use carrier::{BlobMapping, Carrier, CarrierError, FenceToken};

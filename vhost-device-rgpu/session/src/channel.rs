@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use rgpu_proto::channel::{
     validate_layout, CHANNEL_MAGIC, OFFSET_CONSUMED, OFFSET_HOST_IDLE, OFFSET_MAGIC,
-    OFFSET_PRODUCED, OFFSET_VERSION, REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT,
-    REPLY_OFFSET_SEQ,
+    OFFSET_PRODUCED, OFFSET_VERSION, REPLY_OFFSET_CONSOLE_LEN, REPLY_OFFSET_LEN,
+    REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
 };
 use rgpu_proto::command::{
     decode_one, ChannelLayout, CommandHeader, Decoded, Opcode, COMMAND_ALIGN, COMMAND_HEADER_SIZE,
@@ -229,12 +229,27 @@ impl Channel {
     /// payload that does not fit the reply area turns into
     /// `CUDA_ERROR_INVALID_VALUE`. Returns the payload bytes written.
     pub fn write_reply(&self, seq: u64, result: u32, payload: &[u8]) -> usize {
+        self.write_reply_with_console(seq, result, payload, &mut Vec::new())
+    }
+
+    /// As [`Self::write_reply`], and moves as much of `console` as fits after
+    /// the payload into the record; the rest stays for the next reply.
+    pub fn write_reply_with_console(
+        &self,
+        seq: u64,
+        result: u32,
+        payload: &[u8],
+        console: &mut Vec<u8>,
+    ) -> usize {
         let room = self.layout.reply_size - REPLY_OFFSET_PAYLOAD;
         let (result, payload) = if payload.len() as u64 > room {
             (CUDA_ERROR_INVALID_VALUE, &[][..])
         } else {
             (result, payload)
         };
+        let console_room = (room - payload.len() as u64).min(u64::from(u32::MAX)) as usize;
+        let console_len = console.len().min(console_room);
+        let console_bytes = console.get(..console_len).unwrap_or_default();
         let base = self.layout.reply_offset;
         // The reply area was validated at bind: these writes are in bounds.
         let written = self
@@ -242,8 +257,20 @@ impl Channel {
             .write(base + REPLY_OFFSET_PAYLOAD, payload)
             .and_then(|()| {
                 self.blob.write(
+                    base + REPLY_OFFSET_PAYLOAD + payload.len() as u64,
+                    console_bytes,
+                )
+            })
+            .and_then(|()| {
+                self.blob.write(
                     base + REPLY_OFFSET_LEN,
                     &(payload.len() as u32).to_le_bytes(),
+                )
+            })
+            .and_then(|()| {
+                self.blob.write(
+                    base + REPLY_OFFSET_CONSOLE_LEN,
+                    &(console_len as u32).to_le_bytes(),
                 )
             })
             .and_then(|()| {
@@ -252,7 +279,10 @@ impl Channel {
             })
             .and_then(|()| self.blob.atomic_u64(base + REPLY_OFFSET_SEQ));
         match written {
-            Ok(seq_word) => seq_word.store(seq, Ordering::Release),
+            Ok(seq_word) => {
+                seq_word.store(seq, Ordering::Release);
+                console.drain(..console_len);
+            }
             Err(e) => log::error!("cannot write reply {seq}: {e}"),
         }
         payload.len()

@@ -10,6 +10,7 @@
 
 pub mod blob;
 pub mod channel;
+pub mod console;
 pub mod counters;
 pub mod dma;
 mod execute;

@@ -31,6 +31,17 @@ fn is_failure(command: &Command, result: &CuResult<Vec<u8>>) -> bool {
     }
 }
 
+/// Whether a command may make the driver print console output (it waits
+/// for the device) even when it asks for no reply.
+fn may_synchronize(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::CtxSynchronize
+            | Command::StreamSynchronize { .. }
+            | Command::EventSynchronize { .. }
+    )
+}
+
 /// Commands executed between two looks at the message queue, so detach and
 /// shutdown are not starved by a guest that keeps the ring full.
 const COMMANDS_PER_ROUND: usize = 256;
@@ -115,6 +126,8 @@ pub struct Worker {
     pending: Vec<(u64, Box<dyn Completion>)>,
     /// The first error of a command that asked for no reply.
     sticky: Option<u32>,
+    /// Driver console output (device printf) not yet sent with a reply.
+    console: Vec<u8>,
     pub(crate) handles: Handles,
     pub(crate) device: u32,
     pub(crate) executor: Arc<dyn Executor>,
@@ -170,6 +183,7 @@ impl Worker {
             channel: None,
             pending: Vec::new(),
             sticky: None,
+            console: Vec::new(),
             handles: Handles::default(),
             device,
             executor,
@@ -393,6 +407,9 @@ impl Worker {
                 RingEntry::Command(Ok(decoded)) => {
                     if decoded.command != Command::Padding {
                         let result = self.execute(&decoded.command, decoded.reply_seq);
+                        if decoded.reply_seq != 0 || may_synchronize(&decoded.command) {
+                            crate::console::collect(&mut self.console);
+                        }
                         let failed = is_failure(&decoded.command, &result);
                         log::trace!(
                             "ctx {} seq {}: {:?} -> {}",
@@ -457,18 +474,24 @@ impl Worker {
         let Some(channel) = &self.channel else {
             return;
         };
+        let console = &mut self.console;
         match result {
             Ok(payload) => match self.sticky.take() {
                 Some(code) => {
-                    channel.write_reply(reply_seq, code, &[]);
+                    channel.write_reply_with_console(reply_seq, code, &[], console);
                 }
                 None => {
-                    let written = channel.write_reply(reply_seq, CUDA_SUCCESS, &payload);
+                    let written = channel.write_reply_with_console(
+                        reply_seq,
+                        CUDA_SUCCESS,
+                        &payload,
+                        console,
+                    );
                     Counters::add(&self.counters.host_cpu_copy_bytes, written as u64);
                 }
             },
             Err(code) => {
-                channel.write_reply(reply_seq, code, &[]);
+                channel.write_reply_with_console(reply_seq, code, &[], console);
             }
         }
     }
