@@ -39,6 +39,11 @@ struct Console {
 
 static CONSOLE: OnceLock<Console> = OnceLock::new();
 
+extern "C" {
+    /// glibc's C stdio `stdout` stream.
+    static mut stdout: *mut libc::FILE;
+}
+
 /// Appends `bytes` to `out`, keeping at most [`MAX_PENDING`] bytes; returns
 /// how many were dropped.
 pub fn append_bounded(out: &mut Vec<u8>, bytes: &[u8]) -> usize {
@@ -140,6 +145,11 @@ pub fn capture_stdout() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     drop(write_end);
+    // The driver may print through C stdio, which fully buffers a pipe:
+    // unbuffered, every byte reaches the pipe inside the printing call.
+    // SAFETY: glibc's `stdout` stream, valid for the process's lifetime;
+    // setvbuf before any output through it since the dup2.
+    unsafe { libc::setvbuf(stdout, std::ptr::null_mut(), libc::_IONBF, 0) };
     let console = Console {
         read_end,
         buffer: Mutex::new(Vec::new()),
@@ -164,9 +174,6 @@ pub fn collect(pending: &mut Vec<u8>) {
     let Some(console) = CONSOLE.get() else {
         return;
     };
-    // The driver may print through C stdio, which buffers a pipe.
-    // SAFETY: fflush(NULL) flushes every C stdio output stream.
-    unsafe { libc::fflush(std::ptr::null_mut()) };
     let mut buffer = console.buffer.lock().unwrap_or_else(|e| e.into_inner());
     console.read_pipe(&mut buffer);
     if buffer.is_empty() {

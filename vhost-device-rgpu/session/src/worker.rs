@@ -128,6 +128,9 @@ pub struct Worker {
     sticky: Option<u32>,
     /// Driver console output (device printf) not yet sent with a reply.
     console: Vec<u8>,
+    /// A kernel was launched since the last synchronising command collected
+    /// the console.
+    kernels_since_collect: bool,
     pub(crate) handles: Handles,
     pub(crate) device: u32,
     pub(crate) executor: Arc<dyn Executor>,
@@ -184,6 +187,7 @@ impl Worker {
             pending: Vec::new(),
             sticky: None,
             console: Vec::new(),
+            kernels_since_collect: false,
             handles: Handles::default(),
             device,
             executor,
@@ -407,8 +411,21 @@ impl Worker {
                 RingEntry::Command(Ok(decoded)) => {
                     if decoded.command != Command::Padding {
                         let result = self.execute(&decoded.command, decoded.reply_seq);
-                        if decoded.reply_seq != 0 || may_synchronize(&decoded.command) {
+                        if matches!(decoded.command, Command::LaunchKernel(_)) {
+                            self.kernels_since_collect = true;
+                        }
+                        // Only a kernel prints: a session that launched none
+                        // since it last looked pays nothing (the synchronous
+                        // round trip is benchmarked).
+                        if self.kernels_since_collect
+                            && (decoded.reply_seq != 0 || may_synchronize(&decoded.command))
+                        {
                             crate::console::collect(&mut self.console);
+                            // The driver prints at synchronisation: until one
+                            // ran, output of those kernels may still come.
+                            if may_synchronize(&decoded.command) {
+                                self.kernels_since_collect = false;
+                            }
                         }
                         let failed = is_failure(&decoded.command, &result);
                         log::trace!(
