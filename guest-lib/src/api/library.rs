@@ -392,20 +392,12 @@ pub(crate) fn kernel_get_param_info(
 
 #[cfg(test)]
 mod tests {
-    use std::ffi::{c_int, c_void, CString};
+    use std::ffi::{c_int, c_void};
 
     use rgpu_proto::cuda_result::{CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
 
+    use crate::api::proc_address::resolve_implemented as resolve;
     use crate::exports;
-
-    fn resolve(name: &str, version: c_int, flags: u64) -> *const c_void {
-        let name = CString::new(name).unwrap();
-        let mut pfn: *mut c_void = std::ptr::null_mut();
-        let mut status: c_int = -1;
-        let rc = exports::cuGetProcAddress_v2(name.as_ptr(), &mut pfn, version, flags, &mut status);
-        assert_eq!((rc, status), (CUDA_SUCCESS, 0), "{name:?}");
-        pfn.cast_const()
-    }
 
     #[test]
     fn proc_address_resolves_the_library_api_here() {

@@ -138,6 +138,19 @@ pub(crate) fn get_proc_address_v2(
     get_proc_address_impl(symbol, pfn, version, flags, status)
 }
 
+/// What `cuGetProcAddress_v2` answers for a name the tests expect to be
+/// implemented here (it must be found, status 0).
+#[cfg(test)]
+pub(crate) fn resolve_implemented(name: &str, version: c_int, flags: u64) -> *const c_void {
+    let name = std::ffi::CString::new(name).expect("a name without NUL");
+    let mut pfn: *mut c_void = std::ptr::null_mut();
+    let mut status: c_int = -1;
+    let rc =
+        crate::exports::cuGetProcAddress_v2(name.as_ptr(), &mut pfn, version, flags, &mut status);
+    assert_eq!((rc, status), (CUDA_SUCCESS, 0), "{name:?}");
+    pfn.cast_const()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
