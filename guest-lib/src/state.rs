@@ -78,6 +78,7 @@ pub(crate) fn carrier_error(error: CarrierError) -> u32 {
     log::error!("rgpu: transport failure: {error}");
     match error {
         CarrierError::OutOfMemory(_) => CUDA_ERROR_OUT_OF_MEMORY,
+        CarrierError::ContextLost(_) => CUDA_ERROR_CONTEXT_IS_DESTROYED,
         _ => CUDA_ERROR_UNKNOWN,
     }
 }
@@ -189,6 +190,7 @@ impl Context {
         if let Ok(mut allocations) = self.allocations.lock() {
             allocations.clear();
         }
+        crate::device_ranges::forget_context(self.id);
         self.sticky_error.store(CUDA_SUCCESS, Ordering::Relaxed);
         self.alive.store(true, Ordering::Release);
         Ok(())
@@ -272,6 +274,8 @@ impl Context {
         EVENTS.retain(|e| e.context.is_alive());
         MODULES.retain(|m| m.context.is_alive());
         FUNCTIONS.retain(|f| f.context.is_alive());
+        // The host freed the session's memory and modules with it.
+        crate::device_ranges::forget_context(self.id);
         crate::pinned::forget_context(self.ctx_id());
     }
 }

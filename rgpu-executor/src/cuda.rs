@@ -13,10 +13,11 @@
 //! number of this context's own tables, so a guest can only name objects its
 //! own context created.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::ptr::{null_mut, without_provenance_mut};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::sys;
 use log::{debug, info, trace, warn};
@@ -162,6 +163,12 @@ pub struct CudaExecutor {
     /// sessions. Lazily, so that a standby daemon process holds no device
     /// memory before its connection arrives.
     primary: Mutex<Option<sys::CUcontext>>,
+    /// A session runs in the primary context now. The first session of a
+    /// process uses it (a worker process serves one guest process, which
+    /// mostly has one context), so a worker holds one context's device
+    /// memory, as the native process does; later ones get contexts of
+    /// their own.
+    primary_in_use: Arc<AtomicBool>,
     info: DeviceInfo,
     driver_version: i32,
     entry: IntegerEntryPoints,
@@ -326,6 +333,7 @@ impl CudaExecutor {
         Ok(CudaExecutor {
             device,
             primary: Mutex::new(None),
+            primary_in_use: Arc::new(AtomicBool::new(false)),
             info,
             driver_version,
             entry,
@@ -351,17 +359,39 @@ impl Executor for CudaExecutor {
         if device != 0 {
             return Err(CUDA_ERROR_INVALID_DEVICE);
         }
-        let mut ctx: sys::CUcontext = null_mut();
-        // SAFETY: `ctx` is a valid out-pointer; NULL creation parameters ask
-        // for a plain context. It becomes current on this (the worker) thread.
-        check("cuCtxCreate_v4", unsafe {
-            sys::cuCtxCreate_v4(&mut ctx, null_mut(), CU_CTX_MAP_HOST, self.device)
-        })?;
-        debug!("cuda: context {ctx:p} created");
+        let (ctx, primary) = if !self.primary_in_use.swap(true, Ordering::AcqRel) {
+            let ctx = match self.primary() {
+                Ok(ctx) => ctx,
+                Err(code) => {
+                    self.primary_in_use.store(false, Ordering::Release);
+                    return Err(code);
+                }
+            };
+            // SAFETY: the primary context is retained until the executor
+            // goes; it becomes current on this (the session's) thread.
+            if let Err(code) = check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) }) {
+                self.primary_in_use.store(false, Ordering::Release);
+                return Err(code);
+            }
+            debug!("cuda: session in the primary context {ctx:p}");
+            (ctx, Some(Arc::clone(&self.primary_in_use)))
+        } else {
+            let mut ctx: sys::CUcontext = null_mut();
+            // SAFETY: `ctx` is a valid out-pointer; NULL creation parameters
+            // ask for a plain context. It becomes current on this (the
+            // worker) thread.
+            check("cuCtxCreate_v4", unsafe {
+                sys::cuCtxCreate_v4(&mut ctx, null_mut(), CU_CTX_MAP_HOST, self.device)
+            })?;
+            debug!("cuda: context {ctx:p} created");
+            (ctx, None)
+        };
         Ok(Box::new(CudaContext {
             ctx,
+            primary,
             entry: self.entry,
             next_handle: 1,
+            allocations: HashSet::new(),
             modules: HashMap::new(),
             functions: HashMap::new(),
             streams: HashMap::new(),
@@ -453,6 +483,11 @@ struct LoadedModule {
 /// One session's CUDA context, current on the session's worker thread.
 pub struct CudaContext {
     ctx: sys::CUcontext,
+    /// Set when this session runs in the primary context, which outlives
+    /// it: its objects are freed one by one, then the flag is cleared.
+    primary: Option<Arc<AtomicBool>>,
+    /// Device memory it allocated and has not freed.
+    allocations: HashSet<sys::CUdeviceptr>,
     entry: IntegerEntryPoints,
     /// One counter for all handle kinds: a stream's handle is no event's.
     next_handle: u64,
@@ -529,10 +564,44 @@ impl CudaContext {
 
 impl Drop for CudaContext {
     fn drop(&mut self) {
-        // Destroying the context frees its memory, modules, streams, events.
-        // SAFETY: the context is ours; nothing uses it after this.
-        let _ = check("cuCtxDestroy_v2", unsafe { sys::cuCtxDestroy_v2(self.ctx) });
-        debug!("cuda: context {:p} destroyed", self.ctx);
+        let Some(primary) = self.primary.take() else {
+            // Destroying the context frees its memory, modules, streams,
+            // events.
+            // SAFETY: the context is ours; nothing uses it after this.
+            let _ = check("cuCtxDestroy_v2", unsafe { sys::cuCtxDestroy_v2(self.ctx) });
+            debug!("cuda: context {:p} destroyed", self.ctx);
+            return;
+        };
+        // The primary context stays (registrations live in it): free what
+        // this session made, after its work is done. Failures (a poisoned
+        // context) change nothing: the process's end frees everything.
+        // SAFETY (all calls below): objects this session created in this
+        // context, current on this thread, each freed once.
+        let _ = check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() });
+        for ptr in self.allocations.drain() {
+            let _ = check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(ptr) });
+        }
+        for (_, event) in self.events.drain() {
+            let _ = check("cuEventDestroy_v2", unsafe {
+                sys::cuEventDestroy_v2(event)
+            });
+        }
+        for (_, stream) in self.streams.drain() {
+            let _ = check("cuStreamDestroy_v2", unsafe {
+                sys::cuStreamDestroy_v2(stream)
+            });
+        }
+        self.functions.clear();
+        for (_, loaded) in self.modules.drain() {
+            let _ = check("cuModuleUnload", unsafe {
+                sys::cuModuleUnload(loaded.module)
+            });
+        }
+        let _ = check("cuCtxSetCurrent", unsafe {
+            sys::cuCtxSetCurrent(null_mut())
+        });
+        primary.store(false, Ordering::Release);
+        debug!("cuda: session in the primary context {:p} ended", self.ctx);
     }
 }
 
@@ -569,13 +638,16 @@ impl ContextExecutor for CudaContext {
             sys::cuMemAlloc_v2(&mut ptr, size)
         })?;
         trace!("cuda: mem_alloc {size} -> {ptr:#x}");
+        self.allocations.insert(ptr);
         Ok(ptr)
     }
 
     fn mem_free(&mut self, device_ptr: u64) -> CuResult<()> {
         // SAFETY: the driver checks the pointer against this context's
         // allocations; a foreign one is an error, not a crash.
-        check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(device_ptr) })
+        check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(device_ptr) })?;
+        self.allocations.remove(&device_ptr);
+        Ok(())
     }
 
     fn mem_get_info(&mut self) -> CuResult<(u64, u64)> {

@@ -10,14 +10,19 @@
 //! synchronisation, as NVIDIA's driver prints device printf output).
 //! It takes PTX text only. Nothing is "done" until it runs on a GPU with the
 //! `cuda` executor.
+//!
+//! Like NVIDIA's driver with unified addressing, a copy or memset reaches
+//! host memory registered for DMA through its host address taken as a
+//! device pointer: the fixture is as permissive as the driver, so tests
+//! show what the sessions' own pointer checks keep guests from.
 
 use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use log::{debug, trace, warn};
 use rgpu_proto::capset::{DeviceInfo, ATTRIBUTE_SLOTS, ATTRIBUTE_UNSUPPORTED};
@@ -28,6 +33,10 @@ use rgpu_proto::reply::FunctionInfo;
 use crate::image::{classify, ImageKind};
 use crate::occupancy::{self, KernelResources};
 use crate::{ptx, ContextExecutor, CuResult, DeviceStatus, Executor, HostRun, StreamRef};
+
+/// What `rgpu_spin` with a duration past the clock's range waits: forever,
+/// for any test.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 pub const SIM_DEVICE_NAME: &str = "rgpu-sim (test fixture, no GPU)";
 pub const SIM_TOTAL_MEM: u64 = 16 << 30;
@@ -93,11 +102,33 @@ const LIMITS: [(u32, u64, bool); 10] = [
     (9, 1, true),       // CIG_SHMEM_FALLBACK_ENABLED
 ];
 
+/// Host memory registered for DMA: host address -> length.
+type Registered = Arc<Mutex<BTreeMap<usize, usize>>>;
+
+fn lock_registered(
+    registered: &Mutex<BTreeMap<usize, usize>>,
+) -> MutexGuard<'_, BTreeMap<usize, usize>> {
+    registered.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The host address of `[ptr, ptr + len)` if one registered run holds it.
+fn registered_range(registered: &BTreeMap<usize, usize>, ptr: u64, len: u64) -> Option<*mut u8> {
+    let start = usize::try_from(ptr).ok()?;
+    let end = start.checked_add(usize::try_from(len).ok()?)?;
+    let (base, run_len) = registered.range(..=start).next_back()?;
+    (end <= base.checked_add(*run_len)?).then_some(start as *mut u8)
+}
+
 /// The daemon-wide simulator.
 pub struct SimExecutor {
     device: DeviceInfo,
     /// Bytes allocated by all contexts: one device's memory is shared.
     used: Arc<AtomicU64>,
+    /// The next device address, shared by all contexts: as with the
+    /// driver's unified addressing, no two allocations of a process share
+    /// an address, whichever contexts made them.
+    next_address: Arc<AtomicU64>,
+    registered: Registered,
 }
 
 impl SimExecutor {
@@ -115,6 +146,8 @@ impl SimExecutor {
                 attributes: parse_attributes(H200_ATTRIBUTES),
             },
             used: Arc::new(AtomicU64::new(0)),
+            next_address: Arc::new(AtomicU64::new(BASE_ADDRESS)),
+            registered: Registered::default(),
         }
     }
 }
@@ -164,15 +197,28 @@ impl Executor for SimExecutor {
             return Err(CUDA_ERROR_INVALID_DEVICE);
         }
         debug!("sim: context created");
-        Ok(Box::new(SimContext::new(self.used.clone())))
+        Ok(Box::new(SimContext::new(
+            self.used.clone(),
+            self.next_address.clone(),
+            self.registered.clone(),
+        )))
     }
 
-    /// Host memory needs no registration here: copies are CPU copies.
-    fn register_host_memory(&self, _run: HostRun) -> CuResult<()> {
-        check_poisoned()
+    /// Copies are CPU copies here, so registration only makes the memory
+    /// reachable through its host address, as the driver does.
+    fn register_host_memory(&self, run: HostRun) -> CuResult<()> {
+        check_poisoned()?;
+        lock_registered(&self.registered).insert(run.ptr as usize, run.len);
+        Ok(())
     }
 
-    fn unregister_host_memory(&self, _run: HostRun) {}
+    /// Waits for copies that reach the run (they hold the registry).
+    fn unregister_host_memory(&self, run: HostRun) {
+        let mut registered = lock_registered(&self.registered);
+        if registered.get(&(run.ptr as usize)) == Some(&run.len) {
+            registered.remove(&(run.ptr as usize));
+        }
+    }
 
     fn device_status(&self, device: u32) -> CuResult<DeviceStatus> {
         if device != 0 {
@@ -242,6 +288,9 @@ enum ReferenceKernel {
     CountMismatches,
     Empty,
     Printf,
+    /// Keeps the context busy for its parameter's nanoseconds: the launch
+    /// returns at once, and every synchronisation waits it out.
+    Spin,
 }
 
 impl ReferenceKernel {
@@ -253,6 +302,7 @@ impl ReferenceKernel {
             "rgpu_count_mismatches" => Self::CountMismatches,
             "rgpu_empty" => Self::Empty,
             "rgpu_printf" => Self::Printf,
+            "rgpu_spin" => Self::Spin,
             _ => return None,
         })
     }
@@ -266,6 +316,7 @@ impl ReferenceKernel {
             Self::CountMismatches => &[8, 4, 4, 8],
             Self::Empty => &[],
             Self::Printf => &[4],
+            Self::Spin => &[8],
         }
     }
 }
@@ -299,7 +350,8 @@ pub struct SimContext {
     /// Bytes this context charged to `used`, returned on drop.
     charged: u64,
     allocations: BTreeMap<u64, Allocation>,
-    next_address: u64,
+    next_address: Arc<AtomicU64>,
+    registered: Registered,
     /// One counter for every kind of handle, so a handle of one kind is
     /// never valid as another.
     next_handle: u64,
@@ -313,15 +365,18 @@ pub struct SimContext {
     /// Device printf output not yet printed: the driver prints it at the
     /// next synchronisation.
     printf_buffer: Vec<u8>,
+    /// Work launched by `rgpu_spin` runs until then.
+    busy_until: Option<Instant>,
 }
 
 impl SimContext {
-    fn new(used: Arc<AtomicU64>) -> Self {
+    fn new(used: Arc<AtomicU64>, next_address: Arc<AtomicU64>, registered: Registered) -> Self {
         Self {
             used,
             charged: 0,
             allocations: BTreeMap::new(),
-            next_address: BASE_ADDRESS,
+            next_address,
+            registered,
             next_handle: 1,
             modules: HashMap::new(),
             functions: HashMap::new(),
@@ -330,6 +385,25 @@ impl SimContext {
             limits: LIMITS.iter().map(|(l, v, _)| (*l, *v)).collect(),
             warned: HashSet::new(),
             printf_buffer: Vec::new(),
+            busy_until: None,
+        }
+    }
+
+    /// Waits until the spinning work is done (as a GPU's synchronisation).
+    fn wait_idle(&mut self) {
+        if let Some(until) = self.busy_until.take() {
+            let left = until.saturating_duration_since(Instant::now());
+            if !left.is_zero() {
+                std::thread::sleep(left);
+            }
+        }
+    }
+
+    /// NOT_READY while spinning work runs.
+    fn idle(&self) -> CuResult<()> {
+        match self.busy_until {
+            Some(until) if Instant::now() < until => Err(CUDA_ERROR_NOT_READY),
+            _ => Ok(()),
         }
     }
 
@@ -365,10 +439,19 @@ impl SimContext {
             self.used.fetch_sub(charged, Ordering::SeqCst);
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         };
-        let address = self.next_address;
         // Addresses are never reused, so a stale pointer never reaches a
-        // newer allocation; the 16 GiB cap keeps this far from overflowing.
-        self.next_address = address + charged.max(ALLOC_ALIGN);
+        // newer allocation; a process would have to allocate exabytes in
+        // its life to run out.
+        let step = charged.max(ALLOC_ALIGN);
+        let Ok(address) =
+            self.next_address
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |next| {
+                    next.checked_add(step)
+                })
+        else {
+            self.used.fetch_sub(charged, Ordering::SeqCst);
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        };
         self.charged += charged;
         self.allocations.insert(
             address,
@@ -402,6 +485,14 @@ impl SimContext {
         let offset = offset as usize;
         // SAFETY: offset + len <= size <= the block's length.
         Ok(unsafe { allocation.block.ptr.as_ptr().add(offset) })
+    }
+
+    /// The host address of `[ptr, ptr + len)` for a copy or memset: inside
+    /// one allocation, or else inside one run of registered host memory
+    /// (which stays mapped while `registered`, the locked registry, is held).
+    fn reach(&self, registered: &BTreeMap<usize, usize>, ptr: u64, len: u64) -> CuResult<*mut u8> {
+        self.host_range(ptr, len, CUDA_ERROR_INVALID_VALUE)
+            .or_else(|error| registered_range(registered, ptr, len).ok_or(error))
     }
 
     fn read(&self, ptr: u64, len: u64, error: u32) -> CuResult<Vec<u8>> {
@@ -442,6 +533,14 @@ impl SimContext {
         let bad = CUDA_ERROR_ILLEGAL_ADDRESS;
         match kernel {
             ReferenceKernel::Empty => Ok(()),
+            ReferenceKernel::Spin => {
+                let now = Instant::now();
+                let until = now
+                    .checked_add(Duration::from_nanos(arg(0)?))
+                    .unwrap_or(now + FOREVER);
+                self.busy_until = Some(self.busy_until.map_or(until, |b| b.max(until)));
+                Ok(())
+            }
             ReferenceKernel::Printf => {
                 // Every thread prints; what overflows the FIFO is lost, as
                 // on a GPU.
@@ -582,6 +681,7 @@ impl Drop for SimContext {
 impl ContextExecutor for SimContext {
     fn synchronize(&mut self) -> CuResult<()> {
         check_poisoned()?;
+        self.wait_idle();
         self.print_device_output();
         Ok(())
     }
@@ -646,15 +746,19 @@ impl ContextExecutor for SimContext {
         if total == 0 {
             return Ok(());
         }
-        let base = self.host_range(dst, total, CUDA_ERROR_INVALID_VALUE)?;
+        let registered = lock_registered(&self.registered);
+        let base = self.reach(&registered, dst, total)?;
         let mut offset = 0usize;
         for run in src.iter().filter(|r| r.len > 0) {
             // SAFETY: the session guarantees `run` is mapped guest memory of
             // `run.len` bytes (HostRun); the destination range was checked to
-            // hold all runs' bytes; guest memory and our blocks are distinct.
-            unsafe { std::ptr::copy_nonoverlapping(run.ptr, base.add(offset), run.len) };
+            // hold all runs' bytes, in a live block or in registered memory
+            // kept mapped while `registered` is held; `copy` allows the two
+            // to overlap (registered memory is guest memory too).
+            unsafe { std::ptr::copy(run.ptr, base.add(offset), run.len) };
             offset += run.len;
         }
+        drop(registered);
         trace!("sim: memcpy_htod {total} bytes -> {dst:#x}");
         Ok(())
     }
@@ -679,13 +783,15 @@ impl ContextExecutor for SimContext {
         if total == 0 {
             return Ok(());
         }
-        let base = self.host_range(src, total, CUDA_ERROR_INVALID_VALUE)?;
+        let registered = lock_registered(&self.registered);
+        let base = self.reach(&registered, src, total)?;
         let mut offset = 0usize;
         for run in dst.iter().filter(|r| r.len > 0) {
             // SAFETY: as in memcpy_htod, with the roles swapped.
-            unsafe { std::ptr::copy_nonoverlapping(base.add(offset), run.ptr, run.len) };
+            unsafe { std::ptr::copy(base.add(offset), run.ptr, run.len) };
             offset += run.len;
         }
+        drop(registered);
         trace!("sim: memcpy_dtoh {total} bytes <- {src:#x}");
         Ok(())
     }
@@ -695,11 +801,14 @@ impl ContextExecutor for SimContext {
         if size == 0 {
             return Ok(());
         }
-        let from = self.host_range(src, size, CUDA_ERROR_INVALID_VALUE)?;
-        let to = self.host_range(dst, size, CUDA_ERROR_INVALID_VALUE)?;
-        // SAFETY: both ranges were checked inside live blocks; `copy` allows
-        // them to overlap (as a copy within one allocation may).
+        let registered = lock_registered(&self.registered);
+        let from = self.reach(&registered, src, size)?;
+        let to = self.reach(&registered, dst, size)?;
+        // SAFETY: both ranges were checked inside live blocks or registered
+        // memory kept mapped while `registered` is held; `copy` allows them
+        // to overlap (as a copy within one allocation may).
         unsafe { std::ptr::copy(from, to, size as usize) };
+        drop(registered);
         trace!("sim: memcpy_dtod {size} bytes {src:#x} -> {dst:#x}");
         Ok(())
     }
@@ -722,14 +831,18 @@ impl ContextExecutor for SimContext {
         if len == 0 {
             return Ok(());
         }
-        let base = self.host_range(dst, len, CUDA_ERROR_INVALID_VALUE)?;
-        // SAFETY: `len` bytes at `base` were checked inside one live block,
-        // which nothing else borrows while `self` is borrowed mutably.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(base, len as usize) };
+        let registered = lock_registered(&self.registered);
+        let base = self.reach(&registered, dst, len)?;
         let pattern = value.to_le_bytes();
-        for element in bytes.chunks_exact_mut(element_size as usize) {
-            element.copy_from_slice(pattern.get(..element.len()).unwrap_or_default());
+        let width = element_size as usize;
+        for at in (0..len as usize).step_by(width) {
+            // SAFETY: `len` bytes at `base` lie in one live block or in
+            // registered memory kept mapped while `registered` is held;
+            // `pattern` is a local array at least `width` bytes long. Raw
+            // writes: registered memory is guest memory, shared.
+            unsafe { std::ptr::copy_nonoverlapping(pattern.as_ptr(), base.add(at), width) };
         }
+        drop(registered);
         trace!("sim: memset {count} x {element_size} bytes = {value:#x} at {dst:#x}");
         Ok(())
     }
@@ -1021,12 +1134,14 @@ impl ContextExecutor for SimContext {
 
     fn stream_synchronize(&mut self, stream: StreamRef) -> CuResult<()> {
         self.check_stream(stream)?;
+        self.wait_idle();
         self.print_device_output();
         Ok(())
     }
 
     fn stream_query(&mut self, stream: StreamRef) -> CuResult<()> {
-        self.check_stream(stream)
+        self.check_stream(stream)?;
+        self.idle()
     }
 
     fn stream_wait_event(&mut self, stream: StreamRef, event: u64, _flags: u32) -> CuResult<()> {
@@ -1065,6 +1180,7 @@ impl ContextExecutor for SimContext {
 
     fn event_synchronize(&mut self, event: u64) -> CuResult<()> {
         self.event(event)?;
+        self.wait_idle();
         self.print_device_output();
         Ok(())
     }
@@ -1288,6 +1404,23 @@ mod tests {
         // Dropping a context gives its memory back.
         drop(one);
         assert_eq!(two.mem_get_info().unwrap().0, SIM_TOTAL_MEM);
+    }
+
+    #[test]
+    fn contexts_of_one_executor_never_share_an_address() {
+        let sim = SimExecutor::new();
+        let mut one = sim.create_context(0).unwrap();
+        let mut two = sim.create_context(0).unwrap();
+        let a = one.mem_alloc(1000).unwrap();
+        let b = two.mem_alloc(1000).unwrap();
+        assert_eq!(a, BASE_ADDRESS);
+        assert!(b >= a + 1000, "{a:#x} {b:#x}");
+        // Each context reaches only its own allocations.
+        let mut four = [1u8; 4];
+        assert_eq!(
+            two.memcpy_htod(StreamRef::Legacy, a, &[run(&mut four)], true),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
     }
 
     #[test]
@@ -1744,10 +1877,38 @@ mod tests {
     }
 
     #[test]
-    fn host_registration_is_a_no_op() {
+    fn registered_host_memory_is_reachable_by_its_host_address_until_unregistered() {
+        // As with the driver's unified addressing: this is what the
+        // sessions' pointer checks must keep guests from.
         let executor = SimExecutor::new();
+        let mut ctx = executor.create_context(0).unwrap();
         let mut buf = vec![0u8; 64];
+        let address = buf.as_ptr() as u64;
+        let mut data = [9u8; 16];
+        assert_eq!(
+            ctx.memcpy_htod(StreamRef::Legacy, address, &[run(&mut data)], true),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
         assert_eq!(executor.register_host_memory(run(&mut buf)), Ok(()));
+        ctx.memcpy_htod(StreamRef::Legacy, address + 8, &[run(&mut data)], true)
+            .unwrap();
+        ctx.memset(StreamRef::Legacy, address + 60, 0x0403_0201, 4, 1)
+            .unwrap();
+        let mut back = [0u8; 4];
+        ctx.memcpy_dtoh(StreamRef::Legacy, &[run(&mut back)], address + 8, true)
+            .unwrap();
+        assert_eq!(back, [9; 4]);
+        assert_eq!(
+            ctx.memcpy_dtoh(StreamRef::Legacy, &[run(&mut back)], address + 61, true),
+            Err(CUDA_ERROR_INVALID_VALUE),
+            "past the registered run"
+        );
         executor.unregister_host_memory(run(&mut buf));
+        assert_eq!(
+            ctx.memcpy_dtoh(StreamRef::Legacy, &[run(&mut back)], address, true),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(&buf[8..24], &[9; 16]);
+        assert_eq!(&buf[60..], &[1, 2, 3, 4]);
     }
 }

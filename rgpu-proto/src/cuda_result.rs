@@ -21,6 +21,8 @@ pub const CUDA_ERROR_NOT_FOUND: u32 = 500;
 pub const CUDA_ERROR_NOT_READY: u32 = 600;
 pub const CUDA_ERROR_ILLEGAL_ADDRESS: u32 = 700;
 pub const CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: u32 = 701;
+pub const CUDA_ERROR_LAUNCH_TIMEOUT: u32 = 702;
+pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: u32 = 709;
 pub const CUDA_ERROR_LAUNCH_FAILED: u32 = 719;
 pub const CUDA_ERROR_NOT_PERMITTED: u32 = 800;
 pub const CUDA_ERROR_NOT_SUPPORTED: u32 = 801;
@@ -114,6 +116,16 @@ pub const KNOWN_RESULTS: &[(u32, &str, &str)] = &[
         CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
         "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
         "too many resources requested for launch",
+    ),
+    (
+        CUDA_ERROR_LAUNCH_TIMEOUT,
+        "CUDA_ERROR_LAUNCH_TIMEOUT",
+        "the launch timed out and was terminated",
+    ),
+    (
+        CUDA_ERROR_CONTEXT_IS_DESTROYED,
+        "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+        "context is destroyed",
     ),
     (
         CUDA_ERROR_LAUNCH_FAILED,

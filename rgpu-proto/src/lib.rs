@@ -14,6 +14,7 @@ pub mod channel;
 pub mod command;
 pub mod cuda_result;
 pub mod fatbin;
+pub mod process_group;
 pub mod reply;
 pub mod virtio_gpu;
 pub mod wire;

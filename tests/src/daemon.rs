@@ -36,6 +36,12 @@ impl Daemon {
     }
 
     pub fn start_with_env(executor: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_with(executor, &[], env)
+    }
+
+    /// Like [`Daemon::start`], with more daemon options (`args`) and
+    /// environment (`env`).
+    pub fn start_with(executor: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let binary = Self::binary();
         assert!(
             binary.exists(),
@@ -56,6 +62,7 @@ impl Daemon {
             .arg(&socket)
             .arg("--stats-socket")
             .arg(&stats_socket)
+            .args(args)
             .env_remove("LD_LIBRARY_PATH")
             .env(
                 "RGPU_LOG",

@@ -316,6 +316,9 @@ impl HandChannel {
             produced: 0,
             next_seq: 1,
         };
+        // The carrier's memory may hold an earlier request's bytes (as
+        // guest-lib's channel does, clear the header first).
+        channel.write(0, &vec![0u8; HEADER_SIZE as usize]);
         channel.write(OFFSET_MAGIC, &CHANNEL_MAGIC.to_le_bytes());
         channel.write(OFFSET_VERSION, &PROTOCOL_VERSION.to_le_bytes());
         channel.submit_and_wait(&Command::BindChannel(layout));

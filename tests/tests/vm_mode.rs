@@ -34,8 +34,13 @@ struct Fixture {
 
 impl Fixture {
     fn boot(test_script: &Path) -> Self {
+        Self::boot_with_env(test_script, &[])
+    }
+
+    /// [`Fixture::boot`] with more environment for the daemon.
+    fn boot_with_env(test_script: &Path, env: &[(&str, &str)]) -> Self {
         let host = host();
-        let daemon = Daemon::start("sim");
+        let daemon = Daemon::start_with_env("sim", env);
         let initrd = daemon.dir().join("initramfs.cpio.gz");
         host.build_initramfs(&initrd, &[(test_script, "/test.sh")]);
         let append = std::env::var("RGPU_LOG")
@@ -84,6 +89,14 @@ impl Fixture {
         self.vm.wait_for(&format!("RGPU-WAIT {what}"), STEP_TIMEOUT);
         check(&self.daemon);
         self.vm.send_line("go");
+    }
+
+    /// Waits for the guest's "RGPU-WAIT what" and answers the line `answer`
+    /// gives.
+    fn host_answer(&mut self, what: &str, answer: impl FnOnce(&Daemon) -> String) {
+        self.vm.wait_for(&format!("RGPU-WAIT {what}"), STEP_TIMEOUT);
+        let line = answer(&self.daemon);
+        self.vm.send_line(&line);
     }
 
     /// Waits for the end of step `name`; asserts it succeeded and that its
@@ -219,9 +232,12 @@ fn driver_api_test_in_the_guest() {
         0,
         "copies from unregistered guest memory: before {before:?}, after {after:?}"
     );
-    assert!(
-        after.get("dma_registered_bytes") >= BULK_BYTES,
-        "guest memory not registered for DMA: {after:?}"
+    // Registered only while its process lived: a worker registers its own
+    // process's blobs, and they go with it.
+    assert_eq!(
+        after.get("dma_registered_bytes"),
+        0,
+        "guest memory stayed registered after its process exited: {after:?}"
     );
     eprintln!(
         "vm_mode: bulk copy: zero_copy_bytes +{}, staged_bytes +{}, host_cpu_copy_bytes +{}",
@@ -242,4 +258,134 @@ fn driver_api_test_in_the_guest() {
     let stats = f.daemon.stats();
     assert_eq!(stats.get("device_memory_bytes"), 0, "{stats:?}");
     assert!(stats.get("sessions_total") >= 5, "{stats:?}");
+}
+
+fn wait_workers(daemon: &Daemon, what: &str, check: impl Fn(&rgpu_tests::Stats) -> bool) {
+    daemon.wait_for_stats(ACCOUNTING_TIMEOUT, what, check);
+}
+
+/// Two unprivileged users of one guest: each guest process runs in a host
+/// worker of its own; one's fatal fault leaves the other's work passing
+/// without the VM reconnecting; one cannot reach the other's device memory;
+/// a process killed mid-copy and a driver unbind with a process holding a
+/// context leave nothing behind on the host.
+#[test]
+fn guest_processes_are_isolated_from_each_other() {
+    let script = workspace_root().join("tests/vm/guest-isolation.sh");
+    // Debug logging: the host reads where a worker mapped a blob off it.
+    let mut f = Fixture::boot_with_env(
+        &script,
+        &[
+            ("RGPU_SIM_FAULT_POISONS_PROCESS", "1"),
+            ("RGPU_LOG", "debug"),
+        ],
+    );
+    f.check_boot();
+
+    f.host_check("two-workers", |daemon| {
+        wait_workers(daemon, "one worker per guest process", |s| {
+            s.get("workers_active") == 2 && s.get("connections_active") == 1
+        })
+    });
+    f.host_check("none-left", |daemon| {
+        wait_workers(daemon, "no worker once the processes exited", |s| {
+            s.get("workers_active") == 0
+                && s.get("sessions_active") == 0
+                && s.get("device_memory_bytes") == 0
+        })
+    });
+    let lines = f.step("poisoned-neighbour", 2);
+    assert!(
+        lines.iter().any(|l| l.starts_with("[cuda] poisoned")),
+        "the faulting process was not poisoned; console:\n{}",
+        f.vm.console()
+    );
+
+    let lines = f.step("foreign-pointer", 0);
+    let passed = lines
+        .iter()
+        .filter(|l| l.starts_with("foreign_pointer_test: ") && l.ends_with(" checks passed"))
+        .count();
+    assert!(
+        passed == 2 && lines.iter().any(|l| l == "intact=yes"),
+        "foreign pointers: console:\n{}",
+        f.vm.console()
+    );
+
+    // cuda2's kernel reads neither cuda's pinned memory where cuda's worker
+    // mapped it, nor at cuda's own pointer; its own memory it reads.
+    f.host_answer("owner-blob-address", |daemon| {
+        newest_blob_address(&daemon.log(), 1 << 20)
+            .unwrap_or_else(|| panic!("no 1 MiB blob mapping in the daemon log:\n{}", daemon.log()))
+    });
+    let lines = f.step("kernel-probe", 0);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l == "read self: rc 0 CUDA_SUCCESS secret yes"),
+        "the probing kernel does not work; console:\n{}",
+        f.vm.console()
+    );
+    let reads: Vec<&String> = lines.iter().filter(|l| l.starts_with("read 0x")).collect();
+    assert!(
+        reads.len() == 2
+            && reads
+                .iter()
+                .all(|l| l.ends_with(" secret no") && !l.contains(": rc 0 ")),
+        "a kernel read another process's memory; console:\n{}",
+        f.vm.console()
+    );
+
+    f.host_check("copying", |daemon| {
+        wait_workers(daemon, "the copying process's worker", |s| {
+            s.get("workers_active") == 1
+        })
+    });
+    f.host_check("killed-gone", |daemon| {
+        wait_workers(daemon, "nothing of the killed process", |s| {
+            s.get("workers_active") == 0
+                && s.get("sessions_active") == 0
+                && s.get("device_memory_bytes") == 0
+        })
+    });
+    f.step("killed-copying", 0);
+
+    let mut workers_before = 0;
+    f.host_check("before-unbind", |daemon| {
+        let s = daemon.wait_for_stats(ACCOUNTING_TIMEOUT, "the held process's worker", |s| {
+            s.get("workers_active") == 1 && s.get("sessions_active") >= 1
+        });
+        workers_before = s.get("workers_total");
+    });
+    f.host_check("unbound", |daemon| {
+        wait_workers(daemon, "nothing left after the driver unbind", |s| {
+            s.get("workers_active") == 0
+                && s.get("sessions_active") == 0
+                && s.get("device_memory_bytes") == 0
+                && s.get("dma_registered_bytes") == 0
+        })
+    });
+    f.step("rebind", 1);
+    f.finish();
+
+    let stats = f.daemon.stats();
+    assert_eq!(
+        stats.get("connections_total"),
+        1,
+        "the VM reconnected: {stats:?}"
+    );
+    assert_eq!(stats.get("workers_active"), 0, "{stats:?}");
+    assert!(stats.get("workers_total") > workers_before, "{stats:?}");
+}
+
+/// The host address of the newest blob of `size` bytes a worker mapped, as
+/// its debug log says ("blob of N bytes in R runs mapped at 0x...").
+fn newest_blob_address(log: &str, size: u64) -> Option<String> {
+    let needle = format!("blob of {size} bytes in ");
+    log.lines()
+        .rev()
+        .filter(|l| l.contains(&needle))
+        .find_map(|l| l.split("mapped at ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_owned)
 }

@@ -56,7 +56,7 @@ BUILD=$STAGE.build
 mkdir -p "$BUILD"
 trap 'rm -rf "$STAGE" "$BUILD"' EXIT
 
-mkdir -p "$STAGE"/{bin,sbin,dev,proc,sys,tmp,etc,root,home/cuda,lib/modules,lib/rgpu,lib64} \
+mkdir -p "$STAGE"/{bin,sbin,dev,proc,sys,tmp,etc,root,home/cuda,home/cuda2,lib/modules,lib/rgpu,lib64} \
     "$STAGE"/lib/x86_64-linux-gnu "$STAGE"/opt/rgpu/{bin,lib,share}
 chmod 1777 "$STAGE/tmp"
 mkdir -p "$STAGE/usr"
@@ -109,8 +109,10 @@ echo /opt/rgpu/lib >"$STAGE/etc/ld.so.conf"
 # The C test program, linked against guest-lib like tests/src builds it.
 mkdir -p "$BUILD/lib"
 ln -s "$LIBCUDA" "$BUILD/lib/libcuda.so"
-cc -O2 -std=c11 -Wall -Wextra -Werror -I "$PROGRAMS" -o "$STAGE/opt/rgpu/bin/driver_api_test" \
-    "$PROGRAMS/driver_api_test.c" -L "$BUILD/lib" -lcuda
+for program in driver_api_test fault_test foreign_pointer_test kernel_probe_test; do
+    cc -O2 -std=c11 -Wall -Wextra -Werror -I "$PROGRAMS" -o "$STAGE/opt/rgpu/bin/$program" \
+        "$PROGRAMS/$program.c" -L "$BUILD/lib" -lcuda
+done
 cp "$PROGRAMS/reference_kernels.ptx" "$STAGE/opt/rgpu/share/"
 
 # Extra files from the command line.
@@ -148,19 +150,23 @@ for name in $(printf '%s\n' "${needed[@]}" | sort -u); do
 done
 /sbin/ldconfig -r "$STAGE" 2>/dev/null || ldconfig -r "$STAGE"
 
-# Users: the test programs run as `cuda`, a member of `render` only.
+# Users: the test programs run as `cuda` (and, where two users must not
+# reach each other, `cuda2`), members of `render` only.
 cat >"$STAGE/etc/passwd" <<'PASSWD'
 root:x:0:0:root:/root:/bin/sh
 cuda:x:1000:1000:cuda:/home/cuda:/bin/sh
+cuda2:x:1001:1001:cuda2:/home/cuda2:/bin/sh
 PASSWD
 cat >"$STAGE/etc/group" <<'GROUP'
 root:x:0:
-render:x:993:cuda
+render:x:993:cuda,cuda2
 cuda:x:1000:
+cuda2:x:1001:
 GROUP
 cat >"$STAGE/etc/shadow" <<'SHADOW'
 root:*:19000:0:99999:7:::
 cuda:*:19000:0:99999:7:::
+cuda2:*:19000:0:99999:7:::
 SHADOW
 chmod 0640 "$STAGE/etc/shadow"
 
@@ -179,14 +185,20 @@ rgpu_step() {
     return $rc
 }
 
-# rgpu_as_user CMD...: runs CMD as the non-root user `cuda` (groups from
+# rgpu_as USER CMD...: runs CMD as the non-root USER (groups from
 # /etc/group, so it is in `render`) with a clean environment.
-rgpu_as_user() {
-    local quoted="" arg
+rgpu_as() {
+    local user=$1 quoted="" arg
+    shift
     for arg in "$@"; do
         quoted="$quoted '$(printf '%s' "$arg" | sed "s/'/'\\\\''/g")'"
     done
-    su -s /bin/sh cuda -c "cd /home/cuda && exec$quoted"
+    su -s /bin/sh "$user" -c "cd /home/$user && exec$quoted"
+}
+
+# rgpu_as_user CMD...: runs CMD as the non-root user `cuda`.
+rgpu_as_user() {
+    rgpu_as cuda "$@"
 }
 FUNCTIONS
 
@@ -198,6 +210,7 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /tmp
 chown cuda:cuda /home/cuda
+chown cuda2:cuda2 /home/cuda2
 echo "RGPU-BOOT kernel $(uname -r)"
 for module in $(cat /etc/rgpu-modules); do
     insmod "/lib/modules/$module" || echo "RGPU-BOOT insmod $module failed"

@@ -8,6 +8,8 @@
 # DIR/initramfs.cpio.gz                 the test guest (release guest-lib,
 #                                       rgpu-diag, driver_api_test,
 #                                       tests/vm/guest-test.sh as /test.sh)
+# DIR/initramfs-isolation.cpio.gz       the same with tests/vm/guest-isolation.sh
+#                                       (GUEST=isolation run-vm-test.sh)
 # DIR/qemu/                             the portable QEMU and guest kernel
 # DIR/qemu-vhost-user-test-device.sh    qemu-configs/' command line, as is
 # DIR/run-vm-test.sh                    the runner
@@ -20,6 +22,8 @@ mkdir -p "$dir"
 strip --strip-debug -o "$dir/vhost-device-rgpu" "$target/vhost-device-rgpu"
 RGPU_PROFILE_DIR=$target bash tests/vm/build-initramfs.sh "$dir/initramfs.cpio.gz" \
     tests/vm/guest-test.sh=/test.sh
+RGPU_PROFILE_DIR=$target bash tests/vm/build-initramfs.sh "$dir/initramfs-isolation.cpio.gz" \
+    tests/vm/guest-isolation.sh=/test.sh
 bash tests/vm/make-portable-qemu.sh "$dir/qemu"
 rm -f "$dir/qemu.tar.gz"
 cp qemu-configs/qemu-vhost-user-test-device.sh tests/vm/run-vm-test.sh "$dir/"

@@ -7,12 +7,21 @@
 #                                by tests/vm/make-gpu-vm-bundle.sh)
 #
 # Environment: RGPU_EXECUTOR (default cuda; sim to try it without a GPU),
-# MEM (guest memory, default 1G), OUT (where logs go; default a temp folder).
+# GUEST (test: the driver-API guest, default; isolation: two users of one
+# guest, tests/vm/guest-isolation.sh), MEM (guest memory, default 1G), OUT
+# (where logs go; default a temp folder).
 # Prints PASS/FAIL per step; the exit status is the number of failures.
 set -uo pipefail
 
 bundle=$(cd "${1:-$(dirname "$0")}" && pwd)
 executor=${RGPU_EXECUTOR:-cuda}
+guest=${GUEST:-test}
+case $guest in
+    test) initrd=initramfs.cpio.gz; log_level=${RGPU_LOG:-info} ;;
+    # Debug: the runner reads where a worker mapped a blob off the log.
+    isolation) initrd=initramfs-isolation.cpio.gz; log_level=debug ;;
+    *) echo "FAIL GUEST=$guest: test or isolation"; exit 1 ;;
+esac
 logs=${OUT:-$(mktemp -d /tmp/rgpu-vm-test.XXXXXX)}
 mkdir -p "$logs"
 work=$(mktemp -d /tmp/rgpu-vm-work.XXXXXX)
@@ -31,7 +40,7 @@ trap cleanup EXIT
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1${2:+ ($2)}"; failures=$((failures + 1)); }
 
-for f in vhost-device-rgpu initramfs.cpio.gz qemu/qemu-system-x86_64 qemu/vmlinuz \
+for f in vhost-device-rgpu "$initrd" qemu/qemu-system-x86_64 qemu/vmlinuz \
     qemu-vhost-user-test-device.sh; do
     [ -e "$bundle/$f" ] || { echo "FAIL bundle: $bundle/$f is missing"; exit 1; }
 done
@@ -55,7 +64,8 @@ wait_stats() {
     return 1
 }
 
-"$bundle/vhost-device-rgpu" --executor "$executor" --socket-path "$work/rgpu.sock" \
+RGPU_LOG=$log_level RGPU_SIM_FAULT_POISONS_PROCESS=1 \
+    "$bundle/vhost-device-rgpu" --executor "$executor" --socket-path "$work/rgpu.sock" \
     --stats-socket "$work/stats.sock" >"$logs/daemon.log" 2>&1 &
 daemon_pid=$!
 for _ in $(seq 200); do
@@ -68,7 +78,7 @@ echo "daemon: executor $(stat executor), log $logs/daemon.log"
 # The guest's console input is a fifo: the runner answers its host checks.
 mkfifo "$work/console-in"
 start=$(date +%s.%N)
-RGPU_SOCKET=$work/rgpu.sock KERNEL=$bundle/qemu/vmlinuz INITRD=$bundle/initramfs.cpio.gz \
+RGPU_SOCKET=$work/rgpu.sock KERNEL=$bundle/qemu/vmlinuz INITRD=$bundle/$initrd \
     QEMU=$bundle/qemu/qemu-system-x86_64 MEM=${MEM:-1G} \
     timeout 600 bash "$bundle/qemu-vhost-user-test-device.sh" \
     <"$work/console-in" >"$logs/console.log" 2>&1 &
@@ -105,12 +115,39 @@ while IFS= read -r line; do
             echo "bulk: zero_copy_bytes +$zc, host_cpu_copy_bytes +$cpu, unregistered_copy_bytes +$un, dma_registered_bytes $dma"
             # Not copied on the host: neither by the daemon (host_cpu_copy)
             # nor staged by the driver (every byte lay in registered memory).
+            # Registered only while its process lived (a worker registers
+            # its own process's blobs): nothing stays registered after.
             if [ $zc -ge $((256 << 20)) ] && [ $cpu -lt $((4 << 20)) ] && [ $un = 0 ] &&
-                [ "$dma" -ge $((256 << 20)) ]; then
+                [ "$dma" = 0 ]; then
                 pass "bulk 256 MiB zero-copy (no host CPU copy, no driver staging)"; answer 0
             else
                 fail "bulk 256 MiB zero-copy" "zero_copy +$zc, host_cpu_copy +$cpu, unregistered +$un, registered $dma"; answer 1
             fi ;;
+        # The isolation guest's checks.
+        *"RGPU-WAIT two-workers"*)
+            wait_stats '[ "$(stat workers_active)" = 2 ] && [ "$(stat connections_active)" = 1 ]'; r=$?
+            [ $r = 0 ] && pass "one worker per guest process (2)" || fail "two workers"; answer $r ;;
+        *"RGPU-WAIT none-left"*|*"RGPU-WAIT killed-gone"*)
+            wait_stats '[ "$(stat workers_active)" = 0 ] && [ "$(stat sessions_active)" = 0 ] && [ "$(stat device_memory_bytes)" = 0 ]'; r=$?
+            [ $r = 0 ] && pass "no worker, session or device memory left (${line#*RGPU-WAIT })" \
+                || fail "nothing left (${line#*RGPU-WAIT })"; answer $r ;;
+        *"RGPU-WAIT copying"*)
+            wait_stats '[ "$(stat workers_active)" = 1 ]'; r=$?
+            [ $r = 0 ] || fail "copying worker"; answer $r ;;
+        *"RGPU-WAIT before-unbind"*)
+            wait_stats '[ "$(stat workers_active)" = 1 ]'; r=$?
+            [ $r = 0 ] || fail "held worker before unbind"; answer $r ;;
+        *"RGPU-WAIT unbound"*)
+            wait_stats '[ "$(stat workers_active)" = 0 ] && [ "$(stat sessions_active)" = 0 ] && [ "$(stat dma_registered_bytes)" = 0 ]'; r=$?
+            [ $r = 0 ] && pass "driver unbind: nothing of before left on the host" || fail "unbind left state"; answer $r ;;
+        *"RGPU-WAIT owner-blob-address"*)
+            address=$(grep "blob of 1048576 bytes in " "$logs/daemon.log" | tail -n1 \
+                | sed -n 's/.*mapped at \(0x[0-9a-f]*\).*/\1/p')
+            echo "owner's blob mapped at ${address:-?} in its worker"
+            echo "${address:-0x0}" >&3 ;;
+        *"read 0x"*": rc "*)
+            echo "kernel probe: ${line#*read }"
+            case $line in *"secret yes"*) fail "a kernel read another process's memory: $line" ;; esac ;;
         *"RGPU-TEST-END "*" rc=0") pass "guest step ${line#*RGPU-TEST-END }" ;;
         *"RGPU-TEST-END "*) fail "guest step ${line#*RGPU-TEST-END }" "see $logs/console.log" ;;
         *"RGPU-TEST-SH-EXIT"*) break ;;

@@ -10,9 +10,11 @@
 //! up on SIGINT/SIGTERM; [`stats`] answers the optional stats socket.
 
 pub mod daemon;
+pub mod limits;
 pub mod shared_counters;
 pub mod signals;
 pub mod socket;
 pub mod stats;
 pub mod supervisor;
 pub mod virtio_gpu;
+pub mod worker_process;

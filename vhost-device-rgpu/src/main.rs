@@ -5,7 +5,7 @@
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -17,7 +17,10 @@ use rgpu_executor::Executor;
 use rgpu_session::Counters;
 use vhost_device_rgpu::supervisor::{Message, Notifier, Supervisor};
 use vhost_device_rgpu::virtio_gpu::DaemonShared;
-use vhost_device_rgpu::{daemon, shared_counters, signals, socket, stats};
+use vhost_device_rgpu::worker_process::containment::WorkerLimits;
+use vhost_device_rgpu::worker_process::link::Link;
+use vhost_device_rgpu::worker_process::{Accounting, WorkerLauncher};
+use vhost_device_rgpu::{daemon, shared_counters, signals, socket, stats, worker_process};
 
 /// What QEMU's vhost-user.rst "Backend program conventions" ask
 /// `--print-capabilities` to print.
@@ -73,6 +76,31 @@ struct Args {
     /// connection.
     #[arg(long, value_name = "PATH")]
     stats_socket: Option<PathBuf>,
+    /// Serve at most N connections at once (each in a process of its own,
+    /// the one waiting for the next connection included); further ones wait
+    /// in the socket's backlog until one ends.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 64,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    max_connections: u32,
+    /// Close a connection whose frontend has not started vhost-user
+    /// negotiation (asked for the device features) this many seconds after
+    /// connecting.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    handshake_timeout_s: u64,
+    /// End a guest process's worker when its GPU work keeps one of its
+    /// calls waiting longer than this many seconds (a kernel that does not
+    /// end); the guest sees CUDA_ERROR_LAUNCH_TIMEOUT. 0: no watchdog.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    kernel_timeout_s: u64,
     /// Print the backend's capabilities as JSON and exit (other options are
     /// ignored).
     #[arg(long)]
@@ -85,17 +113,29 @@ struct Args {
     #[arg(long, value_name = "N", hide = true, requires = "serve_one_connection")]
     notify_fd: Option<RawFd>,
     /// Internal: the shared page to count into.
-    #[arg(long, value_name = "N", hide = true, requires = "serve_one_connection")]
+    #[arg(long, value_name = "N", hide = true)]
     counters_fd: Option<RawFd>,
+    /// Internal: be worker process ID (`CONN.N`) of a connection process,
+    /// which talks to us on --fd.
+    #[arg(long, value_name = "ID", hide = true, requires = "fd", conflicts_with = "serve_one_connection")]
+    serve_worker: Option<String>,
 }
 
-fn make_executor(kind: ExecutorKind, gpu: u32) -> Result<Arc<dyn Executor>, String> {
+/// The executor; `announce` says once (in the connection process) that a
+/// `sim` one is no GPU.
+fn make_executor(
+    kind: ExecutorKind,
+    gpu: u32,
+    announce: bool,
+) -> Result<Arc<dyn Executor>, String> {
     match kind {
         ExecutorKind::Cuda => rgpu_executor::cuda::CudaExecutor::new(gpu)
             .map(|e| Arc::new(e) as Arc<dyn Executor>)
             .map_err(|e| e.to_string()),
         ExecutorKind::Sim => {
-            warn!("executor `sim`: a test fixture without a GPU; real programs will not run");
+            if announce {
+                warn!("executor `sim`: a test fixture without a GPU; real programs will not run");
+            }
             Ok(Arc::new(rgpu_executor::sim::SimExecutor::new()))
         }
     }
@@ -121,8 +161,13 @@ fn run(args: Args) -> Result<(), String> {
         args.gpu.to_string().into(),
         "--executor".into(),
         args.executor.name().into(),
+        "--handshake-timeout-s".into(),
+        args.handshake_timeout_s.to_string().into(),
+        "--kernel-timeout-s".into(),
+        args.kernel_timeout_s.to_string().into(),
     ];
-    let supervisor = match Supervisor::new(listener.as_raw_fd(), child_args) {
+    let max_connections = usize::try_from(args.max_connections).unwrap_or(usize::MAX);
+    let supervisor = match Supervisor::new(listener.as_raw_fd(), child_args, max_connections) {
         Ok(supervisor) => Arc::new(supervisor),
         Err(e) => {
             remove_all(&created);
@@ -211,7 +256,16 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
         Notifier::inherit(notify_fd).map_err(|e| other(format!("--notify-fd {notify_fd}: {e}")))?;
     let page = shared_counters::map_inherited(counters_fd)
         .map_err(|e| other(format!("--counters-fd {counters_fd}: {e}")))?;
-    let executor = match make_executor(args.executor, args.gpu) {
+    let accounting = Accounting::start(Arc::new(Counters::shared(page)))
+        .map_err(|e| other(format!("cannot start the accounting thread: {e}")))?;
+    let launcher = WorkerLauncher::new(
+        std::env::current_exe().map_err(|e| other(format!("cannot find this executable: {e}")))?,
+        conn,
+        executor_args(&args),
+        Arc::clone(&accounting),
+        WorkerLimits::default(),
+    );
+    let executor = match make_executor(args.executor, args.gpu, true) {
         Ok(executor) => executor,
         Err(e) => {
             return Err(match notifier.send(&Message::Failed(e.clone())) {
@@ -227,8 +281,9 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
         })
         .map_err(|e| other(format!("cannot tell the parent: {e}")))?;
     let listener = socket::inherit(fd).map_err(|e| other(e.to_string()))?;
-    let shared = DaemonShared::new(executor, Arc::new(Counters::shared(page)));
-    daemon::serve_one(listener, shared, conn, move || {
+    let shared = DaemonShared::new(executor, Arc::clone(accounting.own()), Arc::new(launcher));
+    let handshake_timeout = Duration::from_secs(args.handshake_timeout_s);
+    daemon::serve_one(listener, shared, conn, handshake_timeout, move || {
         if let Err(e) = notifier.send(&Message::Accepted) {
             warn!("cannot tell the parent about the connection: {e}");
         }
@@ -236,15 +291,48 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
     .map_err(|e| other(e.to_string()))
 }
 
+/// `--executor` and `--gpu` as the children get them.
+fn executor_args(args: &Args) -> Vec<OsString> {
+    vec![
+        "--gpu".into(),
+        args.gpu.to_string().into(),
+        "--executor".into(),
+        args.executor.name().into(),
+        "--kernel-timeout-s".into(),
+        args.kernel_timeout_s.to_string().into(),
+    ]
+}
+
+/// A worker process: runs one guest process's contexts for the connection
+/// process that started it, until that one closes the link.
+fn serve_worker(args: Args) -> Result<(), String> {
+    signals::block_termination().map_err(|e| format!("cannot block signals: {e}"))?;
+    signals::exit_on_termination(Vec::new(), || {})
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+    let fd = args.fd.ok_or("--serve-worker needs --fd")?;
+    // SAFETY: the connection process passed us this descriptor to own.
+    let link = Link::from_fd(unsafe { OwnedFd::from_raw_fd(fd) });
+    let counters = match args.counters_fd {
+        Some(fd) => Counters::shared(
+            shared_counters::map_inherited(fd).map_err(|e| format!("--counters-fd {fd}: {e}"))?,
+        ),
+        None => Counters::default(),
+    };
+    let executor = make_executor(args.executor, args.gpu, false)?;
+    let kernel_timeout = (args.kernel_timeout_s > 0).then(|| Duration::from_secs(args.kernel_timeout_s));
+    worker_process::serve::serve(link, executor, Arc::new(counters), kernel_timeout)
+        .map_err(|e| e.to_string())
+}
+
 /// Logging of a connection process: the daemon's stderr, each line naming
 /// the connection and the process.
-fn init_child_logging(conn: u64) {
+fn init_child_logging(conn: impl std::fmt::Display + Send + Sync + 'static) {
     let pid = std::process::id();
     env_logger::Builder::from_env(env_logger::Env::new().filter_or("RGPU_LOG", "info"))
         .format(move |buf, record| {
             writeln!(
                 buf,
-                "[{} {:<5} {} conn {conn} pid {pid}] {}",
+                "[{} {:<5} {} {conn} pid {pid}] {}",
                 buf.timestamp(),
                 record.level(),
                 record.target(),
@@ -265,13 +353,23 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let args = Args::parse();
-    if let Some(conn) = args.serve_one_connection {
-        init_child_logging(conn);
+    if let Some(id) = args.serve_worker.clone() {
+        init_child_logging(format!("worker {id}"));
         // The GPU driver prints device printf output on this process's
         // stdout: capture it for the guests (the log stays on stderr).
         if let Err(e) = rgpu_session::console::capture_stdout() {
             warn!("cannot capture stdout for GPU printf output: {e}");
         }
+        return match serve_worker(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                error!("{e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(conn) = args.serve_one_connection {
+        init_child_logging(format!("conn {conn}"));
         return match serve_one_connection(args, conn) {
             Ok(()) => ExitCode::SUCCESS,
             Err(ChildError::Reported) => ExitCode::FAILURE,

@@ -14,7 +14,17 @@
 //! listening socket, tells the parent [`Message::Accepted`] (the parent then
 //! starts the next standby, so a newcomer never waits for GPU start-up),
 //! serves the connection and exits when it ends. Messages are lines on a
-//! pipe. Each child counts into a page shared with the parent
+//! pipe.
+//!
+//! Nothing that happens to a standby takes the live connections down: one
+//! that cannot be started, fails or dies before accepting is replaced after
+//! a pause that grows while failures repeat ([`Backoff`]). Only a failure
+//! before any child was ever ready (no driver, say) ends the daemon: then
+//! nothing could ever be served. At most `max_connections` children live at
+//! once, the standby included; at the limit the parent keeps no standby, so
+//! newcomers wait in the socket's backlog until a connection ends.
+//!
+//! Each child counts into a page shared with the parent
 //! ([`crate::shared_counters`]); the stats socket sums them
 //! ([`Supervisor::totals`]). Module images are shared through a private
 //! directory the parent creates (`RGPU_MODULE_CACHE_DIR`, see
@@ -37,9 +47,15 @@ use rgpu_session::{CounterKind, Counters};
 
 use crate::shared_counters::SharedCounters;
 
-/// Pause before replacing a standby that ended without an error (someone
-/// else signalled it), so that a loop of such ends does not spin.
-const RESPAWN_PAUSE: Duration = Duration::from_millis(200);
+/// The first pause before replacing a standby that failed; it doubles with
+/// each failure in a row, up to [`BACKOFF_MAX`], so a persistent cause (a
+/// pid limit, memory) costs little and a passing one is over soon.
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+/// The longest pause between attempts.
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// How often, at most, the parent says that it is at its connection limit.
+const AT_LIMIT_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Where the children's module caches keep images (rgpu_session reads it).
 const MODULE_CACHE_DIR_ENV: &str = "RGPU_MODULE_CACHE_DIR";
@@ -124,6 +140,38 @@ pub enum SupervisorError {
     EndedEarly { conn: u64, pid: u32, status: String },
 }
 
+/// Pauses between attempts to replace a failed standby: `first`, doubling
+/// with each failure in a row up to `max`; back to `first` once a standby
+/// is ready.
+#[derive(Debug, Clone)]
+struct Backoff {
+    first: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    fn new(first: Duration, max: Duration) -> Self {
+        Self {
+            first,
+            max,
+            next: first.min(max),
+        }
+    }
+
+    /// The pause before the next attempt (the one after is longer).
+    fn next_pause(&mut self) -> Duration {
+        let pause = self.next;
+        self.next = self.next.saturating_mul(2).min(self.max);
+        pause
+    }
+
+    /// A standby became ready: the next failure starts over.
+    fn reset(&mut self) {
+        self.next = self.first.min(self.max);
+    }
+}
+
 /// A child that has not accepted a connection yet, and its pipe.
 struct Standby {
     conn: u64,
@@ -165,6 +213,8 @@ struct State {
     /// process exit freed whatever they held).
     retired: Counters,
     terminating: bool,
+    /// When the parent last said it was at its connection limit.
+    at_limit_logged: Option<Instant>,
 }
 
 /// The parent: starts children, reaps them and sums their counters.
@@ -172,17 +222,24 @@ pub struct Supervisor {
     executable: PathBuf,
     listener: RawFd,
     child_args: Vec<OsString>,
+    /// The most children alive at once, the standby included.
+    max_connections: usize,
     /// The module cache directory this process created for its children.
     module_directory: Option<PathBuf>,
     state: Mutex<State>,
-    /// Signalled whenever a child was reaped.
-    reaped: Condvar,
+    /// Signalled whenever a child was reaped, and when terminating begins.
+    changed: Condvar,
 }
 
 impl Supervisor {
     /// Children serve `listener` (which must stay open while this lives)
-    /// and get `child_args` (`--gpu`, `--executor`) after their own.
-    pub fn new(listener: RawFd, child_args: Vec<OsString>) -> Result<Self, SupervisorError> {
+    /// and get `child_args` (`--gpu`, `--executor`...) after their own; at
+    /// most `max_connections` (at least 1) live at once.
+    pub fn new(
+        listener: RawFd,
+        child_args: Vec<OsString>,
+        max_connections: usize,
+    ) -> Result<Self, SupervisorError> {
         let module_directory = if std::env::var_os(MODULE_CACHE_DIR_ENV).is_some() {
             None
         } else {
@@ -198,9 +255,10 @@ impl Supervisor {
             executable: std::env::current_exe().map_err(SupervisorError::Executable)?,
             listener,
             child_args,
+            max_connections: max_connections.max(1),
             module_directory,
             state: Mutex::default(),
-            reaped: Condvar::new(),
+            changed: Condvar::new(),
         })
     }
 
@@ -210,62 +268,138 @@ impl Supervisor {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Keeps a standby child, forever. Calls `serving` once, when the first
-    /// child is ready (its executor started). Returns only when a child
-    /// failed before accepting a connection (its executor cannot start, or
-    /// it crashed) or cannot be started.
+    /// Keeps a standby child, forever, while fewer than `max_connections`
+    /// children live. Calls `serving` once, when the first child is ready
+    /// (its executor started). Returns only when the first child failed
+    /// before any was ready (its executor cannot start, it crashed, or it
+    /// could not be started): later failures are retried.
     ///
     /// Call it on the main thread: a child gets SIGTERM when the thread
     /// that started it ends (PR_SET_PDEATHSIG), and the main thread lasts as
     /// long as the process.
     pub fn run(self: &Arc<Self>, serving: impl FnOnce(usize, i32)) -> SupervisorError {
         let mut serving = Some(serving);
+        let mut backoff = Backoff::new(BACKOFF_FIRST, BACKOFF_MAX);
         let mut conn = 0;
         loop {
+            self.wait_for_a_free_slot();
             conn += 1;
-            let mut standby = match self.spawn(conn) {
-                Ok(Some(standby)) => standby,
+            let failure = match self.spawn(conn) {
+                Ok(Some(standby)) => match self.until_accepted(standby, &mut serving, &mut backoff)
+                {
+                    Ok(()) => continue,
+                    Err(e) => e,
+                },
                 Ok(None) => park_until_exit(),
-                Err(e) => return e,
+                Err(e) => e,
             };
-            loop {
-                match standby.next_message() {
-                    Some(Message::Ready { gpus, driver }) => {
-                        if let Some(serving) = serving.take() {
-                            serving(gpus, driver);
-                        }
-                    }
-                    Some(Message::Accepted) => {
-                        self.watch(standby);
-                        break;
-                    }
-                    Some(Message::Failed(why)) => {
-                        // `reap` logs anything unusual about the end.
-                        let _ = self.reap(standby.conn, standby.child);
-                        return SupervisorError::ChildFailed(why);
-                    }
-                    None => {
-                        let pid = standby.child.id();
-                        let status = self.reap(standby.conn, standby.child);
-                        if self.lock().terminating {
-                            park_until_exit();
-                        }
-                        if status.as_ref().is_ok_and(ExitStatus::success) {
-                            warn!("the standby process {pid} was stopped; starting another");
-                            thread::sleep(RESPAWN_PAUSE);
-                            break;
-                        }
-                        return SupervisorError::EndedEarly {
-                            conn,
-                            pid,
-                            status: match status {
-                                Ok(status) => status.to_string(),
-                                Err(e) => e.to_string(),
-                            },
-                        };
+            if serving.is_some() {
+                // No child was ever ready: nothing could be served, and
+                // retrying would only hide why.
+                return failure;
+            }
+            let pause = backoff.next_pause();
+            warn!(
+                "a standby failed: {failure}; starting another in {pause:?} (live connections \
+                 go on)"
+            );
+            self.pause(pause);
+        }
+    }
+
+    /// Follows the standby until it accepted a connection (then hands it to
+    /// a reaper thread), or fails.
+    fn until_accepted(
+        self: &Arc<Self>,
+        mut standby: Standby,
+        serving: &mut Option<impl FnOnce(usize, i32)>,
+        backoff: &mut Backoff,
+    ) -> Result<(), SupervisorError> {
+        loop {
+            match standby.next_message() {
+                Some(Message::Ready { gpus, driver }) => {
+                    backoff.reset();
+                    if let Some(serving) = serving.take() {
+                        serving(gpus, driver);
                     }
                 }
+                Some(Message::Accepted) => {
+                    self.watch(standby);
+                    return Ok(());
+                }
+                Some(Message::Failed(why)) => {
+                    // The caller reports the failure, which says it all.
+                    let _ = self.reap(standby.conn, standby.child);
+                    return Err(SupervisorError::ChildFailed(why));
+                }
+                None => {
+                    let (conn, pid) = (standby.conn, standby.child.id());
+                    let status = self.reap(conn, standby.child);
+                    if self.lock().terminating {
+                        park_until_exit();
+                    }
+                    return Err(SupervisorError::EndedEarly {
+                        conn,
+                        pid,
+                        status: match status {
+                            Ok(status) => status.to_string(),
+                            Err(e) => e.to_string(),
+                        },
+                    });
+                }
             }
+        }
+    }
+
+    /// Blocks while `max_connections` children live (parks for good once
+    /// terminating). Says so in the log, now and then.
+    fn wait_for_a_free_slot(&self) {
+        let mut state = self.lock();
+        let mut logged = false;
+        while state.live.len() >= self.max_connections {
+            if state.terminating {
+                drop(state);
+                park_until_exit();
+            }
+            if !logged {
+                logged = true;
+                let due = state
+                    .at_limit_logged
+                    .is_none_or(|at| at.elapsed() >= AT_LIMIT_LOG_INTERVAL);
+                if due {
+                    state.at_limit_logged = Some(Instant::now());
+                    info!(
+                        "serving {} connections, the most --max-connections allows: new ones \
+                         wait until one ends",
+                        state.live.len()
+                    );
+                }
+            }
+            state = self
+                .changed
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Sleeps for `pause`; parks for good if terminating begins meanwhile.
+    fn pause(&self, pause: Duration) {
+        let deadline = Instant::now() + pause;
+        let mut state = self.lock();
+        loop {
+            if state.terminating {
+                drop(state);
+                park_until_exit();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            state = self
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
     }
 
@@ -348,42 +482,34 @@ impl Supervisor {
         let supervisor = Arc::clone(self);
         let spawned = thread::Builder::new()
             .name(format!("rgpu-reap-{conn}"))
-            .spawn(move || {
-                // `reap` logs anything unusual about the end.
-                let _ = supervisor.reap(conn, child);
+            .spawn(move || match supervisor.reap(conn, child) {
+                Ok(status) if status.success() => {
+                    debug!("connection {conn}: process {pid} exited")
+                }
+                Ok(status) => warn!("connection {conn}: process {pid} ended abnormally: {status}"),
+                Err(e) => error!("connection {conn}: cannot reap process {pid}: {e}"),
             });
         if let Err(e) = spawned {
-            // The child serves on; it stays a zombie (and in the gauges)
-            // until the daemon exits.
+            // The child serves on; it stays a zombie (in the gauges, and
+            // counted against --max-connections) until the daemon exits.
             error!("connection {conn} (pid {pid}): cannot start its reaper thread: {e}");
         }
     }
 
-    /// Waits for the child of `conn` to end, retires its counters, reaps it
-    /// and logs an abnormal end.
+    /// Waits for the child of `conn` to end, retires its counters and reaps
+    /// it; the caller says how it ended.
     fn reap(&self, conn: u64, mut child: Child) -> io::Result<ExitStatus> {
-        let pid = child.id();
         // Wait without reaping: the pid stays ours until it leaves `live`,
         // so `terminate` never signals a recycled pid.
-        wait_for_exit(pid);
-        let status = {
-            let mut state = self.lock();
-            if let Some(ended) = state.live.remove(&conn) {
-                state
-                    .retired
-                    .add_from(ended.counters.page(), &[CounterKind::Total]);
-            }
-            let status = child.wait();
-            self.reaped.notify_all();
-            status
-        };
-        match &status {
-            Ok(status) if status.success() => {
-                debug!("connection {conn}: process {pid} exited")
-            }
-            Ok(status) => warn!("connection {conn}: process {pid} ended abnormally: {status}"),
-            Err(e) => error!("connection {conn}: cannot reap process {pid}: {e}"),
+        wait_for_exit(child.id());
+        let mut state = self.lock();
+        if let Some(ended) = state.live.remove(&conn) {
+            state
+                .retired
+                .add_from(ended.counters.page(), &[CounterKind::Total]);
         }
+        let status = child.wait();
+        self.changed.notify_all();
         status
     }
 
@@ -417,6 +543,8 @@ impl Supervisor {
         let deadline = Instant::now() + grace;
         let mut state = self.lock();
         state.terminating = true;
+        // The main thread may be waiting for a slot or pausing.
+        self.changed.notify_all();
         for child in state.live.values() {
             if let Ok(pid) = libc::pid_t::try_from(child.pid) {
                 // SAFETY: kill only sends a signal; the pid is a child that
@@ -434,7 +562,7 @@ impl Supervisor {
                 return;
             }
             state = self
-                .reaped
+                .changed
                 .wait_timeout(state, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
@@ -556,5 +684,35 @@ mod tests {
         );
         assert_eq!(Message::parse("ready x 1\n"), None);
         assert_eq!(Message::parse("hello\n"), None);
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap_and_starts_over_when_ready() {
+        let ms = Duration::from_millis;
+        let mut backoff = Backoff::new(BACKOFF_FIRST, BACKOFF_MAX);
+        let pauses: Vec<Duration> = (0..9).map(|_| backoff.next_pause()).collect();
+        assert_eq!(
+            pauses,
+            [
+                ms(100),
+                ms(200),
+                ms(400),
+                ms(800),
+                ms(1600),
+                ms(3200),
+                ms(5000),
+                ms(5000),
+                ms(5000)
+            ]
+        );
+        backoff.reset();
+        assert_eq!(backoff.next_pause(), ms(100));
+        assert_eq!(backoff.next_pause(), ms(200));
+
+        // A first pause beyond the cap is the cap; a zero one stays zero.
+        assert_eq!(Backoff::new(ms(900), ms(500)).next_pause(), ms(500));
+        let mut zero = Backoff::new(Duration::ZERO, ms(500));
+        assert_eq!(zero.next_pause(), Duration::ZERO);
+        assert_eq!(zero.next_pause(), Duration::ZERO);
     }
 }

@@ -10,13 +10,16 @@ use rgpu_proto::virtio_gpu::*;
 use rgpu_proto::wire::{WireReader, WireWriter};
 use rgpu_proto::{CAPSET_ID_RGPU, PROTOCOL_VERSION};
 use rgpu_session::{AtomicGuestMemory, Counters, GuestMemory};
+use std::os::fd::FromRawFd;
 use vhost_device_rgpu::virtio_gpu::response::Vring;
 use vhost_device_rgpu::virtio_gpu::{DaemonShared, GpuBackend};
+use vhost_device_rgpu::worker_process::containment::WorkerLimits;
+use vhost_device_rgpu::worker_process::{Accounting, WorkerLauncher};
 use vhost_user_backend::{VhostUserBackendMut, VringT};
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{Bytes, FileOffset, GuestAddress};
 use vmm_sys_util::epoll::EventSet;
 
 const QUEUE_SIZE: u16 = 256;
@@ -38,8 +41,32 @@ struct Guest<'a> {
     used_seen: u16,
 }
 
+/// Guest memory shared through a file, as a VMM's is (workers map blobs
+/// from it).
 fn memory() -> GuestMemory {
-    GuestMemory::from_ranges(&[(GuestAddress(0), MEMORY_SIZE)]).unwrap()
+    // SAFETY: the name is a valid C string.
+    let fd = unsafe { libc::memfd_create(c"rgpu-test-guest".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0, "memfd_create");
+    // SAFETY: a fresh descriptor nothing else owns.
+    let file = unsafe { std::fs::File::from_raw_fd(fd) };
+    file.set_len(MEMORY_SIZE as u64).unwrap();
+    GuestMemory::from_ranges_with_files(&[(
+        GuestAddress(0),
+        MEMORY_SIZE,
+        Some(FileOffset::new(file, 0)),
+    )])
+    .unwrap()
+}
+
+/// Starts workers from the daemon binary, with the sim executor.
+fn launcher() -> Arc<WorkerLauncher> {
+    Arc::new(WorkerLauncher::new(
+        env!("CARGO_BIN_EXE_vhost-device-rgpu").into(),
+        0,
+        vec!["--executor".into(), "sim".into()],
+        Accounting::private(),
+        WorkerLimits::default(),
+    ))
 }
 
 impl<'a> Guest<'a> {
@@ -60,7 +87,7 @@ impl<'a> Guest<'a> {
         let cursor = Vring::new(atomic.clone(), QUEUE_SIZE).unwrap();
         let counters = Arc::new(Counters::default());
         let executor = Arc::new(rgpu_executor::sim::SimExecutor::new());
-        let shared = DaemonShared::new(executor, counters.clone());
+        let shared = DaemonShared::new(executor, counters.clone(), launcher());
         let backend = GpuBackend::new(shared, atomic).unwrap();
         Guest {
             mem,
@@ -466,13 +493,141 @@ fn fenced_submit_is_answered_with_its_fence() {
     assert_eq!(answer.fence_id, 0x1234_5678_9abc);
     assert_eq!(answer.ctx_id, 4);
     assert_eq!(answer.ring_idx, 1);
+}
 
-    // A fence submitted right before teardown is answered too.
-    let (head, _) = guest.offer(&[&request(fenced, &submit_body(&encode_batch(&[])))], 64);
-    guest.kick();
-    guest.backend.shutdown();
-    assert_eq!(guest.next_used().0, head);
+/// Which worker process a context runs in: one per guest process (the tag
+/// in its debug name), never two guest processes in one.
+#[test]
+fn contexts_of_one_guest_process_share_a_worker_and_no_other() {
+    let mem = memory();
+    let mut guest = Guest::new(&mem);
+    let tagged = |tag: u128, ctx_id: u32| {
+        let name = rgpu_proto::process_group::tagged_debug_name(tag, "proc", 63);
+        request(
+            hdr(CMD_CTX_CREATE, ctx_id),
+            &ctx_create_body(CAPSET_ID_RGPU, &name),
+        )
+    };
+    for (tag, ctx_id) in [(1u128 << 100, 1), (1 << 100, 2), (7, 3)] {
+        assert_eq!(
+            response_type(&guest.request(&tagged(tag, ctx_id))),
+            RESP_OK_NODATA
+        );
+    }
+    create_context(&mut guest, 4);
+    create_context(&mut guest, 5);
+    let mut workers = guest.backend.device().workers();
+    workers.sort_by_key(|(_, contexts)| contexts.clone());
+    let contexts: Vec<Vec<u32>> = workers.iter().map(|(_, c)| c.clone()).collect();
+    assert_eq!(contexts, vec![vec![1, 2], vec![3], vec![4], vec![5]]);
+    let mut pids: Vec<u32> = workers.iter().map(|(pid, _)| *pid).collect();
+    pids.dedup();
+    assert_eq!(pids.len(), 4, "{workers:?}");
+
+    // Destroying a process's last context ends its worker.
+    let destroy = |ctx| request(hdr(CMD_CTX_DESTROY, ctx), &[]);
+    assert_eq!(response_type(&guest.request(&destroy(3))), RESP_OK_NODATA);
+    assert_eq!(response_type(&guest.request(&destroy(1))), RESP_OK_NODATA);
+    let left: Vec<Vec<u32>> = {
+        let mut w = guest.backend.device().workers();
+        w.sort_by_key(|(_, c)| c.clone());
+        w.into_iter().map(|(_, c)| c).collect()
+    };
+    assert_eq!(left, vec![vec![2], vec![4], vec![5]]);
+    let gone = workers
+        .iter()
+        .find(|(_, c)| c == &vec![3])
+        .map(|(pid, _)| *pid)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{gone}")).exists() {
+        assert!(Instant::now() < deadline, "worker {gone} still runs");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A reset (or a stopped control queue) leaves nothing behind: pending
+/// fences are dropped unanswered, workers are gone, and the guest can reuse
+/// its context and resource ids.
+#[test]
+fn a_reset_leaves_no_context_resource_or_pending_answer() {
+    let mem = memory();
+    let mut guest = Guest::new(&mem);
+    create_context(&mut guest, 4);
+    let pages = [MemEntry {
+        addr: BLOB_AREA,
+        length: 8192,
+    }];
+    let (head, entries) = blob_request(5, BLOB_MEM_GUEST, &pages);
+    assert_eq!(
+        response_type(&guest.request_parts(&[&head, &entries], 64)),
+        RESP_OK_NODATA
+    );
+    let pid = guest.backend.device().workers()[0].0;
+    guest.backend.stop_vring(0).unwrap();
     assert_eq!(guest.backend.device().session_count(), 0);
+    assert!(guest.backend.device().workers().is_empty());
+    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+    // The same ids again, as a rebooted guest would use them.
+    create_context(&mut guest, 4);
+    assert_eq!(
+        response_type(&guest.request_parts(&[&head, &entries], 64)),
+        RESP_OK_NODATA
+    );
+    guest.backend.reset_device();
+    assert_eq!(guest.backend.device().session_count(), 0);
+}
+
+/// Two blobs may not share guest pages, nor one blob list a page twice.
+#[test]
+fn blobs_may_not_alias() {
+    let mem = memory();
+    let mut guest = Guest::new(&mem);
+    let page = |addr| MemEntry { addr, length: 4096 };
+    let (head, entries) = blob_request(
+        1,
+        BLOB_MEM_GUEST,
+        &[page(BLOB_AREA), page(BLOB_AREA + 4096)],
+    );
+    assert_eq!(
+        response_type(&guest.request_parts(&[&head, &entries], 64)),
+        RESP_OK_NODATA
+    );
+    let (head, entries) = blob_request(2, BLOB_MEM_GUEST, &[page(BLOB_AREA + 4096)]);
+    assert_eq!(
+        response_type(&guest.request_parts(&[&head, &entries], 64)),
+        RESP_ERR_INVALID_PARAMETER
+    );
+    let (head, entries) = blob_request(
+        3,
+        BLOB_MEM_GUEST,
+        &[page(BLOB_AREA + 0x10000), page(BLOB_AREA + 0x10000)],
+    );
+    assert_eq!(
+        response_type(&guest.request_parts(&[&head, &entries], 64)),
+        RESP_ERR_INVALID_PARAMETER
+    );
+    // Not whole pages.
+    let (head, entries) = blob_request(
+        4,
+        BLOB_MEM_GUEST,
+        &[MemEntry {
+            addr: BLOB_AREA + 0x20010,
+            length: 4096,
+        }],
+    );
+    assert_eq!(
+        response_type(&guest.request_parts(&[&head, &entries], 64)),
+        RESP_ERR_INVALID_PARAMETER
+    );
+    // Once unreferenced, its pages are free for another blob.
+    let unref = request(hdr(CMD_RESOURCE_UNREF, 0), &u32s(&[1, 0]));
+    assert_eq!(response_type(&guest.request(&unref)), RESP_OK_NODATA);
+    let (head, entries) = blob_request(2, BLOB_MEM_GUEST, &[page(BLOB_AREA + 4096)]);
+    assert_eq!(
+        response_type(&guest.request_parts(&[&head, &entries], 64)),
+        RESP_OK_NODATA
+    );
 }
 
 #[test]

@@ -1,13 +1,15 @@
 //! Pitched allocations and 2D copies (`cuMemAllocPitch`, `cuMemcpy2D`),
 //! done as row copies over the ordinary copy paths: one copy when both
-//! sides are contiguous, else one per row.
+//! sides are contiguous, else one per row. Each device side is checked once,
+//! from the first byte the copy touches to the last.
 
 use std::ffi::{c_uint, c_void};
 
 use rgpu_proto::cuda_result::*;
 
 use crate::abi::{write_out, CUdeviceptr, CUstream};
-use crate::api::memory::{alloc, dtod, dtoh, htod};
+use crate::api::memory::{alloc, dtod_unchecked, dtoh_unchecked, htod_unchecked};
+use crate::device_ranges;
 use crate::state::{current, resolve_stream, sync_stream, Context};
 
 /// Rows of a pitched allocation start at multiples of this (the texture
@@ -80,11 +82,26 @@ fn side(
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     match memory_type {
         MEMORYTYPE_HOST if host != 0 => Ok((Side::Host(host + offset), pitch)),
-        MEMORYTYPE_DEVICE if device != 0 => Ok((Side::Device(device + offset as u64), pitch)),
+        MEMORYTYPE_DEVICE if device != 0 => device
+            .checked_add(offset as u64)
+            .map(|first| (Side::Device(first), pitch))
+            .ok_or(CUDA_ERROR_INVALID_VALUE),
         // Arrays and unified addressing are not offered yet.
         MEMORYTYPE_HOST | MEMORYTYPE_DEVICE => Err(CUDA_ERROR_INVALID_VALUE),
         _ => Err(CUDA_ERROR_NOT_SUPPORTED),
     }
+}
+
+/// The device bytes a copy of `height` rows of `width` bytes, `pitch` apart,
+/// touches from `first`: `(first, len)`, first byte to last (the last row
+/// ends `width` bytes after it starts, not `pitch`).
+fn device_span(first: u64, pitch: usize, width: usize, height: usize) -> Result<(u64, u64), u32> {
+    let len = height
+        .saturating_sub(1)
+        .checked_mul(pitch)
+        .and_then(|rows| rows.checked_add(width))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    Ok((first, len as u64))
 }
 
 fn copy_rows(ctx: &Context, stream: u32, p: &Memcpy2D, sync: bool) -> Result<(), u32> {
@@ -111,6 +128,17 @@ fn copy_rows(ctx: &Context, stream: u32, p: &Memcpy2D, sync: bool) -> Result<(),
     if p.height > 1 && (src_pitch < width || dst_pitch < width) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    // Rows are sent unchecked below: both device spans are checked here, in
+    // one lookup each.
+    let span = |side: Side, pitch: usize| match side {
+        Side::Device(first) => device_span(first, pitch, width, p.height).map(Some),
+        Side::Host(_) => Ok(None),
+    };
+    match (span(src, src_pitch)?, span(dst, dst_pitch)?) {
+        (Some(s), Some(d)) => device_ranges::check(&[s, d])?,
+        (Some(one), None) | (None, Some(one)) => device_ranges::check(&[one])?,
+        (None, None) => {}
+    }
     // Both sides contiguous: one copy of the whole block.
     let (rows, row_len) = if src_pitch == width && dst_pitch == width {
         (
@@ -135,12 +163,12 @@ fn copy_rows(ctx: &Context, stream: u32, p: &Memcpy2D, sync: bool) -> Result<(),
         let wait = sync && last;
         match (at(src, src_pitch), at(dst, dst_pitch)) {
             (Side::Host(s), Side::Device(d)) => {
-                htod(ctx, stream, d, s as *const c_void, row_len, wait)?
+                htod_unchecked(ctx, stream, d, s as *const c_void, row_len, wait)?
             }
             (Side::Device(s), Side::Host(d)) => {
-                dtoh(ctx, stream, d as *mut c_void, s, row_len, true)?
+                dtoh_unchecked(ctx, stream, d as *mut c_void, s, row_len, true)?
             }
-            (Side::Device(s), Side::Device(d)) => dtod(ctx, stream, d, s, row_len, wait)?,
+            (Side::Device(s), Side::Device(d)) => dtod_unchecked(ctx, stream, d, s, row_len, wait)?,
             (Side::Host(s), Side::Host(d)) => {
                 // SAFETY: the caller's host buffers of `row_len` bytes each
                 // (the API contract); they may not overlap.
@@ -184,6 +212,22 @@ mod tests {
         assert_eq!(std::mem::offset_of!(Memcpy2D, src_host), 24);
         assert_eq!(std::mem::offset_of!(Memcpy2D, dst_memory_type), 72);
         assert_eq!(std::mem::offset_of!(Memcpy2D, width_in_bytes), 112);
+    }
+
+    #[test]
+    fn device_spans_run_from_the_first_byte_to_the_last() {
+        // 3 rows of 100 bytes, 512 apart: the last row ends 100 bytes in.
+        assert_eq!(device_span(0x1000, 512, 100, 3), Ok((0x1000, 1124)));
+        // One row: the pitch does not matter.
+        assert_eq!(device_span(0x1000, 0, 100, 1), Ok((0x1000, 100)));
+        assert_eq!(
+            device_span(0x1000, usize::MAX, 1, 3),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            side(MEMORYTYPE_DEVICE, 0, u64::MAX, 1, 0, 0).err(),
+            Some(CUDA_ERROR_INVALID_VALUE)
+        );
     }
 
     #[test]

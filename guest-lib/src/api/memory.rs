@@ -6,6 +6,10 @@
 //! asynchronous forms only queue (their errors surface later), except a
 //! device-to-host copy into pageable memory, which must complete before the
 //! data can be handed back.
+//!
+//! Every device range a copy or memset names is checked against
+//! [`device_ranges`] first: the host refuses the others, and an
+//! asynchronous refusal would surface only later, as a sticky error.
 
 use std::ffi::{c_uint, c_void};
 
@@ -14,6 +18,7 @@ use rgpu_proto::reply::decode_u64s;
 use rgpu_proto::Command;
 
 use crate::abi::{bytes, bytes_mut, write_optional, write_out, CUdeviceptr, CUstream};
+use crate::device_ranges;
 use crate::pinned;
 use crate::state::{
     current, driver, new_id, resolve_stream, sync_stream, Context, DeviceAllocation,
@@ -36,6 +41,7 @@ pub(crate) fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Result<(), u32> {
                 buffer_id: new_id(),
             },
         );
+    device_ranges::add_allocation(ctx.id, ptr, size as u64);
     write_out(dptr, ptr)
 }
 
@@ -45,6 +51,7 @@ pub(crate) fn free(dptr: CUdeviceptr) -> Result<(), u32> {
         return Ok(());
     }
     ctx.call(&Command::MemFree { device_ptr: dptr })?;
+    device_ranges::remove_allocation(dptr);
     ctx.allocations
         .lock()
         .map_err(|_| CUDA_ERROR_UNKNOWN)?
@@ -121,6 +128,22 @@ pub(crate) fn htod(
     if len == 0 {
         return Ok(());
     }
+    device_ranges::check(&[(dst, len as u64)])?;
+    htod_unchecked(ctx, stream, dst, src, len, sync)
+}
+
+/// [`htod`] for a caller that has checked the device range itself.
+pub(crate) fn htod_unchecked(
+    ctx: &Context,
+    stream: u32,
+    dst: CUdeviceptr,
+    src: *const c_void,
+    len: usize,
+    sync: bool,
+) -> Result<(), u32> {
+    if len == 0 {
+        return Ok(());
+    }
     if src.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -158,6 +181,22 @@ pub(crate) fn dtoh(
     if len == 0 {
         return Ok(());
     }
+    device_ranges::check(&[(src, len as u64)])?;
+    dtoh_unchecked(ctx, stream, dst, src, len, sync)
+}
+
+/// [`dtoh`] for a caller that has checked the device range itself.
+pub(crate) fn dtoh_unchecked(
+    ctx: &Context,
+    stream: u32,
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    len: usize,
+    sync: bool,
+) -> Result<(), u32> {
+    if len == 0 {
+        return Ok(());
+    }
     if dst.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -185,6 +224,22 @@ pub(crate) fn dtoh(
 }
 
 pub(crate) fn dtod(
+    ctx: &Context,
+    stream: u32,
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    len: usize,
+    sync: bool,
+) -> Result<(), u32> {
+    if len == 0 {
+        return Ok(());
+    }
+    device_ranges::check(&[(dst, len as u64), (src, len as u64)])?;
+    dtod_unchecked(ctx, stream, dst, src, len, sync)
+}
+
+/// [`dtod`] for a caller that has checked both device ranges itself.
+pub(crate) fn dtod_unchecked(
     ctx: &Context,
     stream: u32,
     dst: CUdeviceptr,
@@ -292,8 +347,8 @@ pub(crate) fn dtod_async_ptsz(
     dtod(&ctx, stream, dst, src, len, false)
 }
 
-/// Memsets never wait: their errors are sticky and surface at the next
-/// synchronising call.
+/// Memsets never wait: an error of the host's would surface only at the
+/// next synchronising call, so the guest checks what it can first.
 fn memset(
     ctx: &Context,
     stream: u32,
@@ -305,6 +360,10 @@ fn memset(
     if count == 0 {
         return Ok(());
     }
+    let len = (count as u64)
+        .checked_mul(u64::from(element_size))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    device_ranges::check(&[(dst, len)])?;
     ctx.send(&Command::Memset {
         stream,
         dst,

@@ -122,6 +122,8 @@ pub(crate) fn unload(module: CUmodule) -> Result<(), u32> {
     driver()?;
     let object = MODULES.remove(module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     FUNCTIONS.retain(|f| !(Arc::ptr_eq(&f.context, &object.context) && f.module == object.handle));
+    // Whatever the host answers, the guest can no longer name the module.
+    crate::device_ranges::forget_module(object.context.id, object.handle);
     object
         .context
         .call(&Command::ModuleUnload {
@@ -175,13 +177,15 @@ pub(crate) fn get_function(
     write_out(hfunc, module_function(&object, name)?)
 }
 
-/// `(device pointer, size)` of the global `name` of a module.
+/// `(device pointer, size)` of the global `name` of a module, which copies
+/// and memsets may name from now on, until the module is unloaded.
 pub(crate) fn module_global(object: &Module, name: &[u8]) -> Result<(u64, u64), u32> {
     let payload = object.context.call(&Command::ModuleGetGlobal {
         module: object.handle,
         name: name.to_vec(),
     })?;
     let [ptr, size] = decode_u64s::<2>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    crate::device_ranges::add_global(object.context.id, object.handle, ptr, size);
     Ok((ptr, size))
 }
 

@@ -1,12 +1,15 @@
 //! `cuMemcpy`/`cuMemcpyAsync`: copies between unified addresses, whose
-//! direction the guest finds itself: an address inside one of the current
-//! context's device allocations is device memory, anything else is host
-//! memory (page-locked or not: the host-side paths tell those apart).
+//! direction the guest finds itself: an address inside a device range this
+//! process may name (an allocation of any of its contexts, or a module
+//! global: [`crate::device_ranges`]) is device memory, anything else is
+//! host memory (page-locked or not: the host-side paths tell those apart).
+//! A device side that runs past its range is `CUDA_ERROR_INVALID_VALUE`.
 
 use std::ffi::c_void;
 
 use crate::abi::{CUdeviceptr, CUstream};
-use crate::api::memory::{dtod, dtoh, htod};
+use crate::api::memory::{dtod_unchecked, dtoh_unchecked, htod_unchecked};
+use crate::device_ranges;
 use crate::state::{current, resolve_stream, sync_stream, Context};
 
 fn copy(
@@ -20,13 +23,13 @@ fn copy(
     if len == 0 {
         return Ok(());
     }
-    let on_device = |ptr: CUdeviceptr| ctx.allocation_at(ptr).is_some();
-    match (on_device(dst), on_device(src)) {
-        (true, true) => dtod(ctx, stream, dst, src, len, sync),
-        (true, false) => htod(ctx, stream, dst, src as *const c_void, len, sync),
+    // One lookup tells the direction and checks the device sides.
+    match device_ranges::classify([dst, src], len as u64)? {
+        [true, true] => dtod_unchecked(ctx, stream, dst, src, len, sync),
+        [true, false] => htod_unchecked(ctx, stream, dst, src as *const c_void, len, sync),
         // Into host memory the copy completes before returning either way.
-        (false, true) => dtoh(ctx, stream, dst as *mut c_void, src, len, true),
-        (false, false) => {
+        [false, true] => dtoh_unchecked(ctx, stream, dst as *mut c_void, src, len, true),
+        [false, false] => {
             if sync {
                 ctx.call(&rgpu_proto::Command::StreamSynchronize { stream })?;
             }

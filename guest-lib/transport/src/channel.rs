@@ -583,8 +583,8 @@ impl Channel {
             self.ring_doorbell(state, true)?;
             let got = self.reply_seq();
             if got != seq {
-                return Err(CarrierError::Protocol(format!(
-                    "the host executed command {seq} without replying (reply area holds {got})"
+                return Err(CarrierError::ContextLost(format!(
+                    "command {seq} was not answered (reply area holds {got})"
                 )));
             }
         }

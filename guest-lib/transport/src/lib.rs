@@ -6,6 +6,7 @@ pub mod carrier;
 pub mod channel;
 pub mod console;
 pub mod guest_memory;
+pub mod process_tag;
 
 pub use carrier::{BlobMapping, Carrier, CarrierError, FenceToken};
 pub use channel::{Channel, Reply};

@@ -55,9 +55,8 @@ pub struct Blob {
     /// Blob offset at which each run starts (same index as `runs`).
     starts: Vec<u64>,
     /// Keeps every run's mapping alive as long as the blob.
-    memory: Arc<GuestMemory>,
-    /// Whether all of it lies in memory registered for DMA
-    /// ([`crate::dma::DmaRegistry::cover`]).
+    _mapping: Arc<dyn Send + Sync>,
+    /// Whether it is registered for DMA (else the driver stages copies).
     dma_registered: AtomicBool,
 }
 
@@ -121,7 +120,28 @@ impl Blob {
             size,
             runs,
             starts,
-            memory,
+            _mapping: memory,
+            dma_registered: AtomicBool::new(false),
+        })
+    }
+
+    /// A blob that is one host mapping of `run.len` bytes (a worker process
+    /// maps each blob's guest pages contiguously), kept mapped by `mapping`
+    /// as long as the blob lives.
+    pub fn from_mapping(
+        resource_id: u32,
+        run: HostRun,
+        mapping: Arc<dyn Send + Sync>,
+    ) -> Result<Blob, BlobError> {
+        if run.len == 0 {
+            return Err(BlobError::ZeroSize);
+        }
+        Ok(Blob {
+            resource_id,
+            size: run.len as u64,
+            runs: vec![run],
+            starts: vec![0],
+            _mapping: mapping,
             dma_registered: AtomicBool::new(false),
         })
     }
@@ -137,11 +157,6 @@ impl Blob {
     /// The blob's host runs, in blob order, adjacent ones coalesced.
     pub fn runs(&self) -> &[HostRun] {
         &self.runs
-    }
-
-    /// The guest memory the blob lies in.
-    pub fn memory(&self) -> &Arc<GuestMemory> {
-        &self.memory
     }
 
     /// Records whether the blob's memory is registered for DMA.

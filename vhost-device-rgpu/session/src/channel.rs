@@ -241,50 +241,84 @@ impl Channel {
         payload: &[u8],
         console: &mut Vec<u8>,
     ) -> usize {
-        let room = self.layout.reply_size - REPLY_OFFSET_PAYLOAD;
-        let (result, payload) = if payload.len() as u64 > room {
-            (CUDA_ERROR_INVALID_VALUE, &[][..])
-        } else {
-            (result, payload)
-        };
-        let console_room = (room - payload.len() as u64).min(u64::from(u32::MAX)) as usize;
-        let console_len = console.len().min(console_room);
-        let console_bytes = console.get(..console_len).unwrap_or_default();
-        let base = self.layout.reply_offset;
-        // The reply area was validated at bind: these writes are in bounds.
-        let written = self
-            .blob
-            .write(base + REPLY_OFFSET_PAYLOAD, payload)
-            .and_then(|()| {
-                self.blob.write(
-                    base + REPLY_OFFSET_PAYLOAD + payload.len() as u64,
-                    console_bytes,
-                )
-            })
-            .and_then(|()| {
-                self.blob.write(
-                    base + REPLY_OFFSET_LEN,
-                    &(payload.len() as u32).to_le_bytes(),
-                )
-            })
-            .and_then(|()| {
-                self.blob.write(
-                    base + REPLY_OFFSET_CONSOLE_LEN,
-                    &(console_len as u32).to_le_bytes(),
-                )
-            })
-            .and_then(|()| {
-                self.blob
-                    .write(base + REPLY_OFFSET_RESULT, &result.to_le_bytes())
-            })
-            .and_then(|()| self.blob.atomic_u64(base + REPLY_OFFSET_SEQ));
-        match written {
-            Ok(seq_word) => {
-                seq_word.store(seq, Ordering::Release);
-                console.drain(..console_len);
-            }
-            Err(e) => log::error!("cannot write reply {seq}: {e}"),
-        }
-        payload.len()
+        write_reply_record(&self.blob, &self.layout, seq, result, payload, console)
     }
+
+    /// Where replies of this channel go, for a writer on another thread
+    /// (the process's watchdog).
+    pub fn reply_target(&self) -> ReplyTarget {
+        ReplyTarget {
+            blob: Arc::clone(&self.blob),
+            layout: self.layout,
+        }
+    }
+}
+
+/// A channel's reply area, held apart from the channel.
+#[derive(Clone, Debug)]
+pub struct ReplyTarget {
+    blob: Arc<Blob>,
+    layout: ChannelLayout,
+}
+
+impl ReplyTarget {
+    /// Answers reply `seq` with `result` and no payload.
+    pub fn write_error(&self, seq: u64, result: u32) {
+        write_reply_record(&self.blob, &self.layout, seq, result, &[], &mut Vec::new());
+    }
+}
+
+/// Writes a reply record; the sequence number last, with release. A payload
+/// that does not fit the reply area turns into `CUDA_ERROR_INVALID_VALUE`.
+/// Moves as much of `console` as fits after the payload. Returns the
+/// payload bytes written.
+fn write_reply_record(
+    blob: &Blob,
+    layout: &ChannelLayout,
+    seq: u64,
+    result: u32,
+    payload: &[u8],
+    console: &mut Vec<u8>,
+) -> usize {
+    let room = layout.reply_size - REPLY_OFFSET_PAYLOAD;
+    let (result, payload) = if payload.len() as u64 > room {
+        (CUDA_ERROR_INVALID_VALUE, &[][..])
+    } else {
+        (result, payload)
+    };
+    let console_room = (room - payload.len() as u64).min(u64::from(u32::MAX)) as usize;
+    let console_len = console.len().min(console_room);
+    let console_bytes = console.get(..console_len).unwrap_or_default();
+    let base = layout.reply_offset;
+    // The reply area was validated at bind: these writes are in bounds.
+    let written = blob
+        .write(base + REPLY_OFFSET_PAYLOAD, payload)
+        .and_then(|()| {
+            blob.write(
+                base + REPLY_OFFSET_PAYLOAD + payload.len() as u64,
+                console_bytes,
+            )
+        })
+        .and_then(|()| {
+            blob.write(
+                base + REPLY_OFFSET_LEN,
+                &(payload.len() as u32).to_le_bytes(),
+            )
+        })
+        .and_then(|()| {
+            blob.write(
+                base + REPLY_OFFSET_CONSOLE_LEN,
+                &(console_len as u32).to_le_bytes(),
+            )
+        })
+        .and_then(|()| blob.write(base + REPLY_OFFSET_RESULT, &result.to_le_bytes()))
+        .and_then(|()| blob.atomic_u64(base + REPLY_OFFSET_SEQ));
+    match written {
+        Ok(seq_word) => {
+            seq_word.store(seq, Ordering::Release);
+            console.drain(..console_len);
+        }
+        Err(e) => log::error!("cannot write reply {seq}: {e}"),
+    }
+    payload.len()
 }

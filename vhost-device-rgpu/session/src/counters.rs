@@ -43,6 +43,9 @@ pub struct CounterPage {
     /// Module loads served from the daemon's module cache (the image did
     /// not cross from the guest again).
     pub module_cache_hits: AtomicU64,
+    /// Worker processes (one per guest process using the GPU) alive now.
+    pub workers_active: AtomicU64,
+    pub workers_total: AtomicU64,
 }
 
 // The page is shared as one 4 KiB page, and read as atomics by the other
@@ -62,7 +65,7 @@ pub enum CounterKind {
 impl CounterPage {
     /// Every counter with its name (as the stats socket prints it) and
     /// kind, in declaration order.
-    pub fn fields(&self) -> [(&'static str, CounterKind, &AtomicU64); 13] {
+    pub fn fields(&self) -> [(&'static str, CounterKind, &AtomicU64); 15] {
         use CounterKind::{Gauge, Total};
         [
             ("connections_active", Gauge, &self.connections_active),
@@ -82,7 +85,20 @@ impl CounterPage {
                 &self.unregistered_copy_bytes,
             ),
             ("module_cache_hits", Total, &self.module_cache_hits),
+            ("workers_active", Gauge, &self.workers_active),
+            ("workers_total", Total, &self.workers_total),
         ]
+    }
+
+    /// Sets every counter to the sum of `parts`' (one pass per field).
+    pub fn store_sum(&self, parts: &[&CounterPage]) {
+        for (i, (_, _, mine)) in self.fields().iter().enumerate() {
+            let sum = parts.iter().fold(0u64, |sum, part| {
+                let value = part.fields().get(i).map_or(0, |(_, _, c)| Counters::get(c));
+                sum.saturating_add(value)
+            });
+            mine.store(sum, Ordering::Relaxed);
+        }
     }
 
     /// Adds `other`'s counters of the given kinds to these.

@@ -1,21 +1,22 @@
 //! Executing one ring command against the session's device context: guest
-//! handles and blob ranges are checked and translated here, then handed to
-//! the executor.
+//! handles, blob ranges and device pointers are checked and translated
+//! here, then handed to the executor; the session's limits are kept here.
 
 use rgpu_executor::{CuResult, HostRun};
 use rgpu_proto::command::Launch;
 use rgpu_proto::cuda_result::{
-    CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND,
+    CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_UNKNOWN,
 };
 use rgpu_proto::reply::{u64_payload, DeviceStatus, UTILIZATION_UNKNOWN};
 use rgpu_proto::wire::WireWriter;
 use rgpu_proto::{BlobRange, Command, STREAM_PER_THREAD};
 
-use crate::dma::split_at_chunks;
+use crate::device_ranges::{Inserted, RangeKind, RangeOwner};
 use crate::handles::{check_new, FunctionEntry};
+use crate::limits::{check_room, LIMIT_ERROR};
 use crate::module_cache::image_hash;
 use crate::worker::{Attached, Worker};
-use crate::Counters;
+use crate::{warn_limited, Counters, Tenant};
 
 /// Where a blob range of a copy lives.
 struct Resolved {
@@ -40,7 +41,7 @@ fn resolve(
         .host_runs(range.offset, range.length)
         .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
     Ok(Resolved {
-        runs: split_at_chunks(runs),
+        runs,
         staged: channel_blob == Some(range.resource_id),
         dma_registered: attached.blob.dma_registered(),
     })
@@ -51,6 +52,8 @@ fn resolve(
 fn read_image(
     blobs: &std::collections::HashMap<u32, Attached>,
     image: &BlobRange,
+    max_bytes: u64,
+    ctx_id: u32,
 ) -> CuResult<Vec<u8>> {
     let attached = blobs
         .get(&image.resource_id)
@@ -60,6 +63,13 @@ fn read_image(
         .end()
         .filter(|end| *end <= attached.blob.size())
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if image.length > max_bytes {
+        warn_limited!(
+            "ctx {ctx_id}: module image of {} bytes refused (limit {max_bytes})",
+            image.length
+        );
+        return Err(LIMIT_ERROR);
+    }
     let length = usize::try_from(image.length).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
     let mut bytes = vec![0u8; length];
     attached
@@ -71,6 +81,56 @@ fn read_image(
 
 fn empty(_: ()) -> Vec<u8> {
     Vec::new()
+}
+
+/// Checks that the guest process may name `[ptr, ptr + len)` on the
+/// device: one of its allocations or module globals must hold all of it.
+/// The driver itself would accept any address this host process can reach
+/// (another guest's memory, host memory registered for DMA); for one that
+/// is no allocation of the caller's process it answers
+/// `CUDA_ERROR_INVALID_VALUE`, and so do we. A zero-length copy names no
+/// byte: it is left to the executor, as before.
+fn check_device_range(
+    tenant: &Tenant,
+    ctx_id: u32,
+    what: &str,
+    ptr: u64,
+    len: u64,
+) -> CuResult<()> {
+    if len == 0 || tenant.device_ranges().contains(ptr, len) {
+        return Ok(());
+    }
+    warn_limited!(
+        "ctx {ctx_id}: {what} names device memory {ptr:#x}+{len:#x}, which is none of this \
+         process's allocations or globals; refused"
+    );
+    Err(CUDA_ERROR_INVALID_VALUE)
+}
+
+/// Records a device range the driver handed to the guest.
+fn record_range(
+    tenant: &Tenant,
+    ctx_id: u32,
+    start: u64,
+    len: u64,
+    owner: RangeOwner,
+) -> CuResult<()> {
+    match tenant.device_ranges_mut().insert(start, len, owner) {
+        Ok(Inserted::Added | Inserted::AlreadyKnown | Inserted::Empty) => Ok(()),
+        Ok(Inserted::ReplacedStale(count)) => {
+            // The driver reuses an address only once it is free, so a range
+            // it overlaps was kept too long (or another context freed it
+            // just now).
+            warn_limited!(
+                "ctx {ctx_id}: device range {start:#x}+{len:#x} replaced {count} stale range(s)"
+            );
+            Ok(())
+        }
+        Err(e) => {
+            crate::error_limited!("ctx {ctx_id}: the executor returned an impossible {e}");
+            Err(CUDA_ERROR_UNKNOWN)
+        }
+    }
 }
 
 impl Worker {
@@ -101,6 +161,13 @@ impl Worker {
             _ => {}
         }
         let usage = &*self.usage;
+        let tenant = &*self.tenant;
+        let limits = tenant.limits();
+        let ctx_id = self.ctx_id;
+        let owner = |kind| RangeOwner {
+            session: usage.member,
+            kind,
+        };
         let ctx = self
             .context
             .get(&*self.executor, self.device, self.ctx_id, usage)?;
@@ -129,7 +196,14 @@ impl Worker {
             Command::CtxGetLimit { limit } => ctx.get_limit(*limit).map(|v| u64_payload(&[v])),
             Command::CtxSetLimit { limit, value } => ctx.set_limit(*limit, *value).map(empty),
             Command::MemAlloc { size } => {
+                check_room(handles.allocations.len(), limits.allocations)?;
                 let ptr = ctx.mem_alloc(*size)?;
+                if let Err(code) =
+                    record_range(tenant, ctx_id, ptr, *size, owner(RangeKind::Allocation))
+                {
+                    let _ = ctx.mem_free(ptr);
+                    return Err(code);
+                }
                 if let Some(old) = handles.allocations.insert(ptr, *size) {
                     Counters::sub(&counters.device_memory_bytes, old);
                     usage.sub_device_memory(old);
@@ -143,7 +217,18 @@ impl Worker {
                     .allocations
                     .get(device_ptr)
                     .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-                ctx.mem_free(*device_ptr)?;
+                // Forgotten before the driver frees it: another context of the
+                // process may get the address back at once.
+                let forgotten = tenant
+                    .device_ranges_mut()
+                    .remove(*device_ptr, owner(RangeKind::Allocation));
+                if let Err(code) = ctx.mem_free(*device_ptr) {
+                    if forgotten {
+                        let owner = owner(RangeKind::Allocation);
+                        let _ = record_range(tenant, ctx_id, *device_ptr, size, owner);
+                    }
+                    return Err(code);
+                }
                 handles.allocations.remove(device_ptr);
                 Counters::sub(&counters.device_memory_bytes, size);
                 usage.sub_device_memory(size);
@@ -155,6 +240,7 @@ impl Worker {
             Command::MemcpyHtoD { stream, dst, src } => {
                 let stream = handles.stream(*stream)?;
                 let source = resolve(blobs, channel_blob, src)?;
+                check_device_range(tenant, ctx_id, "MemcpyHtoD dst", *dst, src.length)?;
                 let wait = source.staged || reply_seq != 0;
                 ctx.memcpy_htod(stream, *dst, &source.runs, wait)?;
                 count_copy(&source, src.length);
@@ -163,6 +249,7 @@ impl Worker {
             Command::MemcpyDtoH { stream, dst, src } => {
                 let stream = handles.stream(*stream)?;
                 let target = resolve(blobs, channel_blob, dst)?;
+                check_device_range(tenant, ctx_id, "MemcpyDtoH src", *src, dst.length)?;
                 let wait = target.staged || reply_seq != 0;
                 ctx.memcpy_dtoh(stream, &target.runs, *src, wait)?;
                 count_copy(&target, dst.length);
@@ -175,6 +262,8 @@ impl Worker {
                 size,
             } => {
                 let stream = handles.stream(*stream)?;
+                check_device_range(tenant, ctx_id, "MemcpyDtoD src", *src, *size)?;
+                check_device_range(tenant, ctx_id, "MemcpyDtoD dst", *dst, *size)?;
                 ctx.memcpy_dtod(stream, *dst, *src, *size).map(empty)
             }
             Command::Memset {
@@ -185,12 +274,17 @@ impl Worker {
                 count,
             } => {
                 let stream = handles.stream(*stream)?;
+                let bytes = count
+                    .checked_mul(u64::from(*element_size))
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                check_device_range(tenant, ctx_id, "Memset dst", *dst, bytes)?;
                 ctx.memset(stream, *dst, *value, *element_size, *count)
                     .map(empty)
             }
             Command::ModuleLoad { module, image } => {
                 check_new(&handles.modules, *module)?;
-                let bytes = read_image(blobs, image)?;
+                check_room(handles.modules.len(), limits.modules)?;
+                let bytes = read_image(blobs, image, limits.module_image_bytes, ctx_id)?;
                 Counters::add(&counters.host_cpu_copy_bytes, image.length);
                 let loaded = ctx.module_load(&bytes)?;
                 handles.modules.insert(*module, loaded);
@@ -203,15 +297,15 @@ impl Worker {
                 image,
             } => {
                 check_new(&handles.modules, *module)?;
-                let bytes = read_image(blobs, image)?;
+                check_room(handles.modules.len(), limits.modules)?;
+                let bytes = read_image(blobs, image, limits.module_image_bytes, ctx_id)?;
                 Counters::add(&counters.host_cpu_copy_bytes, image.length);
                 // The guest's hash is checked, never trusted: the cache
                 // keys images by the hash of what arrived.
                 let computed = image_hash(&bytes);
                 if computed != *hash {
-                    log::warn!(
-                        "ctx {}: module image does not match the hash the guest sent; refused",
-                        self.ctx_id
+                    warn_limited!(
+                        "ctx {ctx_id}: module image does not match the hash the guest sent; refused"
                     );
                     return Err(CUDA_ERROR_INVALID_VALUE);
                 }
@@ -222,6 +316,7 @@ impl Worker {
             }
             Command::ModuleLoadCached { module, hash } => {
                 check_new(&handles.modules, *module)?;
+                check_room(handles.modules.len(), limits.modules)?;
                 let image = self.module_cache.get(hash).ok_or(CUDA_ERROR_NOT_FOUND)?;
                 let loaded = ctx.module_load(&image)?;
                 handles.modules.insert(*module, loaded);
@@ -230,7 +325,16 @@ impl Worker {
             }
             Command::ModuleUnload { module } => {
                 let loaded = handles.module(*module)?;
-                ctx.module_unload(loaded)?;
+                let globals = owner(RangeKind::Global { module: *module });
+                // Forgotten before the driver frees them, as in MemFree.
+                tenant.device_ranges_mut().remove_where(|o| *o == globals);
+                if let Err(code) = ctx.module_unload(loaded) {
+                    // Still loaded: its globals are still there.
+                    for (ptr, size) in handles.globals_of(*module) {
+                        let _ = record_range(tenant, ctx_id, ptr, size, globals);
+                    }
+                    return Err(code);
+                }
                 handles.remove_module(*module);
                 Ok(Vec::new())
             }
@@ -242,6 +346,9 @@ impl Worker {
                 let loaded = handles.module(*module)?;
                 if *function == 0 {
                     return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                if !handles.functions.contains_key(function) {
+                    check_room(handles.functions.len(), limits.functions)?;
                 }
                 let name = std::str::from_utf8(name).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
                 let (handle, info) = ctx.module_get_function(loaded, name)?;
@@ -262,8 +369,14 @@ impl Worker {
             Command::ModuleGetGlobal { module, name } => {
                 let loaded = handles.module(*module)?;
                 let name = std::str::from_utf8(name).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-                ctx.module_get_global(loaded, name)
-                    .map(|(ptr, size)| u64_payload(&[ptr, size]))
+                let (ptr, size) = ctx.module_get_global(loaded, name)?;
+                if !handles.globals.contains_key(&ptr) {
+                    check_room(handles.globals.len(), limits.globals)?;
+                }
+                let kind = RangeKind::Global { module: *module };
+                record_range(tenant, ctx_id, ptr, size, owner(kind))?;
+                handles.globals.insert(ptr, (*module, size));
+                Ok(u64_payload(&[ptr, size]))
             }
             Command::FuncGetAttribute {
                 function,
@@ -339,6 +452,7 @@ impl Worker {
                     return Err(CUDA_ERROR_INVALID_VALUE);
                 }
                 check_new(&handles.streams, *stream)?;
+                check_room(handles.streams.len(), limits.streams)?;
                 let created = ctx.stream_create(*flags, *priority)?;
                 handles.streams.insert(*stream, created);
                 Ok(Vec::new())
@@ -372,6 +486,7 @@ impl Worker {
             }
             Command::EventCreate { event, flags } => {
                 check_new(&handles.events, *event)?;
+                check_room(handles.events.len(), limits.events)?;
                 let created = ctx.event_create(*flags)?;
                 handles.events.insert(*event, created);
                 Ok(Vec::new())

@@ -25,6 +25,9 @@ pub struct Handles {
     pub functions: HashMap<u32, FunctionEntry>,
     /// Device pointer -> size of every live allocation.
     pub allocations: HashMap<u64, u64>,
+    /// Device pointer -> (guest module handle, size) of every global looked
+    /// up, until its module is unloaded.
+    pub globals: HashMap<u64, (u32, u64)>,
 }
 
 fn lookup(table: &HashMap<u32, u64>, handle: u32) -> CuResult<u64> {
@@ -63,10 +66,20 @@ impl Handles {
         self.functions.get(&handle).ok_or(CUDA_ERROR_INVALID_HANDLE)
     }
 
-    /// Forgets a module and every function looked up in it.
+    /// Forgets a module and every function and global looked up in it.
     pub fn remove_module(&mut self, handle: u32) {
         self.modules.remove(&handle);
         self.functions.retain(|_, f| f.module != handle);
+        self.globals.retain(|_, (module, _)| *module != handle);
+    }
+
+    /// `(device pointer, size)` of the globals looked up in a module.
+    pub fn globals_of(&self, module: u32) -> Vec<(u64, u64)> {
+        self.globals
+            .iter()
+            .filter(|(_, (m, _))| *m == module)
+            .map(|(ptr, (_, size))| (*ptr, *size))
+            .collect()
     }
 
     /// Bytes of device memory still allocated.

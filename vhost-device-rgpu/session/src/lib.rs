@@ -12,21 +12,23 @@ pub mod blob;
 pub mod channel;
 pub mod console;
 pub mod counters;
-pub mod dma;
+pub mod device_ranges;
 mod execute;
 mod handles;
+pub mod limits;
+pub mod log_limit;
 pub mod module_cache;
 pub mod session;
 pub mod tenant;
 mod worker;
 
 pub use blob::{Blob, BlobError};
-pub use channel::ChannelError;
+pub use channel::{ChannelError, ReplyTarget};
 pub use counters::{CounterKind, CounterPage, Counters};
-pub use dma::DmaRegistry;
+pub use limits::SessionLimits;
 pub use module_cache::ModuleCache;
 pub use session::{Completion, Session, SessionError};
-pub use tenant::Tenant;
+pub use tenant::{Overdue, Tenant};
 
 /// The guest memory type of the daemon (vhost-user shared memory regions).
 pub type GuestMemory = vm_memory::GuestMemoryMmap<()>;

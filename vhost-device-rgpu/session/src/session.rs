@@ -12,11 +12,13 @@
 //! - `Session::spawn_in_tenant(.., tenant: Arc<Tenant>)`: the same, with the
 //!   session counted in a [`crate::Tenant`] shared by the sessions of one
 //!   guest (`spawn` gives each session a tenant of its own);
-//! - `attach_blob(Arc<Blob>)`, `detach_blob(resource_id)`;
+//! - `attach_blob(Arc<Blob>)`, `detach_blob(resource_id)`,
+//!   `detach_blob_then(resource_id, completion)`;
 //! - `submit(commands: Vec<rgpu_proto::command::Decoded>, completion: Option<Box<dyn Completion>>)`:
 //!   a decoded SUBMIT_3D batch (BindChannel, Doorbell); the completion is
 //!   completed once the worker has executed the ring up to the doorbell's
 //!   `until` (or at once for a batch without a doorbell, or on shutdown);
+//! - `wake()`: an unfenced doorbell, coalesced;
 //! - `shutdown(self)`: completes pending completions, frees every host
 //!   resource of the session and joins the worker;
 //! - `ctx_id()`, `debug_name()`.
@@ -24,6 +26,7 @@
 //! Everything but `spawn` and `shutdown` only posts a message to the worker
 //! and never blocks on the GPU.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -56,6 +59,8 @@ pub struct Session {
     ctx_id: u32,
     debug_name: String,
     sender: mpsc::Sender<Message>,
+    /// A `Wake` is queued and not yet taken by the worker.
+    wake_queued: Arc<AtomicBool>,
     worker: Option<JoinHandle<()>>,
 }
 
@@ -105,11 +110,21 @@ impl Session {
         let (sender, receiver) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let name = debug_name.clone();
+        let wake_queued = Arc::new(AtomicBool::new(false));
+        let worker_wake = Arc::clone(&wake_queued);
         let worker = std::thread::Builder::new()
             .name(format!("rgpu-ctx-{ctx_id}"))
             .spawn(move || {
-                let worker =
-                    Worker::new(ctx_id, name, device, executor, tenant, receiver, counters);
+                let worker = Worker::new(
+                    ctx_id,
+                    name,
+                    device,
+                    executor,
+                    tenant,
+                    receiver,
+                    counters,
+                    worker_wake,
+                );
                 let _ = ready_tx.send(());
                 worker.run();
             })?;
@@ -122,6 +137,7 @@ impl Session {
             ctx_id,
             debug_name,
             sender,
+            wake_queued,
             worker: Some(worker),
         })
     }
@@ -139,7 +155,28 @@ impl Session {
     }
 
     pub fn detach_blob(&self, resource_id: u32) {
-        self.post(Message::Detach(resource_id));
+        self.post(Message::Detach(resource_id, None));
+    }
+
+    /// [`Session::detach_blob`], then `completion` once no queued GPU work of
+    /// the session can touch the blob any more (at once if the worker is
+    /// gone).
+    pub fn detach_blob_then(&self, resource_id: u32, completion: Box<dyn Completion>) {
+        if let Err(mpsc::SendError(Message::Detach(_, Some(completion)))) = self
+            .sender
+            .send(Message::Detach(resource_id, Some(completion)))
+        {
+            completion.complete();
+        }
+    }
+
+    /// An unfenced doorbell: the worker looks at the ring. Coalesced: while
+    /// one wake is queued, more add nothing (the worker drains the whole
+    /// ring when it takes it).
+    pub fn wake(&self) {
+        if !self.wake_queued.swap(true, Ordering::AcqRel) {
+            self.post(Message::Wake);
+        }
     }
 
     pub fn submit(&self, commands: Vec<Decoded>, completion: Option<Box<dyn Completion>>) {

@@ -4,18 +4,37 @@
 //!
 //! The host knows no guest process ids: it lists sessions (context id and
 //! device memory held), and the guest library maps them onto its processes.
+//!
+//! A tenant also holds what its sessions share: the device ranges they may
+//! name ([`DeviceRanges`]: with unified addressing, every context of a
+//! process may use every allocation of that process) and the limits each
+//! session runs under.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
 
 use rgpu_proto::reply::{SessionUsage, MAX_STATUS_SESSIONS};
+
+use crate::channel::ReplyTarget;
+use crate::device_ranges::DeviceRanges;
+use crate::limits::SessionLimits;
 
 /// What one session of a tenant uses, updated by its worker.
 #[derive(Debug)]
 pub(crate) struct Usage {
+    /// Unique among the tenant's sessions, ever: owns device ranges.
+    pub(crate) member: u64,
     ctx_id: u32,
     device_memory: AtomicU64,
     has_context: AtomicBool,
+    /// When the session started waiting for the GPU (nanoseconds since
+    /// [`clock_base`], plus one; 0: not waiting), for the watchdog.
+    waiting_since: AtomicU64,
+    /// The reply the guest waits for meanwhile (0: none).
+    waiting_reply: AtomicU64,
+    /// Where that reply goes (the bound channel's reply area).
+    reply_target: Mutex<Option<ReplyTarget>>,
 }
 
 impl Usage {
@@ -35,6 +54,21 @@ impl Usage {
     pub(crate) fn set_has_context(&self, has: bool) {
         self.has_context.store(has, Ordering::Relaxed);
     }
+
+    /// The session starts a command that may wait for the GPU; the guest
+    /// waits for reply `reply_seq` (0: none).
+    pub(crate) fn begin_wait(&self, reply_seq: u64) {
+        self.waiting_reply.store(reply_seq, Ordering::Relaxed);
+        self.waiting_since.store(now_ns(), Ordering::Release);
+    }
+
+    pub(crate) fn end_wait(&self) {
+        self.waiting_since.store(0, Ordering::Release);
+    }
+
+    pub(crate) fn set_reply_target(&self, target: Option<ReplyTarget>) {
+        *self.reply_target.lock().unwrap_or_else(|e| e.into_inner()) = target;
+    }
 }
 
 /// The sessions of one guest. [`crate::Session::spawn`] gives each session a
@@ -43,11 +77,72 @@ impl Usage {
 #[derive(Debug, Default)]
 pub struct Tenant {
     sessions: Mutex<Vec<Arc<Usage>>>,
+    next_member: AtomicU64,
+    /// Read by every copy and memset of every session; written by
+    /// allocations, frees, global lookups and unloads.
+    device_ranges: RwLock<DeviceRanges>,
+    limits: SessionLimits,
+}
+
+/// A session the watchdog found waiting too long.
+pub struct Overdue {
+    pub ctx_id: u32,
+    /// The reply its guest waits for (0: none).
+    pub reply_seq: u64,
+    pub reply_target: Option<ReplyTarget>,
+}
+
+impl Overdue {
+    /// Answers the waiting guest with `code` (a launch timeout).
+    pub fn answer(&self, code: u32) {
+        if let (Some(target), true) = (&self.reply_target, self.reply_seq != 0) {
+            target.write_error(self.reply_seq, code);
+        }
+    }
+}
+
+/// Nanoseconds since the first call in this process, plus one (never 0).
+fn now_ns() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    u64::try_from(base.elapsed().as_nanos())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
 }
 
 impl Tenant {
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
+    }
+
+    /// A tenant whose sessions run under `limits` instead of the defaults.
+    pub fn with_limits(limits: SessionLimits) -> Arc<Self> {
+        Arc::new(Self {
+            limits,
+            ..Self::default()
+        })
+    }
+
+    pub fn limits(&self) -> SessionLimits {
+        self.limits
+    }
+
+    /// Device ranges (allocations and module globals) the tenant's
+    /// sessions may name right now.
+    pub fn device_range_count(&self) -> usize {
+        self.device_ranges().len()
+    }
+
+    pub(crate) fn device_ranges(&self) -> RwLockReadGuard<'_, DeviceRanges> {
+        // A panic while holding the lock cannot leave the map half-changed
+        // (BTreeMap operations complete or unwind before changing it).
+        self.device_ranges.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn device_ranges_mut(&self) -> RwLockWriteGuard<'_, DeviceRanges> {
+        self.device_ranges
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<Arc<Usage>>> {
@@ -61,9 +156,13 @@ impl Tenant {
 
     pub(crate) fn join(&self, ctx_id: u32) -> Arc<Usage> {
         let usage = Arc::new(Usage {
+            member: self.next_member.fetch_add(1, Ordering::Relaxed),
             ctx_id,
             device_memory: AtomicU64::new(0),
             has_context: AtomicBool::new(false),
+            waiting_since: AtomicU64::new(0),
+            waiting_reply: AtomicU64::new(0),
+            reply_target: Mutex::new(None),
         });
         self.lock().push(usage.clone());
         usage
@@ -71,6 +170,26 @@ impl Tenant {
 
     pub(crate) fn leave(&self, usage: &Arc<Usage>) {
         self.lock().retain(|u| !Arc::ptr_eq(u, usage));
+    }
+
+    /// A session that has waited for the GPU longer than `limit` (a kernel
+    /// that overran the watchdog): its context, the reply its guest waits
+    /// for, and where that reply goes.
+    pub fn overdue(&self, limit: Duration) -> Option<Overdue> {
+        let now = now_ns();
+        let limit = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
+        self.lock().iter().find_map(|u| {
+            let since = u.waiting_since.load(Ordering::Acquire);
+            (since != 0 && now.saturating_sub(since) > limit).then(|| Overdue {
+                ctx_id: u.ctx_id,
+                reply_seq: u.waiting_reply.load(Ordering::Relaxed),
+                reply_target: u
+                    .reply_target
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone(),
+            })
+        })
     }
 
     /// The sessions that hold a device context, in the order they started.

@@ -4,6 +4,7 @@
 //! doorbell protocol of rgpu_proto::channel.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,16 +50,21 @@ const DEFAULT_SPIN_US: u64 = 50;
 
 pub enum Message {
     Attach(Arc<Blob>),
-    Detach(u32),
+    /// Detach a blob; the completion (if any) is completed once no queued
+    /// GPU work of the session can touch it any more and it was let go.
+    Detach(u32, Option<Box<dyn Completion>>),
     Submit {
         commands: Vec<Decoded>,
         completion: Option<Box<dyn Completion>>,
     },
+    /// Look at the ring (an unfenced doorbell). At most one is queued at a
+    /// time ([`crate::Session::wake`]), so a doorbell flood costs nothing.
+    Wake,
     Shutdown,
 }
 
-/// A blob attached to the session (its DMA registration belongs to the
-/// connection: [`crate::dma::DmaRegistry`]).
+/// A blob attached to the session (its DMA registration lives and ends with
+/// the blob's mapping).
 pub struct Attached {
     pub blob: Arc<Blob>,
 }
@@ -89,7 +95,7 @@ impl DeviceContext {
                     DeviceContext::Ready(context)
                 }
                 Err(code) => {
-                    log::warn!(
+                    crate::warn_limited!(
                         "ctx {ctx_id}: cannot create a device context on device {device}: CUDA \
                          error {code}; every command that needs it fails with that"
                     );
@@ -115,6 +121,8 @@ impl DeviceContext {
 
 pub struct Worker {
     pub(crate) ctx_id: u32,
+    /// A `Wake` is in the mailbox (shared with the [`crate::Session`]).
+    wake_queued: Arc<AtomicBool>,
     debug_name: String,
     receiver: Receiver<Message>,
     pub(crate) counters: Arc<Counters>,
@@ -163,6 +171,7 @@ fn spin_from_env() -> Duration {
 }
 
 impl Worker {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         ctx_id: u32,
         debug_name: String,
@@ -171,12 +180,14 @@ impl Worker {
         tenant: Arc<Tenant>,
         receiver: Receiver<Message>,
         counters: Arc<Counters>,
+        wake_queued: Arc<AtomicBool>,
     ) -> Self {
         Counters::add(&counters.sessions_active, 1);
         Counters::add(&counters.sessions_total, 1);
         let usage = tenant.join(ctx_id);
         Self {
             ctx_id,
+            wake_queued,
             debug_name,
             receiver,
             counters,
@@ -258,11 +269,17 @@ impl Worker {
     fn handle(&mut self, message: Message) -> bool {
         match message {
             Message::Attach(blob) => self.attach(blob),
-            Message::Detach(resource_id) => self.detach(resource_id),
+            Message::Detach(resource_id, completion) => {
+                self.detach(resource_id);
+                if let Some(completion) = completion {
+                    completion.complete();
+                }
+            }
             Message::Submit {
                 commands,
                 completion,
             } => self.submit(commands, completion),
+            Message::Wake => self.wake_queued.store(false, Ordering::Release),
             Message::Shutdown => return false,
         }
         true
@@ -292,6 +309,7 @@ impl Worker {
         {
             log::debug!("ctx {}: channel blob {resource_id} detached", self.ctx_id);
             self.channel = None;
+            self.usage.set_reply_target(None);
             self.complete_all();
         }
         // Copies queued on the GPU may still read or write this memory.
@@ -309,7 +327,7 @@ impl Worker {
                 Command::BindChannel(layout) => self.bind(layout),
                 Command::Doorbell { until: u } => until = Some(until.map_or(u, |v| v.max(u))),
                 other => {
-                    log::warn!(
+                    crate::warn_limited!(
                         "ctx {}: {:?} is not allowed in SUBMIT_3D (CUDA commands travel in the \
                          ring); ignored",
                         self.ctx_id,
@@ -332,7 +350,7 @@ impl Worker {
 
     fn bind(&mut self, layout: ChannelLayout) {
         let Some(attached) = self.blobs.get(&layout.resource_id) else {
-            log::error!(
+            crate::error_limited!(
                 "ctx {}: BindChannel names blob {} which is not attached",
                 self.ctx_id,
                 layout.resource_id
@@ -343,10 +361,11 @@ impl Worker {
         match Channel::bind(attached.blob.clone(), layout) {
             Ok(channel) => {
                 if self.channel.is_some() {
-                    log::info!("ctx {}: channel replaced", self.ctx_id);
+                    crate::info_limited!("ctx {}: channel replaced", self.ctx_id);
                     // The old ring's positions mean nothing in the new one.
                     self.complete_all();
                 }
+                self.usage.set_reply_target(Some(channel.reply_target()));
                 log::debug!(
                     "ctx {}: channel bound in blob {} (ring {} bytes at {}, consumed {})",
                     self.ctx_id,
@@ -358,7 +377,7 @@ impl Worker {
                 self.channel = Some(channel);
             }
             Err(e) => {
-                log::error!("ctx {}: BindChannel refused: {e}", self.ctx_id);
+                crate::error_limited!("ctx {}: BindChannel refused: {e}", self.ctx_id);
                 Counters::add(&self.counters.command_errors, 1);
             }
         }
@@ -390,7 +409,7 @@ impl Worker {
             let (entry, len) = channel.read();
             match entry {
                 RingEntry::Bad(reason) => {
-                    log::error!(
+                    crate::error_limited!(
                         "ctx {}: command ring poisoned at {}: {reason}; skipping to produced",
                         self.ctx_id,
                         channel.consumed()
@@ -400,7 +419,7 @@ impl Worker {
                     self.sticky.get_or_insert(CUDA_ERROR_INVALID_VALUE);
                 }
                 RingEntry::Command(Err((reply_seq, e))) => {
-                    log::warn!(
+                    crate::warn_limited!(
                         "ctx {}: undecodable command at {} skipped: {e}",
                         self.ctx_id,
                         channel.consumed()
@@ -410,7 +429,16 @@ impl Worker {
                 }
                 RingEntry::Command(Ok(decoded)) => {
                     if decoded.command != Command::Padding {
+                        // The process's watchdog (if any) sees a session
+                        // that waits on the GPU; launches never wait.
+                        let may_wait = decoded.reply_seq != 0 || may_synchronize(&decoded.command);
+                        if may_wait {
+                            self.usage.begin_wait(decoded.reply_seq);
+                        }
                         let result = self.execute(&decoded.command, decoded.reply_seq);
+                        if may_wait {
+                            self.usage.end_wait();
+                        }
                         if matches!(decoded.command, Command::LaunchKernel(_)) {
                             self.kernels_since_collect = true;
                         }
@@ -573,6 +601,7 @@ impl Worker {
             log::debug!("ctx {}: synchronize at shutdown: {code}", self.ctx_id);
         }
         self.channel = None;
+        self.usage.set_reply_target(None);
         self.blobs.clear();
         Counters::sub(
             &self.counters.device_memory_bytes,
@@ -592,6 +621,11 @@ impl Worker {
             usage,
             ..
         } = self;
+        // Forgotten before the context frees them: another context of the
+        // process may get the addresses back at once.
+        tenant
+            .device_ranges_mut()
+            .remove_where(|owner| owner.session == usage.member);
         drop(handles);
         drop(context);
         tenant.leave(&usage);

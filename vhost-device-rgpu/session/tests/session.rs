@@ -621,25 +621,3 @@ fn context_creation_failure_comes_back_from_spawn() {
     assert_eq!(Counters::get(&counters.sessions_active), 0);
     assert_eq!(Counters::get(&counters.sessions_total), 0);
 }
-
-#[test]
-fn guest_memory_is_registered_once_per_chunk_and_unregistered_with_the_registry() {
-    let guest = Guest::new();
-    let executor = Arc::new(FakeExecutor::new());
-    let counters = Arc::new(Counters::default());
-    let registry = rgpu_session::DmaRegistry::new(executor.clone(), counters.clone());
-    assert!(registry.cover(&guest.channel));
-    let registered = executor.state.lock().unwrap().registered_bytes;
-    // The 2 MiB guest memory region, in one or two chunks.
-    assert!(registered > 0 && registered <= 0x200000, "{registered}");
-    assert_eq!(
-        Counters::get(&counters.dma_registered_bytes),
-        registered as u64
-    );
-    // Another blob in the same region registers nothing new.
-    assert!(registry.cover(&guest.data));
-    assert_eq!(executor.state.lock().unwrap().registered_bytes, registered);
-    drop(registry);
-    assert_eq!(executor.state.lock().unwrap().registered_bytes, 0);
-    assert_eq!(Counters::get(&counters.dma_registered_bytes), 0);
-}

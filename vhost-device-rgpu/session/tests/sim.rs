@@ -211,3 +211,84 @@ fn many_launches_wrap_the_ring_and_errors_stay_sticky() {
     session.shutdown();
     assert_eq!(Counters::get(&counters.device_memory_bytes), 0);
 }
+
+#[test]
+fn module_globals_may_be_copied_until_their_module_is_unloaded() {
+    const GLOBALS_PTX: &str = ".version 8.0\n.target sm_80\n.address_size 64\n\
+        .visible .global .align 4 .u32 rgpu_counter;\n\
+        .visible .global .align 8 .b8 rgpu_table[64];\n";
+    let mut guest = Guest::new();
+    let counters = Arc::new(Counters::default());
+    let session = guest.start(Arc::new(SimExecutor::new()), counters.clone());
+    guest.data.write(0, GLOBALS_PTX.as_bytes()).unwrap();
+    let (result, _) = guest.call(
+        &session,
+        Command::ModuleLoad {
+            module: MODULE,
+            image: Guest::data_range(0, GLOBALS_PTX.len() as u64),
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    let mut global = |name: &str| {
+        let (result, payload) = guest.call(
+            &session,
+            Command::ModuleGetGlobal {
+                module: MODULE,
+                name: name.as_bytes().to_vec(),
+            },
+        );
+        assert_eq!(result, CUDA_SUCCESS, "{name}");
+        let [ptr, size] = rgpu_proto::reply::decode_u64s::<2>(&payload).unwrap();
+        (ptr, size)
+    };
+    let (table, table_size) = global("rgpu_table");
+    assert_eq!(table_size, 64);
+    // Looked up twice: the same range, still usable.
+    assert_eq!(global("rgpu_table"), (table, 64));
+    let (counter, counter_size) = global("rgpu_counter");
+    assert_eq!(counter_size, 4);
+
+    let bytes: Vec<u8> = (0..64).collect();
+    guest.data.write(4096, &bytes).unwrap();
+    let htod = |dst, length| Command::MemcpyHtoD {
+        stream: 0,
+        dst,
+        src: Guest::data_range(4096, length),
+    };
+    let (result, _) = guest.call(&session, htod(table, 64));
+    assert_eq!(result, CUDA_SUCCESS);
+    let (result, _) = guest.call(
+        &session,
+        Command::MemcpyDtoD {
+            stream: 0,
+            dst: counter,
+            src: table + 8,
+            size: 4,
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    let (result, _) = guest.call(
+        &session,
+        Command::MemcpyDtoH {
+            stream: 0,
+            dst: Guest::data_range(8192, 4),
+            src: counter,
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    let mut back = [0u8; 4];
+    guest.data.read(8192, &mut back).unwrap();
+    assert_eq!(back, [8, 9, 10, 11]);
+    // Past a global's end.
+    let (result, _) = guest.call(&session, htod(table, 65));
+    assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
+
+    let (result, _) = guest.call(&session, Command::ModuleUnload { module: MODULE });
+    assert_eq!(result, CUDA_SUCCESS);
+    for dst in [table, counter] {
+        let (result, _) = guest.call(&session, htod(dst, 4));
+        assert_eq!(result, CUDA_ERROR_INVALID_VALUE, "{dst:#x}");
+    }
+    assert_eq!(Counters::get(&counters.command_errors), 3);
+    session.shutdown();
+}

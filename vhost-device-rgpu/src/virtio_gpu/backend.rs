@@ -3,7 +3,7 @@
 
 use std::io;
 
-use log::{debug, error, warn};
+use log::{debug, error, info, warn};
 use rgpu_proto::virtio_gpu::{
     GpuConfig, VIRTIO_GPU_F_CONTEXT_INIT, VIRTIO_GPU_F_RESOURCE_BLOB, VIRTIO_GPU_F_VIRGL,
 };
@@ -100,7 +100,11 @@ impl VhostUserBackendMut for GpuBackend {
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ
+        // RESET_DEVICE: a guest driver reset (reboot, unbind) reaches us as
+        // such, not only as stopped rings.
+        VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::RESET_DEVICE
     }
 
     fn acked_features(&mut self, features: u64) {
@@ -122,8 +126,20 @@ impl VhostUserBackendMut for GpuBackend {
     }
 
     fn reset_device(&mut self) {
-        debug!("device reset: ending every context");
+        info!("device reset: ending every context");
         self.device.shutdown();
+    }
+
+    /// GET_VRING_BASE: the frontend stops the ring (a VM reset or stop, a
+    /// guest reboot, a driver unbind). Contexts and resources do not survive
+    /// the control queue's stop: the guest that starts it again creates
+    /// them afresh, possibly with the same ids.
+    fn stop_vring(&mut self, queue_index: u32) -> io::Result<()> {
+        if queue_index == u32::from(CONTROL_QUEUE) {
+            info!("control queue stopped: ending every context");
+            self.device.shutdown();
+        }
+        Ok(())
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {

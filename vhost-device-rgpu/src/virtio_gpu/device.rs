@@ -1,45 +1,60 @@
 //! The virtio-gpu device model of one connection: control-queue requests,
-//! the contexts (sessions) and blob resources they create.
+//! the contexts and blob resources they create, and the worker processes
+//! that run the contexts (one per guest process: [`crate::worker_process`]).
 //!
-//! Requests are decoded and handed to sessions; nothing here waits for the
-//! GPU. A fenced `SUBMIT_3D` is answered by its session's worker thread
-//! through a [`FenceCompletion`].
+//! Requests are decoded and handed to workers; nothing here waits for the
+//! GPU. A fenced `SUBMIT_3D`, and a `RESOURCE_UNREF`, `CTX_DETACH_RESOURCE`
+//! or `CTX_DESTROY` (whose memory queued GPU work may still touch), are
+//! answered later, by a [`DeferredResponse`] that the worker's `Done` (or
+//! its death) completes.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use log::{debug, info, trace, warn};
+use log::{debug, info, trace};
 use rgpu_executor::Executor;
 use rgpu_proto::batch::decode_batch;
 use rgpu_proto::capset::Capset;
+use rgpu_proto::process_group::parse_debug_name;
 use rgpu_proto::virtio_gpu::*;
 use rgpu_proto::wire::{DecodeError, WireReader, WireWriter};
 use rgpu_proto::{CAPSET_ID_RGPU, PROTOCOL_VERSION};
-use rgpu_session::{AtomicGuestMemory, Blob, Counters, DmaRegistry, Session, SessionError, Tenant};
+use rgpu_session::{AtomicGuestMemory, Completion, Counters, GuestMemory};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
-use vm_memory::GuestAddressSpace;
+use vm_memory::{Address, GuestAddress, GuestAddressSpace, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::request::{self, ReadError};
 use super::response::{
-    add_used, notify_guest, write_response, Chain, FenceCompletion, ReturnError, Vring,
+    add_used, notify_guest, write_response, Chain, DeferredResponse, ReturnError, Vring,
 };
+use crate::limits;
+use crate::worker_process::handle::{self, Retiring};
+use crate::worker_process::message::{FileRun, ToWorker, MAX_SUBMIT_PAYLOAD, RUNS_PER_MESSAGE};
+use crate::worker_process::{Countdown, WorkerHandle, WorkerLauncher};
 
-/// The guest ordinal of the GPU every session uses: the daemon offers one GPU
-/// (its `--gpu`), which guests see as device 0.
-const SESSION_DEVICE: u32 = 0;
+/// Guest page size: blob entries are whole pages (workers map them).
+const PAGE_BYTES: u64 = 4096;
 
-/// What every connection of the daemon shares: the executor, the capset it
-/// is described by (encoded once), and the counters.
+/// What every connection of the daemon shares: the executor (only asked
+/// what it offers: the connection process runs no CUDA work), the capset it
+/// is described by (encoded once), the counters, and how to start workers.
 #[derive(Clone)]
 pub struct DaemonShared {
     pub executor: Arc<dyn Executor>,
     pub capset: Arc<[u8]>,
     pub counters: Arc<Counters>,
+    pub launcher: Arc<WorkerLauncher>,
 }
 
 impl DaemonShared {
-    pub fn new(executor: Arc<dyn Executor>, counters: Arc<Counters>) -> Self {
+    pub fn new(
+        executor: Arc<dyn Executor>,
+        counters: Arc<Counters>,
+        launcher: Arc<WorkerLauncher>,
+    ) -> Self {
         let capset = Capset {
             protocol_version: PROTOCOL_VERSION,
             driver_version: executor.driver_version(),
@@ -51,6 +66,7 @@ impl DaemonShared {
             executor,
             capset: capset.into(),
             counters,
+            launcher,
         }
     }
 }
@@ -68,16 +84,19 @@ enum RequestError {
     InvalidContext(u32),
     #[error("unknown or duplicate resource {0}")]
     InvalidResource(u32),
-    #[error("session could not start: {0}")]
-    Session(SessionError),
+    #[error("limit reached: {0}")]
+    Limit(String),
+    #[error("cannot start a worker process: {0}")]
+    Worker(std::io::Error),
 }
 
 impl RequestError {
     fn response_type(&self) -> u32 {
         match self {
-            RequestError::Unsupported(_)
-            | RequestError::Truncated(_)
-            | RequestError::Session(_) => RESP_ERR_UNSPEC,
+            RequestError::Unsupported(_) | RequestError::Truncated(_) | RequestError::Worker(_) => {
+                RESP_ERR_UNSPEC
+            }
+            RequestError::Limit(_) => RESP_ERR_OUT_OF_MEMORY,
             RequestError::InvalidParameter(_) => RESP_ERR_INVALID_PARAMETER,
             RequestError::InvalidContext(_) => RESP_ERR_INVALID_CONTEXT_ID,
             RequestError::InvalidResource(_) => RESP_ERR_INVALID_RESOURCE_ID,
@@ -102,36 +121,84 @@ enum Outcome {
     Deferred,
 }
 
-/// A blob resource and the contexts it is attached to.
+/// Which worker runs a context: the guest process's group, or (a guest
+/// that cannot tag its contexts) one of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum WorkerKey {
+    Group(u128),
+    Solo(u32),
+}
+
+/// A blob resource: where its pages lie, and the contexts it is attached to.
 struct Resource {
-    blob: Arc<Blob>,
+    size: u64,
+    /// Its pages as runs of guest memory files (what workers map).
+    runs: Vec<FileRun>,
+    /// Its guest-physical ranges, for the alias check.
+    ranges: GuestRanges,
     contexts: BTreeSet<u32>,
+}
+
+/// The guest memory files blobs lie in, numbered for the workers.
+#[derive(Default)]
+struct GuestFiles {
+    /// By the address of the region's file (the Arc keeps it unique).
+    numbers: HashMap<usize, (u32, Arc<File>)>,
+    next: u32,
+}
+
+impl GuestFiles {
+    fn number(&mut self, file: &Arc<File>) -> u32 {
+        let next = &mut self.next;
+        self.numbers
+            .entry(Arc::as_ptr(file) as usize)
+            .or_insert_with(|| {
+                *next += 1;
+                (*next, Arc::clone(file))
+            })
+            .0
+    }
+
+    fn file(&self, number: u32) -> Option<&Arc<File>> {
+        self.numbers
+            .values()
+            .find(|(n, _)| *n == number)
+            .map(|(_, file)| file)
+    }
 }
 
 /// The device model of one vhost-user connection.
 pub struct GpuDevice {
     shared: DaemonShared,
     memory: AtomicGuestMemory,
-    sessions: HashMap<u32, Session>,
+    /// Each context's worker.
+    contexts: HashMap<u32, WorkerKey>,
+    workers: HashMap<WorkerKey, WorkerHandle>,
+    /// Workers whose guest process has no context left, ending.
+    retiring: Vec<Retiring>,
+    next_worker: u64,
     resources: HashMap<u32, Resource>,
-    /// Guest memory registered for DMA; declared after `sessions` so it is
-    /// unregistered only once no session can copy any more.
-    dma: DmaRegistry,
-    /// One tenant per connection: a VM's sessions (its processes) are the
-    /// tenant's own for NVML's process list.
-    tenant: Arc<Tenant>,
+    /// Every guest-physical range of a live blob: start -> (end, resource).
+    /// Blobs may not alias (one page pinned and mapped once).
+    guest_ranges: BTreeMap<u64, (u64, u32)>,
+    /// Blob entries of all live blobs.
+    blob_entries: usize,
+    files: GuestFiles,
 }
 
 impl GpuDevice {
     pub fn new(shared: DaemonShared, memory: AtomicGuestMemory) -> Self {
-        let dma = DmaRegistry::new(shared.executor.clone(), shared.counters.clone());
         Self {
             shared,
             memory,
-            sessions: HashMap::new(),
+            contexts: HashMap::new(),
+            workers: HashMap::new(),
+            retiring: Vec::new(),
+            next_worker: 0,
             resources: HashMap::new(),
-            dma,
-            tenant: Tenant::new(),
+            guest_ranges: BTreeMap::new(),
+            blob_entries: 0,
+            files: GuestFiles::default(),
         }
     }
 
@@ -140,19 +207,40 @@ impl GpuDevice {
         self.memory = memory;
     }
 
-    /// Number of live contexts (sessions).
+    /// Number of live contexts.
     pub fn session_count(&self) -> usize {
-        self.sessions.len()
+        self.contexts.len()
     }
 
-    /// Ends every session (completing their pending fences) and drops every
-    /// resource: the frontend went away or reset the device.
+    /// Worker processes running now, with their contexts.
+    pub fn workers(&self) -> Vec<(u32, Vec<u32>)> {
+        self.workers
+            .values()
+            .map(|w| (w.pid(), w.contexts.iter().copied().collect()))
+            .collect()
+    }
+
+    /// Ends every context and drops every resource: the frontend went away
+    /// or reset the device. Workers are killed and reaped before this
+    /// returns, and what waited for them is dropped unanswered: after a
+    /// reset the guest's requests are void, and no old session, resource or
+    /// completion may outlive it.
     pub fn shutdown(&mut self) {
-        self.resources.clear();
-        for (ctx_id, session) in self.sessions.drain() {
-            debug!("shutting down context {ctx_id}");
-            session.shutdown();
+        let workers: Vec<WorkerHandle> = self.workers.drain().map(|(_, w)| w).collect();
+        if !workers.is_empty() || !self.resources.is_empty() {
+            info!(
+                "ending {} context(s) in {} worker(s), dropping {} resource(s)",
+                self.contexts.len(),
+                workers.len(),
+                self.resources.len()
+            );
         }
+        handle::kill_all(workers, std::mem::take(&mut self.retiring));
+        self.contexts.clear();
+        self.resources.clear();
+        self.guest_ranges.clear();
+        self.blob_entries = 0;
+        self.files = GuestFiles::default();
     }
 
     /// Answers every request available on the control queue.
@@ -249,11 +337,11 @@ impl GpuDevice {
             CMD_GET_CAPSET_INFO => self.get_capset_info(body),
             CMD_GET_CAPSET => self.get_capset(body),
             CMD_CTX_CREATE => self.ctx_create(hdr, body),
-            CMD_CTX_DESTROY => self.ctx_destroy(hdr.ctx_id),
+            CMD_CTX_DESTROY => self.ctx_destroy(vring, chain, hdr),
             CMD_RESOURCE_CREATE_BLOB => self.resource_create_blob(body),
-            CMD_RESOURCE_UNREF => self.resource_unref(body),
+            CMD_RESOURCE_UNREF => self.resource_unref(vring, chain, hdr, body),
             CMD_CTX_ATTACH_RESOURCE => self.ctx_attach_resource(hdr.ctx_id, body),
-            CMD_CTX_DETACH_RESOURCE => self.ctx_detach_resource(hdr.ctx_id, body),
+            CMD_CTX_DETACH_RESOURCE => self.ctx_detach_resource(vring, chain, hdr, body),
             CMD_SUBMIT_3D => self.submit_3d(vring, chain, hdr, body),
             other => Err(RequestError::Unsupported(other)),
         }
@@ -295,46 +383,163 @@ impl GpuDevice {
                 "context type {capset}, only {CAPSET_ID_RGPU} (rgpu) is offered"
             )));
         }
-        if hdr.ctx_id == 0 || self.sessions.contains_key(&hdr.ctx_id) {
-            return Err(RequestError::InvalidContext(hdr.ctx_id));
+        let ctx_id = hdr.ctx_id;
+        if ctx_id == 0 || self.contexts.contains_key(&ctx_id) {
+            return Err(RequestError::InvalidContext(ctx_id));
         }
-        let session = Session::spawn_in_tenant(
-            hdr.ctx_id,
-            create.debug_name.clone(),
-            SESSION_DEVICE,
-            self.shared.executor.clone(),
-            self.shared.counters.clone(),
-            self.tenant.clone(),
-        )
-        .map_err(|e| {
-            warn!("context {} ({}): {e}", hdr.ctx_id, create.debug_name);
-            RequestError::Session(e)
-        })?;
-        info!(
-            "context {} created for \"{}\"",
-            hdr.ctx_id, create.debug_name
+        if self.contexts.len() >= limits::MAX_CONTEXTS {
+            return Err(RequestError::Limit(format!(
+                "{} contexts per connection",
+                limits::MAX_CONTEXTS
+            )));
+        }
+        let (tag, name) = parse_debug_name(&create.debug_name);
+        let key = match tag {
+            Some(tag) => WorkerKey::Group(tag),
+            None => WorkerKey::Solo(ctx_id),
+        };
+        // A guest process whose worker died starts afresh in a new one.
+        if self.workers.get(&key).is_some_and(|w| !w.is_alive()) {
+            if let Some(dead) = self.workers.remove(&key) {
+                for ctx in &dead.contexts {
+                    self.contexts.remove(ctx);
+                }
+                self.retire(dead);
+            }
+        }
+        if !self.workers.contains_key(&key) {
+            if self.workers.len() >= limits::MAX_WORKERS {
+                return Err(RequestError::Limit(format!(
+                    "{} worker processes per connection",
+                    limits::MAX_WORKERS
+                )));
+            }
+            self.next_worker += 1;
+            let worker = WorkerHandle::start(&self.shared.launcher, self.next_worker)
+                .map_err(RequestError::Worker)?;
+            self.workers.insert(key, worker);
+        }
+        let Some(worker) = self.workers.get_mut(&key) else {
+            return Err(RequestError::InvalidContext(ctx_id));
+        };
+        worker.send(
+            &ToWorker::CreateSession {
+                ctx_id,
+                name: name.to_owned(),
+            },
+            &[],
         );
-        self.sessions.insert(hdr.ctx_id, session);
+        worker.contexts.insert(ctx_id);
+        info!(
+            "context {ctx_id} created for \"{name}\" in worker {} (process {})",
+            worker.id(),
+            worker.pid()
+        );
+        self.contexts.insert(ctx_id, key);
         Ok(Outcome::Respond(RESP_OK_NODATA, Vec::new()))
     }
 
-    fn ctx_destroy(&mut self, ctx_id: u32) -> Result<Outcome, RequestError> {
-        let session = self
-            .sessions
-            .remove(&ctx_id)
-            .ok_or(RequestError::InvalidContext(ctx_id))?;
-        for resource in self.resources.values_mut() {
-            resource.contexts.remove(&ctx_id);
+    /// Lets `worker` end, keeping track of it until it has.
+    fn retire(&mut self, worker: WorkerHandle) {
+        self.retiring.retain(|r| !r.is_finished());
+        if let Some(retiring) = worker.retire(limits::RETIRE_GRACE) {
+            self.retiring.push(retiring);
         }
-        session.shutdown();
+    }
+
+    /// The worker of a live context.
+    fn worker_of(&mut self, ctx_id: u32) -> Result<(WorkerKey, &mut WorkerHandle), RequestError> {
+        let key = *self
+            .contexts
+            .get(&ctx_id)
+            .ok_or(RequestError::InvalidContext(ctx_id))?;
+        let worker = self
+            .workers
+            .get_mut(&key)
+            .ok_or(RequestError::InvalidContext(ctx_id))?;
+        Ok((key, worker))
+    }
+
+    fn ctx_destroy(
+        &mut self,
+        vring: &Vring,
+        chain: &Chain,
+        hdr: &CtrlHdr,
+    ) -> Result<Outcome, RequestError> {
+        let ctx_id = hdr.ctx_id;
+        let (key, _) = self.worker_of(ctx_id)?;
+        self.contexts.remove(&ctx_id);
+        let countdown = Countdown::new(Box::new(DeferredResponse::new(
+            vring.clone(),
+            chain.clone(),
+            hdr,
+        )));
+        // The session's end lets go of its blobs; blobs no other context of
+        // the worker uses are unmapped there.
+        let mut unused = Vec::new();
+        for (id, resource) in &mut self.resources {
+            resource.contexts.remove(&ctx_id);
+            unused.push(*id);
+        }
+        let Some(worker) = self.workers.get_mut(&key) else {
+            return Ok(Outcome::Deferred);
+        };
+        worker.contexts.remove(&ctx_id);
+        worker.send_then(
+            |token| ToWorker::DestroySession { ctx_id, token },
+            countdown.part(),
+        );
+        if worker.contexts.is_empty() {
+            // The guest process has no context left: its worker ends, and
+            // the answer comes once it is gone.
+            if let Some(worker) = self.workers.remove(&key) {
+                info!(
+                    "context {ctx_id} destroyed; worker {} (process {}) retires",
+                    worker.id(),
+                    worker.pid()
+                );
+                self.retire(worker);
+            }
+            return Ok(Outcome::Deferred);
+        }
+        for id in unused {
+            Self::forget_if_unused(&self.resources, worker, id, &countdown);
+        }
         info!("context {ctx_id} destroyed");
-        Ok(Outcome::Respond(RESP_OK_NODATA, Vec::new()))
+        Ok(Outcome::Deferred)
+    }
+
+    /// Unmaps blob `id` in `worker` if none of the worker's contexts has it
+    /// attached any more (or it is gone); `countdown` waits for that.
+    fn forget_if_unused(
+        resources: &HashMap<u32, Resource>,
+        worker: &mut WorkerHandle,
+        id: u32,
+        countdown: &Countdown,
+    ) {
+        if !worker.blobs_mapped.contains(&id) {
+            return;
+        }
+        let used = resources
+            .get(&id)
+            .is_some_and(|r| r.contexts.iter().any(|c| worker.contexts.contains(c)));
+        if !used {
+            worker.blobs_mapped.remove(&id);
+            worker.send_then(
+                |token| ToWorker::ForgetBlob {
+                    resource_id: id,
+                    token,
+                },
+                countdown.part(),
+            );
+        }
     }
 
     fn resource_create_blob(&mut self, body: &[u8]) -> Result<Outcome, RequestError> {
         let create = ResourceCreateBlob::decode(&mut WireReader::new(body))?;
-        if create.resource_id == 0 || self.resources.contains_key(&create.resource_id) {
-            return Err(RequestError::InvalidResource(create.resource_id));
+        let id = create.resource_id;
+        if id == 0 || self.resources.contains_key(&id) {
+            return Err(RequestError::InvalidResource(id));
         }
         if create.blob_mem != BLOB_MEM_GUEST {
             return Err(RequestError::InvalidParameter(format!(
@@ -342,75 +547,177 @@ impl GpuDevice {
                 create.blob_mem
             )));
         }
-        let blob = Blob::new(
-            create.resource_id,
-            create.size,
-            &create.entries,
-            &self.memory,
-        )
-        .map_err(|e| RequestError::InvalidParameter(e.to_string()))?;
-        blob.set_dma_registered(self.dma.cover(&blob));
+        if self.resources.len() >= limits::MAX_RESOURCES {
+            return Err(RequestError::Limit(format!(
+                "{} resources per connection",
+                limits::MAX_RESOURCES
+            )));
+        }
+        if self.blob_entries.saturating_add(create.entries.len()) > limits::MAX_BLOB_ENTRIES {
+            return Err(RequestError::Limit(format!(
+                "{} blob entries per connection",
+                limits::MAX_BLOB_ENTRIES
+            )));
+        }
+        let memory = self.memory.memory().into_inner();
+        let (runs, ranges) = blob_runs(&memory, &mut self.files, create.size, &create.entries)
+            .map_err(RequestError::InvalidParameter)?;
+        self.claim_ranges(id, &ranges)?;
         debug!(
-            "resource {}: guest blob of {} bytes in {} entries (registered for DMA: {})",
-            create.resource_id,
+            "resource {id}: guest blob of {} bytes in {} entries, {} runs",
             create.size,
             create.entries.len(),
-            blob.dma_registered()
+            runs.len()
         );
+        self.blob_entries += create.entries.len();
         self.resources.insert(
-            create.resource_id,
+            id,
             Resource {
-                blob: Arc::new(blob),
+                size: create.size,
+                runs,
+                ranges,
                 contexts: BTreeSet::new(),
             },
         );
         Ok(Outcome::Respond(RESP_OK_NODATA, Vec::new()))
     }
 
-    fn resource_unref(&mut self, body: &[u8]) -> Result<Outcome, RequestError> {
+    /// Records `ranges` as resource `id`'s, unless one overlaps a live
+    /// blob's or another of them.
+    fn claim_ranges(&mut self, id: u32, ranges: &[(u64, u64)]) -> Result<(), RequestError> {
+        for (i, &(start, end)) in ranges.iter().enumerate() {
+            let overlap = self
+                .guest_ranges
+                .range(..end)
+                .next_back()
+                .filter(|(_, (other_end, _))| *other_end > start)
+                .map(|(_, (_, owner))| *owner);
+            if let Some(owner) = overlap {
+                for &(start, _) in ranges.iter().take(i) {
+                    self.guest_ranges.remove(&start);
+                }
+                return Err(RequestError::InvalidParameter(format!(
+                    "blob entry at {start:#x} overlaps resource {owner}'s memory"
+                )));
+            }
+            self.guest_ranges.insert(start, (end, id));
+        }
+        Ok(())
+    }
+
+    fn release_ranges(&mut self, resource: &Resource) {
+        for (start, _) in &resource.ranges {
+            self.guest_ranges.remove(start);
+        }
+        self.blob_entries = self.blob_entries.saturating_sub(resource.ranges.len());
+    }
+
+    fn resource_unref(
+        &mut self,
+        vring: &Vring,
+        chain: &Chain,
+        hdr: &CtrlHdr,
+        body: &[u8],
+    ) -> Result<Outcome, RequestError> {
         let id = request::resource_id(body)?;
         let resource = self
             .resources
             .remove(&id)
             .ok_or(RequestError::InvalidResource(id))?;
+        self.release_ranges(&resource);
+        // Answered when no worker can touch the pages any more: the guest
+        // frees them on this answer.
+        let countdown = Countdown::new(Box::new(DeferredResponse::new(
+            vring.clone(),
+            chain.clone(),
+            hdr,
+        )));
         for ctx_id in &resource.contexts {
-            if let Some(session) = self.sessions.get(ctx_id) {
-                session.detach_blob(id);
+            if let Ok((_, worker)) = self.worker_of(*ctx_id) {
+                worker.send(
+                    &ToWorker::Detach {
+                        ctx_id: *ctx_id,
+                        resource_id: id,
+                        token: 0,
+                    },
+                    &[],
+                );
             }
         }
-        Ok(Outcome::Respond(RESP_OK_NODATA, Vec::new()))
+        for worker in self.workers.values_mut() {
+            Self::forget_if_unused(&self.resources, worker, id, &countdown);
+        }
+        Ok(Outcome::Deferred)
     }
 
     fn ctx_attach_resource(&mut self, ctx_id: u32, body: &[u8]) -> Result<Outcome, RequestError> {
         let id = request::resource_id(body)?;
-        let session = self
-            .sessions
-            .get(&ctx_id)
-            .ok_or(RequestError::InvalidContext(ctx_id))?;
         let resource = self
             .resources
             .get_mut(&id)
             .ok_or(RequestError::InvalidResource(id))?;
-        if resource.contexts.insert(ctx_id) {
-            session.attach_blob(resource.blob.clone());
+        let key = *self
+            .contexts
+            .get(&ctx_id)
+            .ok_or(RequestError::InvalidContext(ctx_id))?;
+        let worker = self
+            .workers
+            .get_mut(&key)
+            .ok_or(RequestError::InvalidContext(ctx_id))?;
+        if !resource.contexts.insert(ctx_id) {
+            return Ok(Outcome::Respond(RESP_OK_NODATA, Vec::new()));
         }
+        if !worker.blobs_mapped.contains(&id) {
+            send_blob(worker, &self.files, id, resource);
+        }
+        worker.send(
+            &ToWorker::Attach {
+                ctx_id,
+                resource_id: id,
+            },
+            &[],
+        );
         Ok(Outcome::Respond(RESP_OK_NODATA, Vec::new()))
     }
 
-    fn ctx_detach_resource(&mut self, ctx_id: u32, body: &[u8]) -> Result<Outcome, RequestError> {
+    fn ctx_detach_resource(
+        &mut self,
+        vring: &Vring,
+        chain: &Chain,
+        hdr: &CtrlHdr,
+        body: &[u8],
+    ) -> Result<Outcome, RequestError> {
+        let ctx_id = hdr.ctx_id;
         let id = request::resource_id(body)?;
-        let session = self
-            .sessions
+        let key = *self
+            .contexts
             .get(&ctx_id)
             .ok_or(RequestError::InvalidContext(ctx_id))?;
         let resource = self
             .resources
             .get_mut(&id)
             .ok_or(RequestError::InvalidResource(id))?;
-        if resource.contexts.remove(&ctx_id) {
-            session.detach_blob(id);
+        if !resource.contexts.remove(&ctx_id) {
+            return Ok(Outcome::Respond(RESP_OK_NODATA, Vec::new()));
         }
-        Ok(Outcome::Respond(RESP_OK_NODATA, Vec::new()))
+        let Some(worker) = self.workers.get_mut(&key) else {
+            return Err(RequestError::InvalidContext(ctx_id));
+        };
+        let countdown = Countdown::new(Box::new(DeferredResponse::new(
+            vring.clone(),
+            chain.clone(),
+            hdr,
+        )));
+        worker.send_then(
+            |token| ToWorker::Detach {
+                ctx_id,
+                resource_id: id,
+                token,
+            },
+            countdown.part(),
+        );
+        Self::forget_if_unused(&self.resources, worker, id, &countdown);
+        Ok(Outcome::Deferred)
     }
 
     fn submit_3d(
@@ -420,23 +727,156 @@ impl GpuDevice {
         hdr: &CtrlHdr,
         body: &[u8],
     ) -> Result<Outcome, RequestError> {
-        let session = self
-            .sessions
-            .get(&hdr.ctx_id)
-            .ok_or(RequestError::InvalidContext(hdr.ctx_id))?;
+        let (_, worker) = self.worker_of(hdr.ctx_id)?;
         let payload = request::submit_payload(body)
             .map_err(|e| RequestError::InvalidParameter(format!("SUBMIT_3D size: {e}")))?;
-        let commands = decode_batch(payload)
-            .map_err(|e| RequestError::InvalidParameter(format!("batch: {e}")))?;
-        if hdr.flags & FLAG_FENCE != 0 {
-            let completion = FenceCompletion::new(vring.clone(), chain.clone(), hdr);
-            session.submit(commands, Some(Box::new(completion)));
-            Ok(Outcome::Deferred)
-        } else {
-            session.submit(commands, None);
-            Ok(Outcome::Respond(RESP_OK_NODATA, Vec::new()))
+        decode_batch(payload).map_err(|e| RequestError::InvalidParameter(format!("batch: {e}")))?;
+        if payload.len() > MAX_SUBMIT_PAYLOAD {
+            return Err(RequestError::InvalidParameter(format!(
+                "SUBMIT_3D of {} bytes (at most {MAX_SUBMIT_PAYLOAD})",
+                payload.len()
+            )));
+        }
+        let ctx_id = hdr.ctx_id;
+        if hdr.flags & FLAG_FENCE == 0 {
+            worker.send(
+                &ToWorker::Submit {
+                    ctx_id,
+                    token: 0,
+                    payload: payload.to_vec(),
+                },
+                &[],
+            );
+            return Ok(Outcome::Respond(RESP_OK_NODATA, Vec::new()));
+        }
+        let completion = Box::new(DeferredResponse::new(vring.clone(), chain.clone(), hdr));
+        if worker.waiting() >= limits::MAX_PENDING_FENCES {
+            debug!(
+                "context {ctx_id}: {} fences pending; answering this one at once",
+                limits::MAX_PENDING_FENCES
+            );
+            completion.complete();
+            return Ok(Outcome::Deferred);
+        }
+        worker.send_then(
+            |token| ToWorker::Submit {
+                ctx_id,
+                token,
+                payload: payload.to_vec(),
+            },
+            completion,
+        );
+        Ok(Outcome::Deferred)
+    }
+}
+
+/// Sends a blob's files (those not sent yet) and runs to `worker`, and has
+/// it map the blob.
+fn send_blob(worker: &mut WorkerHandle, files: &GuestFiles, id: u32, resource: &Resource) {
+    for run in &resource.runs {
+        if worker.files_sent.contains(&run.file) {
+            continue;
+        }
+        if let Some(file) = files.file(run.file) {
+            if worker.send(&ToWorker::File { file: run.file }, &[file.as_raw_fd()]) {
+                worker.files_sent.insert(run.file);
+            }
         }
     }
+    for runs in resource.runs.chunks(RUNS_PER_MESSAGE) {
+        worker.send(
+            &ToWorker::BlobRuns {
+                resource_id: id,
+                runs: runs.to_vec(),
+            },
+            &[],
+        );
+    }
+    worker.send(
+        &ToWorker::MapBlob {
+            resource_id: id,
+            size: resource.size,
+        },
+        &[],
+    );
+    worker.blobs_mapped.insert(id);
+}
+
+/// Guest-physical ranges (start, end) of a blob's entries.
+type GuestRanges = Vec<(u64, u64)>;
+
+/// A blob's entries as runs of guest memory files (adjacent ones merged)
+/// and as guest-physical ranges; every entry must be whole pages inside one
+/// file-backed region, and the entries must cover exactly `size` bytes.
+fn blob_runs(
+    memory: &GuestMemory,
+    files: &mut GuestFiles,
+    size: u64,
+    entries: &[MemEntry],
+) -> Result<(Vec<FileRun>, GuestRanges), String> {
+    if size == 0 {
+        return Err("blob size is zero".into());
+    }
+    let mut runs: Vec<FileRun> = Vec::new();
+    let mut ranges = Vec::new();
+    let mut covered = 0u64;
+    for entry in entries.iter().filter(|e| e.length > 0) {
+        let length = u64::from(entry.length);
+        if entry.addr % PAGE_BYTES != 0 || length % PAGE_BYTES != 0 {
+            return Err(format!(
+                "blob entry at {:#x} (+{length:#x}) is not whole pages",
+                entry.addr
+            ));
+        }
+        let outside = || {
+            format!(
+                "blob entry at guest address {:#x} (+{length}) is not inside one guest memory \
+                 region",
+                entry.addr
+            )
+        };
+        let end = entry.addr.checked_add(length).ok_or_else(outside)?;
+        let region = memory
+            .find_region(GuestAddress(entry.addr))
+            .ok_or_else(outside)?;
+        if end - 1 > region.last_addr().raw_value() {
+            return Err(outside());
+        }
+        let file_offset = region.file_offset().ok_or_else(|| {
+            format!(
+                "guest memory at {:#x} is not shared through a file",
+                entry.addr
+            )
+        })?;
+        let offset = file_offset
+            .start()
+            .checked_add(entry.addr - region.start_addr().raw_value())
+            .ok_or_else(outside)?;
+        let file = files.number(file_offset.arc());
+        covered = covered
+            .checked_add(length)
+            .filter(|c| *c <= size)
+            .ok_or_else(|| format!("blob entries cover more than its {size} bytes"))?;
+        ranges.push((entry.addr, end));
+        match runs.last_mut() {
+            Some(last)
+                if last.file == file && last.offset.checked_add(last.len) == Some(offset) =>
+            {
+                last.len += length;
+            }
+            _ => runs.push(FileRun {
+                file,
+                offset,
+                len: length,
+            }),
+        }
+    }
+    if covered != size {
+        return Err(format!(
+            "blob entries cover {covered} bytes, blob size is {size}"
+        ));
+    }
+    Ok((runs, ranges))
 }
 
 impl Drop for GpuDevice {

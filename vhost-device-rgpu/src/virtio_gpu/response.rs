@@ -1,6 +1,6 @@
 //! Writing responses into descriptor chains and handing the chains back to
-//! the guest, at once or later (a fenced `SUBMIT_3D`, completed by a session's
-//! worker thread).
+//! the guest, at once or later (a fenced `SUBMIT_3D`, an unref, detach or
+//! destroy, completed when a worker process says it is done).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -80,15 +80,17 @@ pub fn notify_guest(vring: &Vring) -> Result<(), ReturnError> {
     Ok(())
 }
 
-/// The deferred response of a fenced `SUBMIT_3D`: `OK_NODATA` with the fence
-/// fields echoed, written when the session has executed up to the doorbell.
-pub struct FenceCompletion {
+/// A deferred response: `OK_NODATA` with the request's fence fields echoed,
+/// written when completed (a fenced `SUBMIT_3D` once the session executed up
+/// to its doorbell; an unref, detach or destroy once no GPU work can touch
+/// the memory). Dropped uncompleted (a device reset), it writes nothing.
+pub struct DeferredResponse {
     vring: Vring,
     chain: Chain,
     response: Vec<u8>,
 }
 
-impl FenceCompletion {
+impl DeferredResponse {
     pub fn new(vring: Vring, chain: Chain, request: &CtrlHdr) -> Self {
         Self {
             vring,
@@ -98,13 +100,13 @@ impl FenceCompletion {
     }
 }
 
-impl Completion for FenceCompletion {
+impl Completion for DeferredResponse {
     fn complete(self: Box<Self>) {
         let len = write_response(&self.chain, &self.response);
         let head = self.chain.head_index();
-        log::trace!("fence response for descriptor chain {head} ({len} bytes)");
+        log::trace!("deferred response for descriptor chain {head} ({len} bytes)");
         if let Err(e) = add_used(&self.vring, head, len).and_then(|()| notify_guest(&self.vring)) {
-            error!("fenced response for descriptor chain {head}: {e}");
+            error!("deferred response for descriptor chain {head}: {e}");
         }
     }
 }

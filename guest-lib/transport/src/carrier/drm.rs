@@ -41,9 +41,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rgpu_proto::capset::Capset;
+use rgpu_proto::process_group::tagged_debug_name;
 use rgpu_proto::{CAPSET_ID_RGPU, PROTOCOL_VERSION};
 
 use super::{BlobMapping, Carrier, CarrierError, FenceToken};
+use crate::process_tag::process_tag;
 
 /// Where render nodes live.
 pub const DRI_DIR: &str = "/dev/dri";
@@ -779,7 +781,8 @@ impl Carrier for DrmCarrier {
             path: self.node.display().to_string(),
             source,
         })?;
-        let name = debug_name(name);
+        // The tag groups this process's contexts in one host worker.
+        let name = debug_name(&tagged_debug_name(process_tag(), name, DEBUG_NAME_BYTES));
         let mut params = vec![
             uapi::VirtgpuContextSetParam {
                 param: uapi::VIRTGPU_CONTEXT_PARAM_CAPSET_ID,

@@ -13,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rgpu_proto::capset::Capset;
+use rgpu_proto::process_group::tagged_debug_name;
 use rgpu_proto::virtio_gpu::{self as gpu, CtrlHdr, MemEntry, ResourceCreateBlob};
 use rgpu_proto::wire::{WireReader, WireWriter};
 use rgpu_proto::{CAPSET_ID_RGPU, PROTOCOL_VERSION};
@@ -602,6 +603,12 @@ impl Carrier for LocalCarrier {
 
     fn create_context(&self, debug_name: &str) -> Result<u32, CarrierError> {
         let ctx_id = self.next_ctx.fetch_add(1, Ordering::Relaxed);
+        // The tag groups this process's contexts in one host worker.
+        let debug_name = tagged_debug_name(
+            crate::process_tag::process_tag(),
+            debug_name,
+            gpu::CTX_DEBUG_NAME_BYTES,
+        );
         let mut name = [0u8; gpu::CTX_DEBUG_NAME_BYTES];
         let name_len = debug_name.len().min(gpu::CTX_DEBUG_NAME_BYTES);
         for (dst, src) in name.iter_mut().zip(debug_name.bytes()) {

@@ -22,6 +22,11 @@ use thiserror::Error;
 /// Why a carrier operation failed.
 #[derive(Debug, Error)]
 pub enum CarrierError {
+    /// The host completed a wait without answering: the host process that
+    /// ran this context is gone (it faulted fatally, was killed, or the
+    /// device was reset). Every later call of the context fails the same way.
+    #[error("the host ended this context: {0}")]
+    ContextLost(String),
     #[error("cannot connect to the rgpu daemon at {path}: {source}")]
     Connect {
         path: String,

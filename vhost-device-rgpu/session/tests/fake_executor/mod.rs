@@ -1,8 +1,12 @@
 //! A small host-memory executor for the session tests: allocations, copies,
 //! memset, streams, events and one kernel (`rgpu_fill_index`), plus
 //! bookkeeping the tests check (live contexts, registered host memory).
+//!
+//! Like NVIDIA's driver with unified addressing, every context of the
+//! executor (of the host process) can reach every allocation of every other
+//! one: the sessions must check pointers themselves.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use rgpu_executor::{ContextExecutor, CuResult, DeviceStatus, Executor, HostRun, StreamRef};
@@ -27,20 +31,43 @@ pub struct FakeState {
 
 pub struct FakeExecutor {
     pub state: Arc<Mutex<FakeState>>,
+    memory: Arc<Mutex<FakeMemory>>,
+}
+
+/// The device memory of all contexts: one address space.
+struct FakeMemory {
+    blocks: BTreeMap<u64, Vec<u8>>,
+    next_ptr: u64,
 }
 
 impl FakeExecutor {
     pub fn new() -> Self {
         Self {
             state: Arc::new(Mutex::new(FakeState::default())),
+            memory: Arc::new(Mutex::new(FakeMemory {
+                blocks: BTreeMap::new(),
+                next_ptr: 0x7f00_0000_0000,
+            })),
         }
     }
 }
 
 pub const FAKE_TOTAL_MEM: u64 = 1 << 30;
 
-fn lock(state: &Mutex<FakeState>) -> std::sync::MutexGuard<'_, FakeState> {
+fn lock<T>(state: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The device bytes at `ptr..ptr + len`, inside one allocation.
+fn span(blocks: &mut BTreeMap<u64, Vec<u8>>, ptr: u64, len: u64) -> CuResult<&mut [u8]> {
+    let (base, bytes) = blocks
+        .range_mut(..=ptr)
+        .next_back()
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let start = (ptr - base) as usize;
+    bytes
+        .get_mut(start..start + len as usize)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)
 }
 
 impl Executor for FakeExecutor {
@@ -72,8 +99,8 @@ impl Executor for FakeExecutor {
         drop(state);
         Ok(Box::new(FakeContext {
             state: self.state.clone(),
-            memory: BTreeMap::new(),
-            next_ptr: 0x7f00_0000_0000,
+            memory: self.memory.clone(),
+            owned: HashSet::new(),
             next_handle: 1,
             modules: HashMap::new(),
             functions: HashMap::new(),
@@ -104,8 +131,9 @@ impl Executor for FakeExecutor {
 
 struct FakeContext {
     state: Arc<Mutex<FakeState>>,
-    memory: BTreeMap<u64, Vec<u8>>,
-    next_ptr: u64,
+    memory: Arc<Mutex<FakeMemory>>,
+    /// Allocations this context made: freed with it.
+    owned: HashSet<u64>,
     next_handle: u64,
     modules: HashMap<u64, ()>,
     functions: HashMap<u64, ()>,
@@ -115,6 +143,10 @@ struct FakeContext {
 
 impl Drop for FakeContext {
     fn drop(&mut self) {
+        let mut memory = lock(&self.memory);
+        for ptr in self.owned.drain() {
+            memory.blocks.remove(&ptr);
+        }
         lock(&self.state).live_contexts -= 1;
     }
 }
@@ -123,19 +155,6 @@ impl FakeContext {
     fn handle(&mut self) -> u64 {
         self.next_handle += 1;
         self.next_handle
-    }
-
-    /// The device bytes at `ptr..ptr + len`, inside one allocation.
-    fn device(&mut self, ptr: u64, len: u64) -> CuResult<&mut [u8]> {
-        let (base, bytes) = self
-            .memory
-            .range_mut(..=ptr)
-            .next_back()
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let start = (ptr - base) as usize;
-        bytes
-            .get_mut(start..start + len as usize)
-            .ok_or(CUDA_ERROR_INVALID_VALUE)
     }
 
     fn check_stream(&self, stream: StreamRef) -> CuResult<()> {
@@ -166,19 +185,27 @@ impl ContextExecutor for FakeContext {
         if size == 0 || size > 1 << 30 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let ptr = self.next_ptr;
-        self.next_ptr += size.next_multiple_of(0x1000);
-        self.memory.insert(ptr, vec![0; size as usize]);
+        let mut memory = lock(&self.memory);
+        let ptr = memory.next_ptr;
+        memory.next_ptr += size.next_multiple_of(0x1000);
+        memory.blocks.insert(ptr, vec![0; size as usize]);
+        self.owned.insert(ptr);
         Ok(ptr)
     }
     fn mem_free(&mut self, device_ptr: u64) -> CuResult<()> {
-        self.memory
+        self.owned.remove(&device_ptr);
+        lock(&self.memory)
+            .blocks
             .remove(&device_ptr)
             .map(|_| ())
             .ok_or(CUDA_ERROR_INVALID_VALUE)
     }
     fn mem_get_info(&mut self) -> CuResult<(u64, u64)> {
-        let used: u64 = self.memory.values().map(|v| v.len() as u64).sum();
+        let used: u64 = lock(&self.memory)
+            .blocks
+            .values()
+            .map(|v| v.len() as u64)
+            .sum();
         Ok(((1 << 30) - used, 1 << 30))
     }
     fn memcpy_htod(
@@ -189,7 +216,8 @@ impl ContextExecutor for FakeContext {
         _wait_for_source: bool,
     ) -> CuResult<()> {
         self.check_stream(stream)?;
-        let device = self.device(dst, total(src))?;
+        let mut memory = lock(&self.memory);
+        let device = span(&mut memory.blocks, dst, total(src))?;
         let mut at = 0;
         for run in src {
             let to = device
@@ -209,7 +237,8 @@ impl ContextExecutor for FakeContext {
         _wait: bool,
     ) -> CuResult<()> {
         self.check_stream(stream)?;
-        let device = self.device(src, total(dst))?;
+        let mut memory = lock(&self.memory);
+        let device = span(&mut memory.blocks, src, total(dst))?;
         let mut at = 0;
         for run in dst {
             let from = device
@@ -223,8 +252,9 @@ impl ContextExecutor for FakeContext {
     }
     fn memcpy_dtod(&mut self, stream: StreamRef, dst: u64, src: u64, size: u64) -> CuResult<()> {
         self.check_stream(stream)?;
-        let data = self.device(src, size)?.to_vec();
-        self.device(dst, size)?.copy_from_slice(&data);
+        let mut memory = lock(&self.memory);
+        let data = span(&mut memory.blocks, src, size)?.to_vec();
+        span(&mut memory.blocks, dst, size)?.copy_from_slice(&data);
         Ok(())
     }
     fn memset(
@@ -238,7 +268,8 @@ impl ContextExecutor for FakeContext {
         self.check_stream(stream)?;
         let bytes = value.to_le_bytes();
         let width = element_size as usize;
-        let device = self.device(dst, count * u64::from(element_size))?;
+        let mut memory = lock(&self.memory);
+        let device = span(&mut memory.blocks, dst, count * u64::from(element_size))?;
         for chunk in device.chunks_mut(width) {
             chunk.copy_from_slice(&bytes[..width]);
         }
@@ -304,7 +335,8 @@ impl ContextExecutor for FakeContext {
         let (out, base, n) = (word(0, 8), word(8, 4) as u32, word(12, 4));
         let threads: u64 = grid.iter().chain(&block).map(|v| u64::from(*v)).product();
         let n = n.min(threads);
-        let device = self.device(out, n * 4)?;
+        let mut memory = lock(&self.memory);
+        let device = span(&mut memory.blocks, out, n * 4)?;
         for (i, chunk) in device.chunks_mut(4).enumerate() {
             chunk.copy_from_slice(&(base + i as u32).to_le_bytes());
         }

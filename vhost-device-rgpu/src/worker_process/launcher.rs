@@ -1,0 +1,100 @@
+//! Starting worker processes, in the connection process: the daemon's own
+//! executable with `--serve-worker`, the worker's end of a [`super::link`]
+//! and the counters page inherited, contained before exec
+//! ([`super::containment`]), killed if the connection process dies.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use std::sync::Arc;
+
+use super::accounting::Accounting;
+use super::containment::{self, WorkerLimits};
+use super::link::{self, Link};
+use crate::shared_counters::SharedCounters;
+
+/// What every worker of a connection is started with.
+pub struct WorkerLauncher {
+    executable: PathBuf,
+    /// The connection's number, for the workers' log lines.
+    conn: u64,
+    /// `--executor`, `--gpu`.
+    executor_args: Vec<OsString>,
+    /// Sums what the workers count, each into a page of its own.
+    accounting: Arc<Accounting>,
+    limits: WorkerLimits,
+}
+
+impl WorkerLauncher {
+    /// Workers run `executable` (this daemon's binary) with `executor_args`.
+    pub fn new(
+        executable: PathBuf,
+        conn: u64,
+        executor_args: Vec<OsString>,
+        accounting: Arc<Accounting>,
+        limits: WorkerLimits,
+    ) -> Self {
+        Self {
+            executable,
+            conn,
+            executor_args,
+            accounting,
+            limits,
+        }
+    }
+
+    pub fn accounting(&self) -> &Arc<Accounting> {
+        &self.accounting
+    }
+
+    /// Starts worker number `worker`; returns it, this side's link and the
+    /// page it counts into.
+    pub fn spawn(&self, worker: u64) -> io::Result<(Child, Link, SharedCounters)> {
+        let (link, theirs) = link::pair()?;
+        let (counters, counters_fd) = SharedCounters::create(c"rgpu-worker-counters")?;
+        let inherited: [RawFd; 2] = [theirs.as_raw_fd(), counters_fd.as_raw_fd()];
+        let mut command = Command::new(&self.executable);
+        command
+            .arg("--serve-worker")
+            .arg(format!("{}.{worker}", self.conn))
+            .arg("--fd")
+            .arg(theirs.as_raw_fd().to_string())
+            .arg("--counters-fd")
+            .arg(counters_fd.as_raw_fd().to_string())
+            .args(&self.executor_args)
+            .stdin(Stdio::null());
+        let limits = self.limits;
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: the hook runs in the forked child before exec and only
+        // makes async-signal-safe system calls (fcntl, prctl, getppid,
+        // getrlimit, setrlimit); it allocates nothing.
+        unsafe {
+            command.pre_exec(move || {
+                for fd in &inherited {
+                    if libc::fcntl(*fd, libc::F_SETFD, 0) == -1 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                // A worker never outlives its connection process.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                if libc::getppid() != parent {
+                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                containment::apply_in_child(limits)
+            });
+        }
+        let child = command.spawn()?;
+        // Our copy of the worker's end must go, or its death would not
+        // show as the end of the link.
+        drop(theirs);
+        drop(counters_fd);
+        Ok((child, link, counters))
+    }
+}
