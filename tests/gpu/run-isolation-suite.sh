@@ -159,6 +159,8 @@ for side in native rgpu; do
     touch "$work/stop"
     wait "$held"
 done
+echo "MEASURED native while it runs (pid, name, MiB):"
+sed 's/^/    /' "$logs/smi-native.csv"
 worker_mib=$(tail -n +2 "$logs/smi-rgpu.csv" | awk -F', ' '/vhost-device-rgpu/ { gsub(/ MiB/, "", $3); sum += $3 } END { print sum + 0 }')
 native_mib=$(tail -n +2 "$logs/smi-native.csv" | awk -F', ' '/driver_api_test/ { gsub(/ MiB/, "", $3); sum += $3 } END { print sum + 0 }')
 echo "MEASURED device memory: native process $native_mib MiB, rgpu (all daemon processes) $worker_mib MiB"
@@ -182,6 +184,37 @@ sed 's/^/    /' "$logs/registration-reach.log"
 timeout 300 "${native[@]}" "$work/registration_probe" cost 256 >"$logs/registration-cost.log" 2>&1
 echo "MEASURED registration cost (native):"
 sed 's/^/    /' "$logs/registration-cost.log"
+
+# 6. The kernel watchdog with NVIDIA's driver: a kernel that never ends
+# ends its process's worker after --kernel-timeout-s; the waiting call sees
+# CUDA_ERROR_LAUNCH_TIMEOUT; another process is served meanwhile and after.
+gcc -O2 -std=c11 -Wall -I "$bundle" -o "$work/spin_test" "$bundle/spin_test.c" \
+    -L "$work/rgpu-lib" -lcuda >"$logs/build-spin_test.log" 2>&1 || fail "build spin_test"
+wd_socket=$work/watchdog.sock
+env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" \
+    "$bundle/vhost-device-rgpu" --executor cuda --socket-path "$wd_socket" --kernel-timeout-s 2 \
+    --stats-socket "$work/watchdog-stats.sock" >"$logs/watchdog-daemon.log" 2>&1 &
+wd_pid=$!
+for _ in $(seq 200); do [ -S "$wd_socket" ] && break; sleep 0.05; done
+wd=(env RGPU_SOCKET="$wd_socket" LD_LIBRARY_PATH="$work/rgpu-lib")
+timeout 60 "${wd[@]}" "$work/spin_test" --ptx "$ptx" --spin-ms 500 >"$logs/watchdog-short.log" 2>&1
+timeout 60 "${wd[@]}" "$work/spin_test" --ptx "$ptx" --spin-ms 0 >"$logs/watchdog-endless.log" 2>&1 &
+endless=$!
+sleep 0.5
+timeout 120 "${wd[@]}" "$work/driver_api_test-rgpu" --ptx "$ptx" >"$logs/watchdog-neighbour.log" 2>&1
+neighbour=$?
+wait "$endless"
+echo "MEASURED watchdog (--kernel-timeout-s 2):"
+sed 's/^/    short: /' "$logs/watchdog-short.log"
+sed 's/^/    endless: /' "$logs/watchdog-endless.log"
+if grep -q "synchronize rc 0 CUDA_SUCCESS" "$logs/watchdog-short.log" &&
+    grep -q "synchronize rc 702 CUDA_ERROR_LAUNCH_TIMEOUT" "$logs/watchdog-endless.log" &&
+    [ "$neighbour" = 0 ] && grep -q "checks passed" "$logs/watchdog-neighbour.log"; then
+    pass "kernel watchdog: the endless kernel's process got CUDA_ERROR_LAUNCH_TIMEOUT, a neighbour passed"
+else
+    fail "kernel watchdog" "see $logs/watchdog-*.log"
+fi
+kill "$wd_pid" 2>/dev/null; wait "$wd_pid" 2>/dev/null
 
 grep -E "WARN|ERROR" "$logs/daemon.log" | grep -v "rate" | tail -n 20 >"$logs/daemon-warnings.log"
 echo "daemon warnings (last 20): $(wc -l <"$logs/daemon-warnings.log")"

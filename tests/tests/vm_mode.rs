@@ -341,7 +341,7 @@ fn guest_processes_are_isolated_from_each_other() {
             s.get("workers_active") == 1
         })
     });
-    f.host_check("killed-gone", |daemon| {
+    f.host_check("nothing-after-kill", |daemon| {
         wait_workers(daemon, "nothing of the killed process", |s| {
             s.get("workers_active") == 0
                 && s.get("sessions_active") == 0

@@ -123,7 +123,7 @@ killed_copying() {
     kill -9 "$(pidof driver_api_test)"
     wait $shell
     echo "killed-copying: rc=$?"
-    host_check killed-gone
+    host_check nothing-after-kill
 }
 rgpu_step killed-copying killed_copying
 

@@ -127,7 +127,7 @@ while IFS= read -r line; do
         *"RGPU-WAIT two-workers"*)
             wait_stats '[ "$(stat workers_active)" = 2 ] && [ "$(stat connections_active)" = 1 ]'; r=$?
             [ $r = 0 ] && pass "one worker per guest process (2)" || fail "two workers"; answer $r ;;
-        *"RGPU-WAIT none-left"*|*"RGPU-WAIT killed-gone"*)
+        *"RGPU-WAIT none-left"*|*"RGPU-WAIT nothing-after-kill"*)
             wait_stats '[ "$(stat workers_active)" = 0 ] && [ "$(stat sessions_active)" = 0 ] && [ "$(stat device_memory_bytes)" = 0 ]'; r=$?
             [ $r = 0 ] && pass "no worker, session or device memory left (${line#*RGPU-WAIT })" \
                 || fail "nothing left (${line#*RGPU-WAIT })"; answer $r ;;

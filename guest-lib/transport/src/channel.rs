@@ -227,7 +227,7 @@ impl Channel {
         let mut state = self.lock();
         let seq = Self::take_seq(&mut state);
         self.write_command(&mut state, command, seq)?;
-        self.wait_reply(&mut state, seq)
+        self.wait_reply_spinning(&mut state, seq, self.spin + expected_duration(command))
     }
 
     /// Copies `data` from anywhere in this process to device memory at `dst`
@@ -575,7 +575,17 @@ impl Channel {
     /// Waits for the reply numbered `seq`: polls, then sleeps on a fenced
     /// doorbell, which completes once the host executed everything.
     fn wait_reply(&self, state: &mut State, seq: u64) -> Result<Reply, CarrierError> {
-        let spin_until = Instant::now() + self.spin;
+        self.wait_reply_spinning(state, seq, self.spin)
+    }
+
+    /// [`Self::wait_reply`], polling for `spin` before sleeping.
+    fn wait_reply_spinning(
+        &self,
+        state: &mut State,
+        seq: u64,
+        spin: Duration,
+    ) -> Result<Reply, CarrierError> {
+        let spin_until = Instant::now() + spin;
         while self.reply_seq() != seq && Instant::now() < spin_until {
             std::hint::spin_loop();
         }
@@ -642,6 +652,26 @@ impl Channel {
         }
         Ok(Reply { result, payload })
     }
+}
+
+/// Copy-engine speed assumed for a copy the caller waits for (a little
+/// under what the host's GPU does from pinned memory).
+const EXPECTED_COPY_BYTES_PER_S: u64 = 40_000_000_000;
+/// The longest wait that is spent polling rather than sleeping.
+const MAX_EXPECTED_SPIN: Duration = Duration::from_millis(20);
+
+/// How long the host will take over a copy between device and blob memory
+/// that the caller waits for. The caller polls that long (as NVIDIA's
+/// driver spins while the copy runs) instead of sleeping on a fence, whose
+/// wake-up crosses the daemon's connection and worker processes.
+fn expected_duration(command: &Command) -> Duration {
+    let bytes = match command {
+        Command::MemcpyHtoD { src, .. } => src.length,
+        Command::MemcpyDtoH { dst, .. } => dst.length,
+        _ => return Duration::ZERO,
+    };
+    let nanos = u128::from(bytes) * 1_000_000_000 / u128::from(EXPECTED_COPY_BYTES_PER_S);
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)).min(MAX_EXPECTED_SPIN)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,20 @@ fn may_synchronize(command: &Command) -> bool {
             | Command::StreamSynchronize { .. }
             | Command::EventSynchronize { .. }
     )
+}
+
+/// How long a command waits for a blob it names to be attached.
+const ATTACH_WAIT: Duration = Duration::from_secs(2);
+
+/// The blobs a command reads or writes.
+fn blobs_named(command: &Command) -> impl Iterator<Item = u32> {
+    let range = match command {
+        Command::MemcpyHtoD { src, .. } => Some(src),
+        Command::MemcpyDtoH { dst, .. } => Some(dst),
+        Command::ModuleLoad { image, .. } | Command::ModuleLoadHashed { image, .. } => Some(image),
+        _ => None,
+    };
+    range.map(|r| r.resource_id).into_iter()
 }
 
 /// Commands executed between two looks at the message queue, so detach and
@@ -221,6 +235,37 @@ impl Worker {
                 Err(TryRecvError::Disconnected) => return false,
             }
         }
+    }
+
+    /// Waits (a bounded time) until every blob `command` names is attached.
+    /// The guest attached it on the control queue before writing the
+    /// command, but that attach reaches this thread through its worker
+    /// process (which maps and registers the blob first), and the ring can
+    /// be faster. False means shut down.
+    fn await_blobs_of(&mut self, command: &Command) -> bool {
+        let mut deadline = None;
+        while let Some(missing) = blobs_named(command).find(|id| !self.blobs.contains_key(id)) {
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + ATTACH_WAIT);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                crate::warn_limited!(
+                    "ctx {}: a command names blob {missing}, which was not attached within \
+                     {ATTACH_WAIT:?}",
+                    self.ctx_id
+                );
+                return true;
+            }
+            match self.receiver.recv_timeout(left) {
+                Ok(message) => {
+                    if !self.handle(message) {
+                        return false;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return false,
+            }
+        }
+        true
     }
 
     pub fn run(mut self) {
@@ -428,6 +473,9 @@ impl Worker {
                     self.advance(len);
                 }
                 RingEntry::Command(Ok(decoded)) => {
+                    if !self.await_blobs_of(&decoded.command) {
+                        return Drained::ShutDown;
+                    }
                     if decoded.command != Command::Padding {
                         // The process's watchdog (if any) sees a session
                         // that waits on the GPU; launches never wait.

@@ -621,3 +621,61 @@ fn context_creation_failure_comes_back_from_spawn() {
     assert_eq!(Counters::get(&counters.sessions_active), 0);
     assert_eq!(Counters::get(&counters.sessions_total), 0);
 }
+
+/// The guest attaches a blob on the control queue before writing a command
+/// that names it, but the attach reaches the session through its worker
+/// process (which maps the blob first) and can arrive after the ring
+/// command: the command waits for it instead of failing.
+#[test]
+fn a_command_waits_for_the_attach_of_the_blob_it_names() {
+    let mut guest = Guest::new();
+    let executor = Arc::new(FakeExecutor::new());
+    let counters = Arc::new(Counters::default());
+    let session = Session::spawn(7, "test".into(), 0, executor, counters).unwrap();
+    session.attach_blob(Arc::new(
+        Blob::new(CHANNEL_BLOB, CHANNEL_SIZE, &channel_entries(), &guest.memory).unwrap(),
+    ));
+    let (done, rx) = signal();
+    session.submit(vec![decoded(Command::BindChannel(layout()))], Some(done));
+    rx.recv_timeout(WAIT).unwrap();
+
+    let ptr = guest.alloc(&session, 4096);
+    let input: Vec<u8> = (0..4096u32).map(|i| (i * 13 % 251) as u8).collect();
+    guest.data.write(0, &input).unwrap();
+    // The copy from the data blob is in the ring before the data blob is
+    // attached; the attach comes 200 ms later.
+    let memory = guest.memory.clone();
+    let late = {
+        let session = &session;
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                session.attach_blob(Arc::new(
+                    Blob::new(DATA_BLOB, DATA_SIZE, &data_entries(), &memory).unwrap(),
+                ));
+            });
+            guest.call(
+                session,
+                Command::MemcpyHtoD {
+                    stream: 0,
+                    dst: ptr,
+                    src: Guest::data_range(0, 4096),
+                },
+            )
+        })
+    };
+    assert_eq!(late.0, CUDA_SUCCESS, "{late:?}");
+    let (result, _) = guest.call(
+        &session,
+        Command::MemcpyDtoH {
+            stream: 0,
+            dst: Guest::data_range(8192, 4096),
+            src: ptr,
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    let mut back = vec![0u8; 4096];
+    guest.data.read(8192, &mut back).unwrap();
+    assert_eq!(back, input);
+    session.shutdown();
+}

@@ -19,7 +19,7 @@ use rgpu_proto::command::{padded, ChannelLayout, CommandHeader, COMMAND_HEADER_S
 use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
 use rgpu_proto::{BlobRange, Command, Opcode, PROTOCOL_VERSION};
 
-use super::{Channel, ChannelConfig};
+use super::{expected_duration, Channel, ChannelConfig, MAX_EXPECTED_SPIN};
 use crate::carrier::{BlobMapping, Carrier, CarrierError, FenceToken};
 use crate::guest_memory::GuestMemory;
 
@@ -765,4 +765,30 @@ fn long_tail_padding_is_one_decodable_piece() {
     // The tail: 65544 + 16 bytes, as one padding (Padding bodies may be as
     // long as a ring); then the staged data.
     assert_eq!(state.padding_bytes, vec![65544, 65536]);
+}
+
+#[test]
+fn waits_for_copies_are_polled_for_their_expected_length() {
+    let range = |length| BlobRange {
+        resource_id: 1,
+        offset: 0,
+        length,
+    };
+    let htod = Command::MemcpyHtoD {
+        stream: 0,
+        dst: 0x1000,
+        src: range(256 << 20),
+    };
+    let expected = expected_duration(&htod);
+    assert!(
+        expected > Duration::from_millis(6) && expected < Duration::from_millis(7),
+        "{expected:?}"
+    );
+    let dtoh = Command::MemcpyDtoH {
+        stream: 0,
+        dst: range(u64::MAX),
+        src: 0x1000,
+    };
+    assert_eq!(expected_duration(&dtoh), MAX_EXPECTED_SPIN);
+    assert_eq!(expected_duration(&Command::CtxSynchronize), Duration::ZERO);
 }
