@@ -54,16 +54,21 @@ impl Daemon {
         let log = dir.join("daemon.log");
         let log_file = File::create(&log).expect("create the daemon log");
         let log_err = log_file.try_clone().expect("clone the daemon log handle");
+        // On the GPU host a test runs against NVIDIA's driver:
+        // RGPU_TEST_EXECUTOR=cuda, with the driver's folder in
+        // RGPU_TEST_DRIVER_DIR (never guest-lib's).
+        let executor = std::env::var("RGPU_TEST_EXECUTOR").unwrap_or_else(|_| executor.into());
         let mut command = Command::new(&binary);
         command
             .arg("--executor")
-            .arg(executor)
+            .arg(&executor)
             .arg("--socket-path")
             .arg(&socket)
             .arg("--stats-socket")
             .arg(&stats_socket)
             .args(args)
             .env_remove("LD_LIBRARY_PATH")
+            .envs(std::env::var_os("RGPU_TEST_DRIVER_DIR").map(|dir| ("LD_LIBRARY_PATH", dir)))
             .env(
                 "RGPU_LOG",
                 std::env::var("RGPU_LOG").unwrap_or_else(|_| "info".into()),

@@ -1,8 +1,8 @@
 //! The parent process never takes its tenants down with it: a standby
 //! connection process that dies is replaced while the others serve on; the
-//! connection processes are bounded (`--max-connections`); a connection
-//! whose frontend never starts vhost-user negotiation is closed after
-//! `--handshake-timeout-s`, freeing its slot.
+//! connection processes are bounded (`--max-connections`); connections
+//! whose frontend says nothing cost no process and do not hold up the
+//! others, and are closed after `--handshake-timeout-s`.
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;
@@ -172,16 +172,31 @@ fn killed_standby_is_replaced_while_a_client_runs() {
     );
 }
 
-/// 300 connections that never say a word: at most `--max-connections`
-/// processes at any time; each silent connection is closed after
-/// `--handshake-timeout-s`, so the backlog drains at `--max-connections`
-/// per timeout, a client queued behind them is served when its turn comes,
-/// and one that comes afterwards is served at once.
+/// Parses the daemon's rate-limited "closed N connection(s) whose frontend
+/// did not start vhost-user negotiation" lines and sums the Ns.
+fn silent_connections_closed(log: &str) -> usize {
+    log.lines()
+        .filter(|line| line.contains(HANDSHAKE_TIMEOUT_LOG))
+        .filter_map(|line| {
+            let count = line.split("closed ").nth(1)?.split(' ').next()?;
+            count.parse::<usize>().ok()
+        })
+        .sum()
+}
+
+/// 300 connections that never say a word, at the default limits
+/// (`--max-connections 64`, `--handshake-timeout-s 10`, given explicitly):
+/// the parent holds them without a process each, so a client that comes
+/// after them is served at once (within 10 s, not after the silent ones'
+/// timeout), the connection processes never exceed the cap plus the
+/// standby, and each silent connection is closed after the timeout.
 #[test]
 fn silent_connections_are_bounded_and_closed() {
-    const CAP: usize = 8;
+    const CAP: usize = 64;
     const SILENT: usize = 300;
-    const HANDSHAKE_TIMEOUT_S: u64 = 1;
+    const HANDSHAKE_TIMEOUT_S: u64 = 10;
+    const CLIENT_WITHIN: Duration = Duration::from_secs(10);
+    let handshake_timeout = Duration::from_secs(HANDSHAKE_TIMEOUT_S);
     let cap = CAP.to_string();
     let timeout = HANDSHAKE_TIMEOUT_S.to_string();
     let mut f = Fixture::new(&[
@@ -190,6 +205,8 @@ fn silent_connections_are_bounded_and_closed() {
         "--handshake-timeout-s",
         timeout.as_str(),
     ]);
+    // The standby is up: the client's time is not the daemon's start-up.
+    wait_for_standby(&mut f.daemon, 0);
 
     // Count the daemon's children all along.
     let most_children = Arc::new(AtomicUsize::new(0));
@@ -207,23 +224,40 @@ fn silent_connections_are_bounded_and_closed() {
     };
 
     let started = Instant::now();
-    let silent: Vec<UnixStream> = (0..SILENT)
+    let mut silent: Vec<UnixStream> = (0..SILENT)
         .map(|_| UnixStream::connect(f.daemon.socket()).expect("connect a silent client"))
         .collect();
-    // Queued behind all of them: served once they have been closed, some
-    // SILENT / CAP handshake timeouts (plus process starts) from now.
-    let rounds = SILENT.div_ceil(CAP) as u32;
-    let drained_within = Duration::from_secs(HANDSHAKE_TIMEOUT_S + 2) * rounds;
-    f.spawn(&["--big-mb", "4"])
-        .finish(drained_within + RUN_TIMEOUT)
-        .assert_checks_passed("the client queued behind the silent ones");
-    let queued_for = started.elapsed();
+    let connected_in = started.elapsed();
 
-    // The daemon closed every silent connection (end of file, not our
-    // timeout). The last ones accepted may still be within their timeout.
-    for (i, mut stream) in silent.into_iter().enumerate() {
+    // A client after all of them is served at once.
+    let client_started = Instant::now();
+    f.spawn(&["--big-mb", "4"])
+        .finish(RUN_TIMEOUT)
+        .assert_checks_passed("the client after the silent ones");
+    let client_took = client_started.elapsed();
+    let children_after_client = children_of(f.daemon.pid()).len();
+
+    // Still within their timeout, the silent connections are open.
+    if started.elapsed() < handshake_timeout {
+        for stream in &silent {
+            stream.set_nonblocking(true).expect("set non-blocking");
+            let mut byte = [0u8; 1];
+            match (&*stream).read(&mut byte) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                other => panic!(
+                    "a silent connection ended before its timeout: {other:?}\n{}",
+                    f.daemon.log()
+                ),
+            }
+            stream.set_nonblocking(false).expect("set blocking");
+        }
+    }
+
+    // Then the daemon closes every one (end of file, not our timeout).
+    let mut first_closed_after = None;
+    for (i, stream) in silent.iter_mut().enumerate() {
         stream
-            .set_read_timeout(Some(Duration::from_secs(HANDSHAKE_TIMEOUT_S + 20)))
+            .set_read_timeout(Some(handshake_timeout + Duration::from_secs(20)))
             .expect("set a read timeout");
         let mut byte = [0u8; 1];
         match stream.read(&mut byte) {
@@ -233,47 +267,138 @@ fn silent_connections_are_bounded_and_closed() {
                 f.daemon.log()
             ),
         }
+        first_closed_after.get_or_insert_with(|| started.elapsed());
+    }
+    let closed_all_after = started.elapsed();
+    drop(silent);
+
+    // Back to the standby alone.
+    let deadline = Instant::now() + REPLACE_TIMEOUT;
+    loop {
+        let children = children_of(f.daemon.pid());
+        if children.len() == 1 && !children[0].zombie {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the daemon still has {} children: {children:?}\n{}",
+            children.len(),
+            f.daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 
-    // A client that comes now is served at once.
+    // And a client that comes now is served at once too.
     let now = Instant::now();
     f.spawn(&["--big-mb", "4"])
         .finish(RUN_TIMEOUT)
-        .assert_checks_passed("the client after the silent ones");
+        .assert_checks_passed("the client after the silent ones were closed");
     let served_in = now.elapsed();
 
     sampling.store(false, Ordering::Relaxed);
     sampler.join().expect("the sampler thread");
     let most = most_children.load(Ordering::Relaxed);
     eprintln!(
-        "{SILENT} silent connections, cap {CAP}, handshake timeout {HANDSHAKE_TIMEOUT_S} s: \
-         at most {most} connection processes; the client queued behind them finished after \
-         {queued_for:.1?}; the next one took {served_in:.1?}"
+        "{SILENT} silent connections (connected in {connected_in:.1?}), cap {CAP}, handshake \
+         timeout {HANDSHAKE_TIMEOUT_S} s: the client after them took {client_took:.2?} \
+         ({children_after_client} connection processes then); the silent ones were closed \
+         {:.1?} to {closed_all_after:.1?} after connecting; at most {most} connection \
+         processes; the next client took {served_in:.2?}",
+        first_closed_after.unwrap_or_default()
     );
     assert!(
-        most <= CAP,
-        "{most} connection processes at once (cap {CAP})"
+        client_took < CLIENT_WITHIN,
+        "the client after {SILENT} silent connections took {client_took:?}"
     );
     assert!(
-        queued_for < drained_within,
-        "{SILENT} silent connections took {queued_for:?} to drain (expected about \
-         {rounds} handshake timeouts)"
+        most <= CAP + 1,
+        "{most} connection processes at once (cap {CAP}, plus the standby)"
     );
     assert!(
-        served_in < Duration::from_secs(10),
-        "the client after the silent ones took {served_in:?}"
+        first_closed_after.is_some_and(|t| t >= handshake_timeout),
+        "silent connections were closed after {first_closed_after:?}, before the \
+         {handshake_timeout:?} timeout"
     );
+    assert!(
+        served_in < CLIENT_WITHIN,
+        "the client after the silent ones were closed took {served_in:?}"
+    );
+    // The closings are logged with a count, at most once a second.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while silent_connections_closed(&f.daemon.log()) < SILENT && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let log = f.daemon.log();
     assert_eq!(
-        log.matches(HANDSHAKE_TIMEOUT_LOG).count(),
+        silent_connections_closed(&log),
         SILENT,
-        "one handshake timeout per silent connection:\n{log}"
+        "every silent connection counted as closed at its timeout:\n{log}"
+    );
+    assert!(
+        log.lines()
+            .filter(|l| l.contains(HANDSHAKE_TIMEOUT_LOG))
+            .count()
+            <= connected_in.as_secs() as usize + 3,
+        "the closings are logged with a count, not one line each:\n{log}"
     );
     assert!(f.daemon.is_alive(), "{log}");
+    // Silent connections never reached a connection process.
     f.daemon
         .wait_for_stats(Duration::from_secs(15), "connections_active == 0", |s| {
-            s.get("connections_active") == 0 && s.get("connections_total") >= SILENT as u64 + 2
+            s.get("connections_active") == 0 && s.get("connections_total") == 2
         });
+}
+
+/// At `--max-connections 1` the one connection process serves the first
+/// client; a second one, which spoke, waits in the daemon (no second
+/// process) and is served when the first ends.
+#[test]
+fn a_client_beyond_the_cap_waits_for_a_slot() {
+    let mut f = Fixture::new(&["--max-connections", "1"]);
+    let stop_file = f.daemon.dir().join("stop");
+    let stop_arg = stop_file.to_string_lossy().into_owned();
+    let mut first = f.spawn(&[
+        "--iterations",
+        "100000",
+        "--hold-ms",
+        "20",
+        "--big-mb",
+        "4",
+        "--stop-file",
+        stop_arg.as_str(),
+    ]);
+    first.wait_for_line("running", RUN_TIMEOUT);
+    let second = f.spawn(&["--big-mb", "4"]);
+
+    // The second waits (it is not served, nor turned away) while the first
+    // holds the only slot.
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        let children = children_of(f.daemon.pid());
+        assert!(
+            children.iter().filter(|c| !c.zombie).count() <= 1,
+            "{children:?}"
+        );
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", second.id()))
+            .expect("the second client is still running");
+        assert!(
+            !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+            "the second client ended while the first held the only slot:\n{}",
+            f.daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    std::fs::write(&stop_file, b"stop").expect("create the stop file");
+    first
+        .finish(RUN_TIMEOUT)
+        .assert_checks_passed("the client holding the only slot");
+    second
+        .finish(RUN_TIMEOUT)
+        .assert_checks_passed("the client that waited for the slot");
+    assert!(f.daemon.is_alive(), "{}", f.daemon.log());
 }
 
 /// The handshake timeout waits only for the start of negotiation: a

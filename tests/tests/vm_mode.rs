@@ -312,6 +312,15 @@ fn guest_processes_are_isolated_from_each_other() {
         f.vm.console()
     );
 
+    let lines = f.step("forged-scan", 0);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("forged_pointer_test: ") && l.ends_with(" checks passed")),
+        "the forged-pointer scan failed in the guest; console:\n{}",
+        f.vm.console()
+    );
+
     // cuda2's kernel reads neither cuda's pinned memory where cuda's worker
     // mapped it, nor at cuda's own pointer; its own memory it reads.
     f.host_answer("owner-blob-address", |daemon| {

@@ -109,7 +109,7 @@ echo /opt/rgpu/lib >"$STAGE/etc/ld.so.conf"
 # The C test program, linked against guest-lib like tests/src builds it.
 mkdir -p "$BUILD/lib"
 ln -s "$LIBCUDA" "$BUILD/lib/libcuda.so"
-for program in driver_api_test fault_test foreign_pointer_test kernel_probe_test; do
+for program in driver_api_test fault_test foreign_pointer_test forged_pointer_test kernel_probe_test; do
     cc -O2 -std=c11 -Wall -Wextra -Werror -I "$PROGRAMS" -o "$STAGE/opt/rgpu/bin/$program" \
         "$PROGRAMS/$program.c" -L "$BUILD/lib" -lcuda
 done

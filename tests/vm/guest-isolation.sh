@@ -82,6 +82,22 @@ foreign_pointer() {
 }
 rgpu_step foreign-pointer foreign_pointer
 
+# (b1) A scan of addresses never handed out (copies and memsets), as the
+# unprivileged user cuda2, while cuda holds pinned memory of its own.
+forged_scan() {
+    rm -f /tmp/stop-pinned-scan
+    rgpu_as cuda $BIN/kernel_probe_test --ptx $PTX pinned --stop-file /tmp/stop-pinned-scan \
+        >/tmp/pinned-scan.log 2>&1 &
+    local owner=$!
+    wait_line /tmp/pinned-scan.log '^pinned ' || return 1
+    rgpu_as cuda2 $BIN/forged_pointer_test --pinned-mb 16
+    local rc=$?
+    touch /tmp/stop-pinned-scan
+    wait $owner
+    return $rc
+}
+rgpu_step forged-scan forged_scan
+
 # Asks the host for a value: the markers go to the console (stderr), the
 # answer to stdout.
 host_value() {

@@ -1,29 +1,31 @@
 //! Serving one vhost-user connection, in the process that the parent
 //! started for it ([`crate::supervisor`]): the connection gets a fresh
-//! backend (device model) and a `VhostUserDaemon`. When the frontend goes
-//! away, the connection is torn down: every session of it ends, its epoll
-//! worker exits; then the process exits, which frees whatever the GPU
-//! driver still held for it.
+//! backend (device model) and a `VhostUserDaemon`, which serves it through
+//! a relay ([`crate::handoff`]). When the frontend goes away, the
+//! connection is torn down: every session of it ends, its epoll worker
+//! exits; then the process exits, which frees whatever the GPU driver still
+//! held for it.
 //!
-//! A frontend that connects and says nothing would hold its process (and
+//! The parent hands over only connections whose frontend sent something.
+//! One that sends a few bytes and stops would still hold its process (and
 //! a slot of the parent's `--max-connections`) forever, so a connection
 //! whose frontend does not start vhost-user negotiation within the
-//! handshake timeout is closed. "Started" means it asked for the device
-//! features: every frontend (QEMU, cloud-hypervisor, crosvm, guest-lib's
-//! local carrier) does so within its first two requests, as soon as it
-//! connects. The memory table would be the wrong sign: a VMM sends it only
-//! when the guest's driver starts the device, which can be minutes after
-//! connecting.
+//! handshake timeout is closed here too. "Started" means it asked for the
+//! device features: every frontend (QEMU, cloud-hypervisor, crosvm,
+//! guest-lib's local carrier) does so within its first two requests, as
+//! soon as it connects. The memory table would be the wrong sign: a VMM
+//! sends it only when the guest's driver starts the device, which can be
+//! minutes after connecting.
 
 use std::fs::File;
 use std::io;
-use std::os::unix::net::UnixListener;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::thread;
 use std::time::Duration;
 
-use log::{error, info, warn};
+use log::{info, warn};
 use rgpu_session::{AtomicGuestMemory, Counters, GuestMemory};
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
@@ -34,6 +36,7 @@ use vhost_user_backend::{VhostUserBackend, VhostUserBackendMut, VhostUserDaemon}
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
 
+use crate::handoff::{self, HandoffError};
 use crate::virtio_gpu::{DaemonShared, GpuBackend};
 
 type Daemon = VhostUserDaemon<WatchedBackend>;
@@ -45,48 +48,51 @@ pub enum ServeError {
     Backend(std::io::Error),
     #[error("cannot create a vhost-user daemon: {0}")]
     Daemon(vhost_user_backend::Error),
+    #[error(transparent)]
+    Handoff(HandoffError),
+    #[error("cannot start serving the connection: {0}")]
+    Start(vhost_user_backend::Error),
 }
 
-/// Pause after a failed accept so a persistent failure does not spin.
-const ACCEPT_RETRY: Duration = Duration::from_millis(100);
-
-/// Accepts one connection on `listener`, calls `accepted`, closes the
-/// listener (the next connection is the next process's), and serves the
-/// connection until its frontend goes away, or until `handshake_timeout`
-/// if the frontend has not started negotiating by then.
+/// Waits for the connection the parent hands over on `control` (returns
+/// at once if the parent closes it instead), calls `accepted`, and serves
+/// the connection until its frontend goes away, or until
+/// `handshake_timeout` if the frontend has not started negotiating by then.
 pub fn serve_one(
-    listener: UnixListener,
+    control: UnixStream,
     shared: DaemonShared,
     id: u64,
     handshake_timeout: Duration,
     accepted: impl FnOnce(),
 ) -> Result<(), ServeError> {
-    let mut listener = Listener::from(listener);
-    let (daemon, device, negotiating) = loop {
-        let memory = AtomicGuestMemory::new(GuestMemory::new());
-        let device = Arc::new(RwLock::new(
-            GpuBackend::new(shared.clone(), memory.clone()).map_err(ServeError::Backend)?,
-        ));
-        let negotiating = Arc::new(AtomicBool::new(false));
-        let backend = WatchedBackend {
-            device: Arc::clone(&device),
-            negotiating: Arc::clone(&negotiating),
-        };
-        let mut daemon =
-            Daemon::new("vhost-device-rgpu".into(), backend, memory).map_err(ServeError::Daemon)?;
-        match daemon.start(&mut listener) {
-            Ok(()) => break (daemon, device, negotiating),
-            Err(e) => {
-                error!("accepting a connection failed: {e}");
-                thread::sleep(ACCEPT_RETRY);
-            }
-        }
+    // All set up before the connection comes, so it is served at once.
+    let memory = AtomicGuestMemory::new(GuestMemory::new());
+    let device = Arc::new(RwLock::new(
+        GpuBackend::new(shared.clone(), memory.clone()).map_err(ServeError::Backend)?,
+    ));
+    let negotiating = Arc::new(AtomicBool::new(false));
+    let backend = WatchedBackend {
+        device: Arc::clone(&device),
+        negotiating: Arc::clone(&negotiating),
     };
-    drop(listener);
+    let mut daemon =
+        Daemon::new("vhost-device-rgpu".into(), backend, memory).map_err(ServeError::Daemon)?;
+    let (listener, ours) = handoff::private_connection().map_err(ServeError::Handoff)?;
+
+    let Some(frontend) = handoff::receive_connection(&control).map_err(ServeError::Handoff)? else {
+        info!("connection {id}: the parent closed the hand-off socket; exiting");
+        return Ok(());
+    };
+    drop(control);
+    accepted();
+    handoff::relay(id, frontend, ours).map_err(ServeError::Handoff)?;
+    // Accepts our own connection, already waiting in its backlog.
+    daemon
+        .start(&mut Listener::from(listener))
+        .map_err(ServeError::Start)?;
     Counters::add(&shared.counters.connections_active, 1);
     Counters::add(&shared.counters.connections_total, 1);
     info!("connection {id} accepted");
-    accepted();
     close_if_silent(id, &daemon, negotiating, handshake_timeout);
     teardown_when_closed(id, daemon, device, shared.counters);
     Ok(())

@@ -5,11 +5,15 @@
 //! of its own, which [`supervisor`] (the parent process) starts, reaps and
 //! sums the counters of ([`shared_counters`]); in that process, one
 //! [`virtio_gpu::GpuBackend`] (and device model) serves the connection and
-//! [`daemon`] accepts it and tears it down when its frontend goes away;
-//! [`socket`] creates or inherits the listening socket; [`signals`] cleans
-//! up on SIGINT/SIGTERM; [`stats`] answers the optional stats socket.
+//! [`daemon`] serves it and tears it down when its frontend goes away;
+//! [`gate`] (in the parent) accepts connections and holds each until its
+//! frontend speaks, [`handoff`] passes it to its process and relays it
+//! there; [`socket`] creates or inherits the listening socket; [`signals`]
+//! cleans up on SIGINT/SIGTERM; [`stats`] answers the optional stats socket.
 
 pub mod daemon;
+pub mod gate;
+pub mod handoff;
 pub mod limits;
 pub mod shared_counters;
 pub mod signals;

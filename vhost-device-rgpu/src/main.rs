@@ -5,7 +5,7 @@
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -19,8 +19,9 @@ use vhost_device_rgpu::supervisor::{Message, Notifier, Supervisor};
 use vhost_device_rgpu::virtio_gpu::DaemonShared;
 use vhost_device_rgpu::worker_process::containment::WorkerLimits;
 use vhost_device_rgpu::worker_process::link::Link;
+use vhost_device_rgpu::worker_process::seccomp::{self, SeccompMode};
 use vhost_device_rgpu::worker_process::{Accounting, WorkerLauncher};
-use vhost_device_rgpu::{daemon, shared_counters, signals, socket, stats, worker_process};
+use vhost_device_rgpu::{daemon, handoff, shared_counters, signals, socket, stats, worker_process};
 
 /// What QEMU's vhost-user.rst "Backend program conventions" ask
 /// `--print-capabilities` to print.
@@ -78,7 +79,7 @@ struct Args {
     stats_socket: Option<PathBuf>,
     /// Serve at most N connections at once (each in a process of its own,
     /// the one waiting for the next connection included); further ones wait
-    /// in the socket's backlog until one ends.
+    /// until one ends.
     #[arg(
         long,
         value_name = "N",
@@ -101,12 +102,17 @@ struct Args {
     /// end); the guest sees CUDA_ERROR_LAUNCH_TIMEOUT. 0: no watchdog.
     #[arg(long, value_name = "SECONDS", default_value_t = 0)]
     kernel_timeout_s: u64,
+    /// What a worker process (one per guest process) does about a system
+    /// call outside its seccomp allow-list: end (enforce), let the kernel
+    /// log it (log), or no filter (off).
+    #[arg(long, value_enum, default_value_t = SeccompMode::Enforce)]
+    worker_seccomp: SeccompMode,
     /// Print the backend's capabilities as JSON and exit (other options are
     /// ignored).
     #[arg(long)]
     print_capabilities: bool,
-    /// Internal: serve one connection, number N, accepted on --fd, for the
-    /// parent process that started us.
+    /// Internal: serve one connection, number N, that the parent process
+    /// that started us hands over on --fd.
     #[arg(long, value_name = "N", hide = true, requires_all = ["fd", "notify_fd", "counters_fd"])]
     serve_one_connection: Option<u64>,
     /// Internal: the pipe to tell the parent how start-up went.
@@ -165,9 +171,13 @@ fn run(args: Args) -> Result<(), String> {
         args.handshake_timeout_s.to_string().into(),
         "--kernel-timeout-s".into(),
         args.kernel_timeout_s.to_string().into(),
+        "--worker-seccomp".into(),
+        args.worker_seccomp.name().into(),
     ];
     let max_connections = usize::try_from(args.max_connections).unwrap_or(usize::MAX);
-    let supervisor = match Supervisor::new(listener.as_raw_fd(), child_args, max_connections) {
+    let handshake_timeout = Duration::from_secs(args.handshake_timeout_s);
+    let supervisor = match Supervisor::new(listener, child_args, max_connections, handshake_timeout)
+    {
         Ok(supervisor) => Arc::new(supervisor),
         Err(e) => {
             remove_all(&created);
@@ -195,7 +205,6 @@ fn run(args: Args) -> Result<(), String> {
     });
     supervisor.terminate(CHILDREN_GRACE);
     remove_all(&created);
-    drop(listener);
     Err(error.to_string())
 }
 
@@ -235,9 +244,10 @@ enum ChildError {
     Other(String),
 }
 
-/// A child: starts the executor, accepts one connection on the inherited
-/// socket, serves it, and exits when it ends. Exiting frees everything the
-/// GPU driver held for this tenant, whatever state it was left in.
+/// A child: starts the executor, takes one connection from the parent on
+/// the inherited hand-off socket, serves it, and exits when it ends.
+/// Exiting frees everything the GPU driver held for this tenant, whatever
+/// state it was left in.
 fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
     let other = ChildError::Other;
     signals::block_termination().map_err(|e| other(format!("cannot block signals: {e}")))?;
@@ -280,10 +290,10 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
             driver: executor.driver_version(),
         })
         .map_err(|e| other(format!("cannot tell the parent: {e}")))?;
-    let listener = socket::inherit(fd).map_err(|e| other(e.to_string()))?;
+    let control = handoff::inherit_control(fd).map_err(|e| other(e.to_string()))?;
     let shared = DaemonShared::new(executor, Arc::clone(accounting.own()), Arc::new(launcher));
     let handshake_timeout = Duration::from_secs(args.handshake_timeout_s);
-    daemon::serve_one(listener, shared, conn, handshake_timeout, move || {
+    daemon::serve_one(control, shared, conn, handshake_timeout, move || {
         if let Err(e) = notifier.send(&Message::Accepted) {
             warn!("cannot tell the parent about the connection: {e}");
         }
@@ -300,6 +310,8 @@ fn executor_args(args: &Args) -> Vec<OsString> {
         args.executor.name().into(),
         "--kernel-timeout-s".into(),
         args.kernel_timeout_s.to_string().into(),
+        "--worker-seccomp".into(),
+        args.worker_seccomp.name().into(),
     ]
 }
 
@@ -319,6 +331,8 @@ fn serve_worker(args: Args) -> Result<(), String> {
         None => Counters::default(),
     };
     let executor = make_executor(args.executor, args.gpu, false)?;
+    // From here on NVIDIA's driver is loaded and its devices are open.
+    seccomp::install(args.worker_seccomp).map_err(|e| e.to_string())?;
     let kernel_timeout = (args.kernel_timeout_s > 0).then(|| Duration::from_secs(args.kernel_timeout_s));
     worker_process::serve::serve(link, executor, Arc::new(counters), kernel_timeout)
         .map_err(|e| e.to_string())

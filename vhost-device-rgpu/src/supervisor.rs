@@ -8,13 +8,15 @@
 //! process. The parent never touches the GPU; it owns the listening socket,
 //! the stats socket and the children.
 //!
-//! The parent keeps one *standby* child waiting in accept(). Started with
-//! `--serve-one-connection N`, a child initialises its executor, tells the
-//! parent [`Message::Ready`], accepts one connection on the inherited
-//! listening socket, tells the parent [`Message::Accepted`] (the parent then
-//! starts the next standby, so a newcomer never waits for GPU start-up),
-//! serves the connection and exits when it ends. Messages are lines on a
-//! pipe.
+//! The parent accepts every connection itself and holds it until its
+//! frontend speaks ([`crate::gate`]), so that silent connections cost a
+//! descriptor, not a process. It keeps one *standby* child ready. Started
+//! with `--serve-one-connection N`, a child initialises its executor, tells
+//! the parent [`Message::Ready`], receives one connection on the inherited
+//! hand-off socket (`--fd`, see [`crate::handoff`]), tells the parent
+//! [`Message::Accepted`] (the parent then starts the next standby, so a
+//! newcomer never waits for GPU start-up), serves the connection and exits
+//! when it ends. Messages are lines on a pipe.
 //!
 //! Nothing that happens to a standby takes the live connections down: one
 //! that cannot be started, fails or dies before accepting is replaced after
@@ -22,7 +24,7 @@
 //! before any child was ever ready (no driver, say) ends the daemon: then
 //! nothing could ever be served. At most `max_connections` children live at
 //! once, the standby included; at the limit the parent keeps no standby, so
-//! newcomers wait in the socket's backlog until a connection ends.
+//! connections that spoke wait in the gate until a connection ends.
 //!
 //! Each child counts into a page shared with the parent
 //! ([`crate::shared_counters`]); the stats socket sums them
@@ -35,6 +37,7 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -45,6 +48,7 @@ use std::time::{Duration, Instant};
 use log::{debug, error, info, warn};
 use rgpu_session::{CounterKind, Counters};
 
+use crate::gate::{Gate, GateError};
 use crate::shared_counters::SharedCounters;
 
 /// The first pause before replacing a standby that failed; it doubles with
@@ -133,6 +137,8 @@ pub enum SupervisorError {
     Executable(io::Error),
     #[error("cannot start a connection process: {0}")]
     Spawn(io::Error),
+    #[error(transparent)]
+    Gate(GateError),
     /// The child's own explanation, as the daemon gave it before.
     #[error("{0}")]
     ChildFailed(String),
@@ -172,11 +178,13 @@ impl Backoff {
     }
 }
 
-/// A child that has not accepted a connection yet, and its pipe.
+/// A child that has not taken a connection yet, its pipe, and our end of
+/// its hand-off socket until the gate has it.
 struct Standby {
     conn: u64,
     child: Child,
     messages: BufReader<File>,
+    control: Option<UnixStream>,
 }
 
 impl Standby {
@@ -220,7 +228,8 @@ struct State {
 /// The parent: starts children, reaps them and sums their counters.
 pub struct Supervisor {
     executable: PathBuf,
-    listener: RawFd,
+    /// Accepts the connections and hands them to the standby.
+    gate: Gate,
     child_args: Vec<OsString>,
     /// The most children alive at once, the standby included.
     max_connections: usize,
@@ -232,14 +241,17 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// Children serve `listener` (which must stay open while this lives)
-    /// and get `child_args` (`--gpu`, `--executor`...) after their own; at
-    /// most `max_connections` (at least 1) live at once.
+    /// Starts accepting connections on `listener` (closing those whose
+    /// frontend says nothing for `handshake_timeout`) for children that
+    /// get `child_args` (`--gpu`, `--executor`...) after their own; at most
+    /// `max_connections` (at least 1) live at once.
     pub fn new(
-        listener: RawFd,
+        listener: UnixListener,
         child_args: Vec<OsString>,
         max_connections: usize,
+        handshake_timeout: Duration,
     ) -> Result<Self, SupervisorError> {
+        let executable = std::env::current_exe().map_err(SupervisorError::Executable)?;
         let module_directory = if std::env::var_os(MODULE_CACHE_DIR_ENV).is_some() {
             None
         } else {
@@ -252,8 +264,8 @@ impl Supervisor {
             }
         };
         Ok(Self {
-            executable: std::env::current_exe().map_err(SupervisorError::Executable)?,
-            listener,
+            executable,
+            gate: Gate::start(listener, handshake_timeout).map_err(SupervisorError::Gate)?,
             child_args,
             max_connections: max_connections.max(1),
             module_directory,
@@ -307,8 +319,8 @@ impl Supervisor {
         }
     }
 
-    /// Follows the standby until it accepted a connection (then hands it to
-    /// a reaper thread), or fails.
+    /// Follows the standby until it took a connection (then hands it to a
+    /// reaper thread), or fails. Offers it to the gate once it is ready.
     fn until_accepted(
         self: &Arc<Self>,
         mut standby: Standby,
@@ -322,19 +334,27 @@ impl Supervisor {
                     if let Some(serving) = serving.take() {
                         serving(gpus, driver);
                     }
+                    if let Some(control) = standby.control.take() {
+                        self.gate.offer(standby.conn, control);
+                    }
                 }
                 Some(Message::Accepted) => {
+                    self.gate.taken(standby.conn);
                     self.watch(standby);
                     return Ok(());
                 }
                 Some(Message::Failed(why)) => {
+                    self.gate.withdraw(standby.conn);
                     // The caller reports the failure, which says it all.
-                    let _ = self.reap(standby.conn, standby.child);
+                    let _ = self.reap(standby.conn, standby.child, |_| {});
                     return Err(SupervisorError::ChildFailed(why));
                 }
                 None => {
                     let (conn, pid) = (standby.conn, standby.child.id());
-                    let status = self.reap(conn, standby.child);
+                    // Before it is reaped: a connection sent to it goes to
+                    // the next standby.
+                    self.gate.withdraw(conn);
+                    let status = self.reap(conn, standby.child, |_| {});
                     if self.lock().terminating {
                         park_until_exit();
                     }
@@ -408,8 +428,10 @@ impl Supervisor {
         let (counters, counters_fd) =
             SharedCounters::create(c"rgpu-counters").map_err(SupervisorError::Spawn)?;
         let (read_end, write_end) = pipe().map_err(SupervisorError::Spawn)?;
+        // Close-on-exec, both.
+        let (control, child_control) = UnixStream::pair().map_err(SupervisorError::Spawn)?;
         let inherited = [
-            self.listener,
+            child_control.as_raw_fd(),
             write_end.as_raw_fd(),
             counters_fd.as_raw_fd(),
         ];
@@ -418,7 +440,7 @@ impl Supervisor {
             .arg("--serve-one-connection")
             .arg(conn.to_string())
             .arg("--fd")
-            .arg(self.listener.to_string())
+            .arg(child_control.as_raw_fd().to_string())
             .arg("--notify-fd")
             .arg(write_end.as_raw_fd().to_string())
             .arg("--counters-fd")
@@ -471,6 +493,7 @@ impl Supervisor {
             conn,
             child,
             messages: BufReader::new(File::from(read_end)),
+            control: Some(control),
         }))
     }
 
@@ -482,12 +505,16 @@ impl Supervisor {
         let supervisor = Arc::clone(self);
         let spawned = thread::Builder::new()
             .name(format!("rgpu-reap-{conn}"))
-            .spawn(move || match supervisor.reap(conn, child) {
-                Ok(status) if status.success() => {
-                    debug!("connection {conn}: process {pid} exited")
-                }
-                Ok(status) => warn!("connection {conn}: process {pid} ended abnormally: {status}"),
-                Err(e) => error!("connection {conn}: cannot reap process {pid}: {e}"),
+            .spawn(move || {
+                supervisor.reap(conn, child, |status| match status {
+                    Ok(status) if status.success() => {
+                        debug!("connection {conn}: process {pid} exited")
+                    }
+                    Ok(status) => {
+                        warn!("connection {conn}: process {pid} ended abnormally: {status}")
+                    }
+                    Err(e) => error!("connection {conn}: cannot reap process {pid}: {e}"),
+                })
             });
         if let Err(e) = spawned {
             // The child serves on; it stays a zombie (in the gauges, and
@@ -496,19 +523,27 @@ impl Supervisor {
         }
     }
 
-    /// Waits for the child of `conn` to end, retires its counters and reaps
-    /// it; the caller says how it ended.
-    fn reap(&self, conn: u64, mut child: Child) -> io::Result<ExitStatus> {
-        // Wait without reaping: the pid stays ours until it leaves `live`,
-        // so `terminate` never signals a recycled pid.
+    /// Waits for the child of `conn` to end, reaps it, calls `report` with
+    /// how it ended and retires its counters.
+    fn reap(
+        &self,
+        conn: u64,
+        mut child: Child,
+        report: impl FnOnce(&io::Result<ExitStatus>),
+    ) -> io::Result<ExitStatus> {
+        // Wait without reaping: the pid stays ours until it leaves `live`
+        // (under the lock), so `terminate` never signals a recycled pid.
         wait_for_exit(child.id());
         let mut state = self.lock();
+        let status = child.wait();
+        // Before the gauges drop: whoever sees them drop (the stats socket
+        // takes the lock) finds the end already logged.
+        report(&status);
         if let Some(ended) = state.live.remove(&conn) {
             state
                 .retired
                 .add_from(ended.counters.page(), &[CounterKind::Total]);
         }
-        let status = child.wait();
         self.changed.notify_all();
         status
     }
@@ -574,7 +609,7 @@ impl Supervisor {
 /// nobody could have prepared), in /dev/shm (memory) if there is one, named
 /// `<prefix>-<pid>-XXXXXX`. Directories that daemons killed before they
 /// could remove theirs left there are removed first.
-fn private_directory(prefix: &str) -> io::Result<PathBuf> {
+pub(crate) fn private_directory(prefix: &str) -> io::Result<PathBuf> {
     use std::os::unix::ffi::OsStringExt;
     let shm = std::path::Path::new("/dev/shm");
     let parent = if shm.is_dir() {

@@ -73,6 +73,25 @@ fn wait_for(path: &std::path::Path) {
     }
 }
 
+/// A frontend that has started vhost-user negotiation: connected, asked
+/// for the device features and got them. (The daemon gives a connection a
+/// process only once its frontend speaks.)
+fn frontend(socket: &std::path::Path) -> UnixStream {
+    use std::io::Write;
+    let mut stream = UnixStream::connect(socket).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // VHOST_USER_GET_FEATURES (1), flags version 1, no payload.
+    stream
+        .write_all(&[1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0])
+        .unwrap();
+    let mut reply = [0u8; 20];
+    stream.read_exact(&mut reply).unwrap();
+    assert_eq!(u32::from_le_bytes(reply[..4].try_into().unwrap()), 1);
+    stream
+}
+
 #[test]
 fn sim_daemon_serves_stats_and_cleans_up_on_sigterm() {
     let dir = std::env::temp_dir().join(format!("rgpu-cli-test-{}", std::process::id()));
@@ -119,8 +138,8 @@ fn sim_daemon_serves_stats_and_cleans_up_on_sigterm() {
 
     // Two frontends at once, each with a connection of its own; each one
     // that leaves is torn down while the other stays.
-    let first = UnixStream::connect(&socket).unwrap();
-    let second = UnixStream::connect(&socket).unwrap();
+    let first = frontend(&socket);
+    let second = frontend(&socket);
     wait_stats(2, 2);
     drop(first);
     wait_stats(1, 2);
@@ -269,8 +288,8 @@ fn connection_processes_are_reaped_and_die_with_the_parent() {
         }
     };
 
-    let first = UnixStream::connect(&socket).unwrap();
-    let _second = UnixStream::connect(&socket).unwrap();
+    let first = frontend(&socket);
+    let _second = frontend(&socket);
     wait_stats(&["\"connections_active\":2,", "\"connections_total\":2,"]);
     // Two serving, one standby.
     let deadline = Instant::now() + Duration::from_secs(10);

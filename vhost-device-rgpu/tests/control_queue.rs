@@ -495,6 +495,23 @@ fn fenced_submit_is_answered_with_its_fence() {
     assert_eq!(answer.ring_idx, 1);
 }
 
+/// A worker's /proc status once its seccomp filter is in (it installs it
+/// after starting its executor, a moment after it was started).
+fn worker_status(pid: u32) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        if status
+            .lines()
+            .any(|l| l.starts_with("Seccomp:") && l.trim_end().ends_with('2'))
+            || Instant::now() > deadline
+        {
+            return status;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Which worker process a context runs in: one per guest process (the tag
 /// in its debug name), never two guest processes in one.
 #[test]
@@ -523,6 +540,25 @@ fn contexts_of_one_guest_process_share_a_worker_and_no_other() {
     let mut pids: Vec<u32> = workers.iter().map(|(pid, _)| *pid).collect();
     pids.dedup();
     assert_eq!(pids.len(), 4, "{workers:?}");
+    // Contained: no new privileges, a seccomp filter, no capabilities.
+    for pid in &pids {
+        let status = worker_status(*pid);
+        for (field, value) in [
+            ("NoNewPrivs", "1"),
+            ("Seccomp", "2"),
+            ("CapEff", "0000000000000000"),
+            ("CapPrm", "0000000000000000"),
+        ] {
+            assert!(
+                status.lines().any(|l| l
+                    .strip_prefix(field)
+                    .and_then(|r| r.strip_prefix(':'))
+                    .map(str::trim)
+                    == Some(value)),
+                "worker {pid}: {field} is not {value}:\n{status}"
+            );
+        }
+    }
 
     // Destroying a process's last context ends its worker.
     let destroy = |ctx| request(hdr(CMD_CTX_DESTROY, ctx), &[]);

@@ -770,17 +770,17 @@ impl GpuDevice {
     }
 }
 
-/// Sends a blob's files (those not sent yet) and runs to `worker`, and has
-/// it map the blob.
+/// Sends a blob's guest memory files and runs to `worker`, and has it map
+/// the blob. The worker closes the files once it has mapped the blob: it
+/// holds guest memory only as the mappings of its own blobs.
 fn send_blob(worker: &mut WorkerHandle, files: &GuestFiles, id: u32, resource: &Resource) {
+    let mut sent = BTreeSet::new();
     for run in &resource.runs {
-        if worker.files_sent.contains(&run.file) {
+        if !sent.insert(run.file) {
             continue;
         }
         if let Some(file) = files.file(run.file) {
-            if worker.send(&ToWorker::File { file: run.file }, &[file.as_raw_fd()]) {
-                worker.files_sent.insert(run.file);
-            }
+            worker.send(&ToWorker::File { file: run.file }, &[file.as_raw_fd()]);
         }
     }
     for runs in resource.runs.chunks(RUNS_PER_MESSAGE) {

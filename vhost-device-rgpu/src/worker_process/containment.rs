@@ -3,10 +3,8 @@
 //! resource limits. Applied between fork and exec ([`apply_in_child`]), so
 //! the worker starts contained.
 //!
-//! Seccomp: NVIDIA's user-space driver issues ioctls on /dev/nvidia* whose
-//! set differs between driver versions, maps device memory, and starts
-//! threads; an allow-list has not been measured against it yet, so none is
-//! installed (README, "Limits").
+//! The seccomp allow-list comes later, once the executor has started
+//! ([`super::seccomp`]).
 
 use std::io;
 
@@ -78,8 +76,9 @@ pub unsafe fn apply_in_child(limits: WorkerLimits) -> io::Result<()> {
     Ok(())
 }
 
-/// What the worker itself checks once running: no capabilities in its
-/// effective, permitted or bounding sets, and no new privileges.
+/// How the worker is contained, as its /proc status says: no new
+/// privileges, the seccomp mode, no capabilities in its effective,
+/// permitted or bounding sets.
 pub fn describe_self() -> String {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
@@ -91,8 +90,9 @@ pub fn describe_self() -> String {
             .to_owned()
     };
     format!(
-        "NoNewPrivs {} CapEff {} CapPrm {} CapBnd {}",
+        "NoNewPrivs {} Seccomp {} CapEff {} CapPrm {} CapBnd {}",
         field("NoNewPrivs:"),
+        field("Seccomp:"),
         field("CapEff:"),
         field("CapPrm:"),
         field("CapBnd:")

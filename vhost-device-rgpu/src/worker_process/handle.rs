@@ -49,8 +49,6 @@ pub struct WorkerHandle {
     link: Arc<Link>,
     shared: Arc<Shared>,
     reader: Option<JoinHandle<()>>,
-    /// Guest memory files already sent, by the connection's file number.
-    pub files_sent: HashSet<u32>,
     /// Blobs mapped in the worker.
     pub blobs_mapped: HashSet<u32>,
     /// Contexts it runs.
@@ -85,7 +83,6 @@ impl WorkerHandle {
             link,
             shared,
             reader: Some(reader),
-            files_sent: HashSet::new(),
             blobs_mapped: HashSet::new(),
             contexts: BTreeSet::new(),
         })

@@ -26,7 +26,8 @@ pub struct FileRun {
 /// with it once the request has taken full effect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToWorker {
-    /// Guest memory file number `file`; the descriptor rides along.
+    /// Guest memory file number `file` for the next `MapBlob`; the
+    /// descriptor rides along.
     File {
         file: u32,
     },

@@ -20,6 +20,7 @@ pub mod handle;
 pub mod launcher;
 pub mod link;
 pub mod message;
+pub mod seccomp;
 pub mod serve;
 
 pub use accounting::Accounting;

@@ -236,12 +236,15 @@ impl Worker {
 
     fn map_blob(&mut self, resource_id: u32, size: u64) {
         let runs = self.runs.remove(&resource_id).unwrap_or_default();
+        // The files came for this blob: once it is mapped (or not), they go,
+        // so this process holds no more guest memory than its blobs.
+        let files = std::mem::take(&mut self.files);
         if self.blobs.contains_key(&resource_id) {
             warn!("blob {resource_id} is mapped already");
             return;
         }
         let mapping = match BlobMapping::map(
-            &self.files,
+            &files,
             &runs,
             size,
             self.mapped_runs(),
