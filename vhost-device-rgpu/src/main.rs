@@ -123,7 +123,13 @@ struct Args {
     counters_fd: Option<RawFd>,
     /// Internal: be worker process ID (`CONN.N`) of a connection process,
     /// which talks to us on --fd.
-    #[arg(long, value_name = "ID", hide = true, requires = "fd", conflicts_with = "serve_one_connection")]
+    #[arg(
+        long,
+        value_name = "ID",
+        hide = true,
+        requires = "fd",
+        conflicts_with = "serve_one_connection"
+    )]
     serve_worker: Option<String>,
 }
 
@@ -333,7 +339,8 @@ fn serve_worker(args: Args) -> Result<(), String> {
     let executor = make_executor(args.executor, args.gpu, false)?;
     // From here on NVIDIA's driver is loaded and its devices are open.
     seccomp::install(args.worker_seccomp).map_err(|e| e.to_string())?;
-    let kernel_timeout = (args.kernel_timeout_s > 0).then(|| Duration::from_secs(args.kernel_timeout_s));
+    let kernel_timeout =
+        (args.kernel_timeout_s > 0).then(|| Duration::from_secs(args.kernel_timeout_s));
     worker_process::serve::serve(link, executor, Arc::new(counters), kernel_timeout)
         .map_err(|e| e.to_string())
 }

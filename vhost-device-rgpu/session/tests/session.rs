@@ -633,7 +633,13 @@ fn a_command_waits_for_the_attach_of_the_blob_it_names() {
     let counters = Arc::new(Counters::default());
     let session = Session::spawn(7, "test".into(), 0, executor, counters).unwrap();
     session.attach_blob(Arc::new(
-        Blob::new(CHANNEL_BLOB, CHANNEL_SIZE, &channel_entries(), &guest.memory).unwrap(),
+        Blob::new(
+            CHANNEL_BLOB,
+            CHANNEL_SIZE,
+            &channel_entries(),
+            &guest.memory,
+        )
+        .unwrap(),
     ));
     let (done, rx) = signal();
     session.submit(vec![decoded(Command::BindChannel(layout()))], Some(done));
