@@ -243,3 +243,27 @@ fn a_doorbell_flood_at_a_busy_session_queues_nothing() {
     drop(busy);
     drop(carrier);
 }
+
+/// The guest frees a blob's pages when its unref is answered, so the answer
+/// (and the detach's) waits until no queued GPU work can touch them.
+#[test]
+fn an_unref_is_answered_after_the_work_that_may_touch_the_blob() {
+    let daemon = Daemon::start("sim");
+    let carrier = connect(&daemon);
+    let dyn_carrier: Arc<dyn Carrier> = carrier.clone();
+    let spin = Duration::from_millis(1500);
+    let busy = busy_channel(dyn_carrier, spin);
+    let launched = Instant::now();
+    let blob = carrier
+        .create_blob(busy.ctx_id(), 1 << 20)
+        .expect("a blob of the busy context");
+    carrier
+        .destroy_blob(busy.ctx_id(), blob.resource_id)
+        .expect("detach and unref");
+    let answered = launched.elapsed();
+    assert!(
+        answered >= spin - Duration::from_millis(200),
+        "the unref was answered {answered:?} after the launch, before the {spin:?} kernel ended"
+    );
+    busy.close().expect("close the channel");
+}

@@ -292,3 +292,57 @@ fn module_globals_may_be_copied_until_their_module_is_unloaded() {
     assert_eq!(Counters::get(&counters.command_errors), 3);
     session.shutdown();
 }
+
+/// A detach (and so the guest's unref, which waits for it) is answered only
+/// once the session's queued GPU work can no longer touch the blob: here a
+/// kernel that runs 400 ms on the sim's clock.
+#[test]
+fn a_detach_is_answered_after_the_queued_work() {
+    const SPIN_PTX: &str = ".version 8.0\n.target sm_80\n.address_size 64\n\
+        .visible .entry rgpu_spin(.param .u64 rgpu_spin_param_0)\n{\n\tret;\n}\n";
+    let mut guest = Guest::new();
+    let counters = Arc::new(Counters::default());
+    let session = guest.start(Arc::new(SimExecutor::new()), counters);
+    guest.data.write(0, SPIN_PTX.as_bytes()).unwrap();
+    let (result, _) = guest.call(
+        &session,
+        Command::ModuleLoad {
+            module: MODULE,
+            image: Guest::data_range(0, SPIN_PTX.len() as u64),
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    let (result, _) = guest.call(
+        &session,
+        Command::ModuleGetFunction {
+            module: MODULE,
+            function: 9,
+            name: b"rgpu_spin".to_vec(),
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    let spin = std::time::Duration::from_millis(400);
+    let nanos = u64::try_from(spin.as_nanos()).unwrap();
+    guest.send(
+        &session,
+        Command::LaunchKernel(Launch {
+            function: 9,
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_mem_bytes: 0,
+            stream: 0,
+            params: nanos.to_le_bytes().to_vec(),
+        }),
+    );
+    guest.kick(&session);
+    let started = std::time::Instant::now();
+    let (done, rx) = signal();
+    session.detach_blob_then(DATA_BLOB, done);
+    rx.recv_timeout(WAIT).unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= spin - std::time::Duration::from_millis(50),
+        "the detach was answered after {waited:?}, before the kernel's end"
+    );
+    session.shutdown();
+}
