@@ -6,9 +6,35 @@
 #define RGPU_CHECKS_H
 
 #include <stdio.h>
+#include <stdlib.h>
 
-static long checks_passed;
-static long checks_failed;
+/* Unused by programs that only print what they saw for a caller to judge. */
+static long checks_passed __attribute__((unused));
+static long checks_failed __attribute__((unused));
+
+/* A whole file, NUL-terminated (PTX is passed as a string), and its
+ * length in `len` when that is not NULL; NULL if it cannot be read. Free
+ * it. */
+static inline char *read_file_len(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    char *data = NULL;
+    long size;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+        data = malloc((size_t)size + 1);
+        if (data && fread(data, 1, (size_t)size, f) == (size_t)size) {
+            data[size] = '\0';
+            if (len) *len = (size_t)size;
+        } else {
+            free(data);
+            data = NULL;
+        }
+    }
+    fclose(f);
+    return data;
+}
+
+static inline char *read_file(const char *path) { return read_file_len(path, NULL); }
 
 static inline const char *error_name(CUresult rc) {
     const char *name = NULL;

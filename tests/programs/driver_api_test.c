@@ -520,24 +520,6 @@ static int setup(const char *ptx, CUdevice *device, CUcontext *ctx, struct kerne
     return 0;
 }
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    char *text = NULL;
-    long size;
-    if (!f) return NULL;
-    if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
-        text = malloc((size_t)size + 1);
-        if (text && fread(text, 1, (size_t)size, f) == (size_t)size) {
-            text[size] = '\0'; /* PTX is passed as a NUL-terminated string. */
-        } else {
-            free(text);
-            text = NULL;
-        }
-    }
-    fclose(f);
-    return text;
-}
-
 static void sleep_ms(long ms) {
     struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
     while (nanosleep(&t, &t) == -1 && errno == EINTR) {

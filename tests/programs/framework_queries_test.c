@@ -96,24 +96,6 @@ CUresult cuCtxGetSharedMemConfig(int *config);
 CUresult cuCtxResetPersistingL2Cache(void);
 CUresult cuDeviceCanAccessPeer(int *can_access, CUdevice device, CUdevice peer);
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    char *data = NULL;
-    long size;
-    if (!f) return NULL;
-    if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
-        data = malloc((size_t)size + 1);
-        if (data && fread(data, 1, (size_t)size, f) == (size_t)size) {
-            data[size] = 0;
-        } else {
-            free(data);
-            data = NULL;
-        }
-    }
-    fclose(f);
-    return data;
-}
-
 static int device_memory(CUcontext ctx) {
     const size_t size = 1 << 20;
     CUdeviceptr d = 0, d2 = 0, base = 0, range_start = 0, dptr = 0;

@@ -25,34 +25,11 @@
 #include <time.h>
 
 #include "rgpu_cuda.h"
+#include "checks.h"
 
 #define FLOATS 1024
 #define PINNED_BYTES (1u << 20)
 #define SECRET 1234.5f
-
-static const char *error_name(CUresult rc) {
-    const char *name = NULL;
-    if (cuGetErrorName(rc, &name) != CUDA_SUCCESS || name == NULL) return "?";
-    return name;
-}
-
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    char *text = NULL;
-    long size;
-    if (!f) return NULL;
-    if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
-        text = malloc((size_t)size + 1);
-        if (text && fread(text, 1, (size_t)size, f) == (size_t)size) {
-            text[size] = '\0';
-        } else {
-            free(text);
-            text = NULL;
-        }
-    }
-    fclose(f);
-    return text;
-}
 
 static void wait_for_file(const char *path) {
     struct stat st;

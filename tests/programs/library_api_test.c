@@ -85,25 +85,6 @@ CUresult cuCtxDestroy_v2(CUcontext ctx);
 
 
 /* The whole file, plus a NUL (PTX text must end with one), 16-byte aligned. */
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    char *data = NULL;
-    long size;
-    if (!f) return NULL;
-    if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
-        data = malloc((size_t)size + 1);
-        if (data && fread(data, 1, (size_t)size, f) == (size_t)size) {
-            data[size] = 0;
-            *len = (size_t)size;
-        } else {
-            free(data);
-            data = NULL;
-        }
-    }
-    fclose(f);
-    return data;
-}
-
 /* out[i] == base + i for i < n, through a CUkernel launched as a CUfunction. */
 static int check_fill_index(CUkernel fill, unsigned n, unsigned base) {
     CUdeviceptr out;
@@ -328,7 +309,7 @@ int main(int argc, char **argv) {
                 argv[0]);
         return 2;
     }
-    image = read_file(path, &len);
+    image = read_file_len(path, &len);
     if (!image) {
         fprintf(stderr, "library_api_test: cannot read %s\n", path);
         return 2;

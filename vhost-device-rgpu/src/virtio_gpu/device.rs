@@ -447,12 +447,17 @@ impl GpuDevice {
         }
     }
 
+    /// Which worker runs a live context.
+    fn key_of(&self, ctx_id: u32) -> Result<WorkerKey, RequestError> {
+        self.contexts
+            .get(&ctx_id)
+            .copied()
+            .ok_or(RequestError::InvalidContext(ctx_id))
+    }
+
     /// The worker of a live context.
     fn worker_of(&mut self, ctx_id: u32) -> Result<(WorkerKey, &mut WorkerHandle), RequestError> {
-        let key = *self
-            .contexts
-            .get(&ctx_id)
-            .ok_or(RequestError::InvalidContext(ctx_id))?;
+        let key = self.key_of(ctx_id)?;
         let worker = self
             .workers
             .get_mut(&key)
@@ -469,11 +474,7 @@ impl GpuDevice {
         let ctx_id = hdr.ctx_id;
         let (key, _) = self.worker_of(ctx_id)?;
         self.contexts.remove(&ctx_id);
-        let countdown = Countdown::new(Box::new(DeferredResponse::new(
-            vring.clone(),
-            chain.clone(),
-            hdr,
-        )));
+        let countdown = deferred(vring, chain, hdr);
         // The session's end lets go of its blobs; blobs no other context of
         // the worker uses are unmapped there.
         let mut unused = Vec::new();
@@ -627,11 +628,7 @@ impl GpuDevice {
         self.release_ranges(&resource);
         // Answered when no worker can touch the pages any more: the guest
         // frees them on this answer.
-        let countdown = Countdown::new(Box::new(DeferredResponse::new(
-            vring.clone(),
-            chain.clone(),
-            hdr,
-        )));
+        let countdown = deferred(vring, chain, hdr);
         for ctx_id in &resource.contexts {
             if let Ok((_, worker)) = self.worker_of(*ctx_id) {
                 worker.send(
@@ -652,14 +649,14 @@ impl GpuDevice {
 
     fn ctx_attach_resource(&mut self, ctx_id: u32, body: &[u8]) -> Result<Outcome, RequestError> {
         let id = request::resource_id(body)?;
+        if !self.resources.contains_key(&id) {
+            return Err(RequestError::InvalidResource(id));
+        }
+        let key = self.key_of(ctx_id)?;
         let resource = self
             .resources
             .get_mut(&id)
             .ok_or(RequestError::InvalidResource(id))?;
-        let key = *self
-            .contexts
-            .get(&ctx_id)
-            .ok_or(RequestError::InvalidContext(ctx_id))?;
         let worker = self
             .workers
             .get_mut(&key)
@@ -689,10 +686,7 @@ impl GpuDevice {
     ) -> Result<Outcome, RequestError> {
         let ctx_id = hdr.ctx_id;
         let id = request::resource_id(body)?;
-        let key = *self
-            .contexts
-            .get(&ctx_id)
-            .ok_or(RequestError::InvalidContext(ctx_id))?;
+        let key = self.key_of(ctx_id)?;
         let resource = self
             .resources
             .get_mut(&id)
@@ -703,11 +697,7 @@ impl GpuDevice {
         let Some(worker) = self.workers.get_mut(&key) else {
             return Err(RequestError::InvalidContext(ctx_id));
         };
-        let countdown = Countdown::new(Box::new(DeferredResponse::new(
-            vring.clone(),
-            chain.clone(),
-            hdr,
-        )));
+        let countdown = deferred(vring, chain, hdr);
         worker.send_then(
             |token| ToWorker::Detach {
                 ctx_id,
@@ -768,6 +758,15 @@ impl GpuDevice {
         );
         Ok(Outcome::Deferred)
     }
+}
+
+/// A response the countdown answers once every part of it completed.
+fn deferred(vring: &Vring, chain: &Chain, hdr: &CtrlHdr) -> Countdown {
+    Countdown::new(Box::new(DeferredResponse::new(
+        vring.clone(),
+        chain.clone(),
+        hdr,
+    )))
 }
 
 /// Sends a blob's guest memory files and runs to `worker`, and has it map
