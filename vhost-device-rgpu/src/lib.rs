@@ -20,5 +20,6 @@ pub mod signals;
 pub mod socket;
 pub mod stats;
 pub mod supervisor;
+pub mod tenant_page;
 pub mod virtio_gpu;
 pub mod worker_process;

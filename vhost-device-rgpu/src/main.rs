@@ -14,8 +14,9 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use log::{error, info, warn};
 use rgpu_executor::Executor;
-use rgpu_session::Counters;
+use rgpu_session::{Counters, MemoryBudget};
 use vhost_device_rgpu::supervisor::{Message, Notifier, Supervisor};
+use vhost_device_rgpu::tenant_page::{TenantPage, UNLIMITED};
 use vhost_device_rgpu::virtio_gpu::DaemonShared;
 use vhost_device_rgpu::worker_process::containment::WorkerLimits;
 use vhost_device_rgpu::worker_process::link::Link;
@@ -102,6 +103,14 @@ struct Args {
     /// end); the guest sees CUDA_ERROR_LAUNCH_TIMEOUT. 0: no watchdog.
     #[arg(long, value_name = "SECONDS", default_value_t = 0)]
     kernel_timeout_s: u64,
+    /// Device memory the tenant's guests may take, all of them together
+    /// (for example 256MiB, 16GiB); their devices show it as their total
+    /// memory. Default: no limit.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    memory_limit: Option<u64>,
+    /// Internal: the tenant's memory budget page.
+    #[arg(long, value_name = "N", hide = true)]
+    tenant_fd: Option<RawFd>,
     /// What a worker process (one per guest process) does about a system
     /// call outside its seccomp allow-list: end (enforce), let the kernel
     /// log it (log), or no filter (off).
@@ -131,6 +140,38 @@ struct Args {
         conflicts_with = "serve_one_connection"
     )]
     serve_worker: Option<String>,
+}
+
+/// A size with an optional binary or decimal unit: `4096`, `256MiB`,
+/// `16GiB`, `512MB`, `1TB`.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a number of bytes, such as 256MiB"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        "kB" | "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)"
+            ))
+        }
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 /// The executor; `announce` says once (in the connection process) that a
@@ -182,8 +223,20 @@ fn run(args: Args) -> Result<(), String> {
     ];
     let max_connections = usize::try_from(args.max_connections).unwrap_or(usize::MAX);
     let handshake_timeout = Duration::from_secs(args.handshake_timeout_s);
-    let supervisor = match Supervisor::new(listener, child_args, max_connections, handshake_timeout)
-    {
+    let tenant = match TenantPage::create(args.memory_limit.unwrap_or(UNLIMITED)) {
+        Ok(page) => Arc::new(page),
+        Err(e) => {
+            remove_all(&created);
+            return Err(format!("cannot create the tenant's memory budget: {e}"));
+        }
+    };
+    let supervisor = match Supervisor::new(
+        listener,
+        child_args,
+        max_connections,
+        handshake_timeout,
+        tenant,
+    ) {
         Ok(supervisor) => Arc::new(supervisor),
         Err(e) => {
             remove_all(&created);
@@ -272,13 +325,22 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
         Notifier::inherit(notify_fd).map_err(|e| other(format!("--notify-fd {notify_fd}: {e}")))?;
     let page = shared_counters::map_inherited(counters_fd)
         .map_err(|e| other(format!("--counters-fd {counters_fd}: {e}")))?;
-    let accounting = Accounting::start(Arc::new(Counters::shared(page)))
+    let tenant = match args.tenant_fd {
+        Some(fd) => Some(Arc::new(
+            TenantPage::inherit(fd).map_err(|e| other(format!("--tenant-fd {fd}: {e}")))?,
+        )),
+        None => None,
+    };
+    let budget = tenant.clone().map(|t| t as Arc<dyn MemoryBudget>);
+    let memory_limit = budget.as_ref().and_then(|b| b.limit());
+    let accounting = Accounting::start(Arc::new(Counters::shared(page)), budget)
         .map_err(|e| other(format!("cannot start the accounting thread: {e}")))?;
     let launcher = WorkerLauncher::new(
         std::env::current_exe().map_err(|e| other(format!("cannot find this executable: {e}")))?,
         conn,
         executor_args(&args),
         Arc::clone(&accounting),
+        tenant,
         WorkerLimits::default(),
     );
     let executor = match make_executor(args.executor, args.gpu, true) {
@@ -297,7 +359,12 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
         })
         .map_err(|e| other(format!("cannot tell the parent: {e}")))?;
     let control = handoff::inherit_control(fd).map_err(|e| other(e.to_string()))?;
-    let shared = DaemonShared::new(executor, Arc::clone(accounting.own()), Arc::new(launcher));
+    let shared = DaemonShared::new(
+        executor,
+        Arc::clone(accounting.own()),
+        Arc::new(launcher),
+        memory_limit,
+    );
     let handshake_timeout = Duration::from_secs(args.handshake_timeout_s);
     daemon::serve_one(control, shared, conn, handshake_timeout, move || {
         if let Err(e) = notifier.send(&Message::Accepted) {
@@ -341,7 +408,13 @@ fn serve_worker(args: Args) -> Result<(), String> {
     seccomp::install(args.worker_seccomp).map_err(|e| e.to_string())?;
     let kernel_timeout =
         (args.kernel_timeout_s > 0).then(|| Duration::from_secs(args.kernel_timeout_s));
-    worker_process::serve::serve(link, executor, Arc::new(counters), kernel_timeout)
+    let budget = match args.tenant_fd {
+        Some(fd) => Some(Arc::new(
+            TenantPage::inherit(fd).map_err(|e| format!("--tenant-fd {fd}: {e}"))?,
+        ) as Arc<dyn MemoryBudget>),
+        None => None,
+    };
+    worker_process::serve::serve(link, executor, Arc::new(counters), kernel_timeout, budget)
         .map_err(|e| e.to_string())
 }
 
@@ -406,6 +479,23 @@ fn main() -> ExitCode {
         Err(e) => {
             error!("{e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_take_binary_and_decimal_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_size("16GiB"), Ok(16 << 30));
+        assert_eq!(parse_size("512MB"), Ok(512_000_000));
+        assert_eq!(parse_size(" 1TB "), Ok(1_000_000_000_000));
+        for bad in ["", "MiB", "12XB", "-1GiB", "1.5GiB", "99999999999TiB"] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
         }
     }
 }

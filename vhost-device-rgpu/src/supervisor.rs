@@ -46,10 +46,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use log::{debug, error, info, warn};
-use rgpu_session::{CounterKind, Counters};
+use rgpu_session::{CounterKind, Counters, MemoryBudget};
 
 use crate::gate::{Gate, GateError};
 use crate::shared_counters::SharedCounters;
+use crate::tenant_page::TenantPage;
 
 /// The first pause before replacing a standby that failed; it doubles with
 /// each failure in a row, up to [`BACKOFF_MAX`], so a persistent cause (a
@@ -235,6 +236,8 @@ pub struct Supervisor {
     max_connections: usize,
     /// The module cache directory this process created for its children.
     module_directory: Option<PathBuf>,
+    /// The tenant's memory budget, which every child takes from.
+    tenant: Arc<TenantPage>,
     state: Mutex<State>,
     /// Signalled whenever a child was reaped, and when terminating begins.
     changed: Condvar,
@@ -250,6 +253,7 @@ impl Supervisor {
         child_args: Vec<OsString>,
         max_connections: usize,
         handshake_timeout: Duration,
+        tenant: Arc<TenantPage>,
     ) -> Result<Self, SupervisorError> {
         let executable = std::env::current_exe().map_err(SupervisorError::Executable)?;
         let module_directory = if std::env::var_os(MODULE_CACHE_DIR_ENV).is_some() {
@@ -269,6 +273,7 @@ impl Supervisor {
             child_args,
             max_connections: max_connections.max(1),
             module_directory,
+            tenant,
             state: Mutex::default(),
             changed: Condvar::new(),
         })
@@ -434,6 +439,7 @@ impl Supervisor {
             child_control.as_raw_fd(),
             write_end.as_raw_fd(),
             counters_fd.as_raw_fd(),
+            self.tenant.fd(),
         ];
         let mut command = Command::new(&self.executable);
         command
@@ -445,6 +451,8 @@ impl Supervisor {
             .arg(write_end.as_raw_fd().to_string())
             .arg("--counters-fd")
             .arg(counters_fd.as_raw_fd().to_string())
+            .arg("--tenant-fd")
+            .arg(self.tenant.fd().to_string())
             .args(&self.child_args)
             .stdin(Stdio::null());
         if let Some(dir) = &self.module_directory {
@@ -457,8 +465,8 @@ impl Supervisor {
         // async-signal-safe; it touches no memory of the parent's threads.
         unsafe {
             command.pre_exec(move || {
-                // Our descriptors are close-on-exec; these three, in this
-                // child only, are not.
+                // Our descriptors are close-on-exec; these, in this child
+                // only, are not.
                 for fd in inherited {
                     if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
                         return Err(io::Error::last_os_error());
@@ -543,6 +551,9 @@ impl Supervisor {
             state
                 .retired
                 .add_from(ended.counters.page(), &[CounterKind::Total]);
+            // What its workers held and could not give back (killed).
+            self.tenant
+                .release(Counters::get(&ended.counters.page().device_memory_bytes));
         }
         self.changed.notify_all();
         status

@@ -65,6 +65,7 @@ fn launcher() -> Arc<WorkerLauncher> {
         0,
         vec!["--executor".into(), "sim".into()],
         Accounting::private(),
+        None,
         WorkerLimits::default(),
     ))
 }
@@ -87,7 +88,7 @@ impl<'a> Guest<'a> {
         let cursor = Vring::new(atomic.clone(), QUEUE_SIZE).unwrap();
         let counters = Arc::new(Counters::default());
         let executor = Arc::new(rgpu_executor::sim::SimExecutor::new());
-        let shared = DaemonShared::new(executor, counters.clone(), launcher());
+        let shared = DaemonShared::new(executor, counters.clone(), launcher(), None);
         let backend = GpuBackend::new(shared, atomic).unwrap();
         Guest {
             mem,

@@ -5,7 +5,8 @@
 use rgpu_executor::{CuResult, HostRun};
 use rgpu_proto::command::Launch;
 use rgpu_proto::cuda_result::{
-    CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_UNKNOWN,
+    CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND,
+    CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN,
 };
 use rgpu_proto::reply::{u64_payload, DeviceStatus, UTILIZATION_UNKNOWN};
 use rgpu_proto::wire::WireWriter;
@@ -16,7 +17,7 @@ use crate::handles::{check_new, FunctionEntry};
 use crate::limits::{check_room, LIMIT_ERROR};
 use crate::module_cache::image_hash;
 use crate::worker::{Attached, Worker};
-use crate::{warn_limited, Counters, Tenant};
+use crate::{clamp_to_budget, warn_limited, Counters, Tenant};
 
 /// Where a blob range of a copy lives.
 struct Resolved {
@@ -138,9 +139,10 @@ impl Worker {
     /// this tenant's sessions; needs (and creates) no device context.
     fn device_status(&self, device: u32) -> CuResult<Vec<u8>> {
         let status = self.executor.device_status(device)?;
+        let (free, total) = clamp_to_budget(status.free, status.total, self.tenant.budget());
         Ok(DeviceStatus {
-            free: status.free,
-            total: status.total,
+            free,
+            total,
             gpu_utilization: status.gpu_utilization.unwrap_or(UTILIZATION_UNKNOWN),
             memory_utilization: status.memory_utilization.unwrap_or(UTILIZATION_UNKNOWN),
             driver_version: status.driver_version,
@@ -197,11 +199,23 @@ impl Worker {
             Command::CtxSetLimit { limit, value } => ctx.set_limit(*limit, *value).map(empty),
             Command::MemAlloc { size } => {
                 check_room(handles.allocations.len(), limits.allocations)?;
-                let ptr = ctx.mem_alloc(*size)?;
+                // The tenant's memory limit first: past it, the driver is
+                // not asked at all.
+                let budget = tenant.budget();
+                if budget.is_some_and(|b| !b.try_reserve(*size)) {
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+                let release = || {
+                    if let Some(budget) = budget {
+                        budget.release(*size);
+                    }
+                };
+                let ptr = ctx.mem_alloc(*size).inspect_err(|_| release())?;
                 if let Err(code) =
                     record_range(tenant, ctx_id, ptr, *size, owner(RangeKind::Allocation))
                 {
                     let _ = ctx.mem_free(ptr);
+                    release();
                     return Err(code);
                 }
                 if let Some(old) = handles.allocations.insert(ptr, *size) {
@@ -232,11 +246,15 @@ impl Worker {
                 handles.allocations.remove(device_ptr);
                 Counters::sub(&counters.device_memory_bytes, size);
                 usage.sub_device_memory(size);
+                if let Some(budget) = tenant.budget() {
+                    budget.release(size);
+                }
                 Ok(Vec::new())
             }
-            Command::MemGetInfo => ctx
-                .mem_get_info()
-                .map(|(free, total)| u64_payload(&[free, total])),
+            Command::MemGetInfo => ctx.mem_get_info().map(|(free, total)| {
+                let (free, total) = clamp_to_budget(free, total, tenant.budget());
+                u64_payload(&[free, total])
+            }),
             Command::MemcpyHtoD { stream, dst, src } => {
                 let stream = handles.stream(*stream)?;
                 let source = resolve(blobs, channel_blob, src)?;

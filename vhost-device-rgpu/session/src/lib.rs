@@ -9,6 +9,7 @@
 //! and hands them over; it never blocks on the GPU.
 
 pub mod blob;
+pub mod budget;
 pub mod channel;
 pub mod console;
 pub mod counters;
@@ -23,6 +24,7 @@ pub mod tenant;
 mod worker;
 
 pub use blob::{Blob, BlobError};
+pub use budget::{clamp_to_budget, MemoryBudget};
 pub use channel::{ChannelError, ReplyTarget};
 pub use counters::{CounterKind, CounterPage, Counters};
 pub use limits::SessionLimits;

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use rgpu_proto::reply::{SessionUsage, MAX_STATUS_SESSIONS};
 
+use crate::budget::MemoryBudget;
 use crate::channel::ReplyTarget;
 use crate::device_ranges::DeviceRanges;
 use crate::limits::SessionLimits;
@@ -82,6 +83,9 @@ pub struct Tenant {
     /// allocations, frees, global lookups and unloads.
     device_ranges: RwLock<DeviceRanges>,
     limits: SessionLimits,
+    /// The device memory its sessions may take, shared with the tenant's
+    /// other processes; `None`: unlimited.
+    budget: Option<Arc<dyn MemoryBudget>>,
 }
 
 /// A session the watchdog found waiting too long.
@@ -121,6 +125,18 @@ impl Tenant {
             limits,
             ..Self::default()
         })
+    }
+
+    /// A tenant whose sessions take device memory from `budget`.
+    pub fn with_budget(budget: Arc<dyn MemoryBudget>) -> Arc<Self> {
+        Arc::new(Self {
+            budget: Some(budget),
+            ..Self::default()
+        })
+    }
+
+    pub fn budget(&self) -> Option<&dyn MemoryBudget> {
+        self.budget.as_deref()
     }
 
     pub fn limits(&self) -> SessionLimits {

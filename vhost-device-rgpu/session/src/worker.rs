@@ -655,6 +655,9 @@ impl Worker {
             &self.counters.device_memory_bytes,
             self.handles.allocated_bytes(),
         );
+        if let Some(budget) = self.tenant.budget() {
+            budget.release(self.handles.allocated_bytes());
+        }
         log::debug!(
             "ctx {} ({}): worker done, {} allocations freed with the context",
             self.ctx_id,

@@ -54,12 +54,20 @@ impl DaemonShared {
         executor: Arc<dyn Executor>,
         counters: Arc<Counters>,
         launcher: Arc<WorkerLauncher>,
+        memory_limit: Option<u64>,
     ) -> Self {
+        // The tenant's limit is what its guests see as the device's memory.
+        let mut devices = executor.devices();
+        if let Some(limit) = memory_limit {
+            for device in &mut devices {
+                device.total_mem = device.total_mem.min(limit);
+            }
+        }
         let capset = Capset {
             protocol_version: PROTOCOL_VERSION,
             driver_version: executor.driver_version(),
             executor: executor.kind().to_owned(),
-            devices: executor.devices(),
+            devices,
         }
         .encode();
         Self {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use rgpu_session::{CounterKind, Counters};
+use rgpu_session::{CounterKind, Counters, MemoryBudget};
 
 use crate::shared_counters::SharedCounters;
 
@@ -25,6 +25,8 @@ struct State {
 pub struct Accounting {
     /// Where the parent reads.
     published: Arc<Counters>,
+    /// The tenant's memory budget: what a killed worker held goes back.
+    budget: Option<Arc<dyn MemoryBudget>>,
     /// What this process counts (connections).
     own: Arc<Counters>,
     state: Mutex<State>,
@@ -32,9 +34,13 @@ pub struct Accounting {
 
 impl Accounting {
     /// Publishes into `published`; starts the refresher thread.
-    pub fn start(published: Arc<Counters>) -> std::io::Result<Arc<Accounting>> {
+    pub fn start(
+        published: Arc<Counters>,
+        budget: Option<Arc<dyn MemoryBudget>>,
+    ) -> std::io::Result<Arc<Accounting>> {
         let accounting = Arc::new(Accounting {
             published,
+            budget,
             own: Arc::new(Counters::default()),
             state: Mutex::default(),
         });
@@ -55,6 +61,7 @@ impl Accounting {
     pub fn private() -> Arc<Accounting> {
         Arc::new(Accounting {
             published: Arc::new(Counters::default()),
+            budget: None,
             own: Arc::new(Counters::default()),
             state: Mutex::default(),
         })
@@ -88,6 +95,11 @@ impl Accounting {
             let mut state = self.lock();
             if let Some(page) = state.live.remove(&id) {
                 state.retired.add_from(page.page(), &[CounterKind::Total]);
+                // Device memory a worker still counted when it ended was
+                // never given back (it was killed): its end frees it.
+                if let Some(budget) = &self.budget {
+                    budget.release(Counters::get(&page.page().device_memory_bytes));
+                }
             }
         }
         Counters::sub(&self.own.workers_active, 1);

@@ -16,6 +16,7 @@ use super::accounting::Accounting;
 use super::containment::{self, WorkerLimits};
 use super::link::{self, Link};
 use crate::shared_counters::SharedCounters;
+use crate::tenant_page::TenantPage;
 
 /// What every worker of a connection is started with.
 pub struct WorkerLauncher {
@@ -26,6 +27,8 @@ pub struct WorkerLauncher {
     executor_args: Vec<OsString>,
     /// Sums what the workers count, each into a page of its own.
     accounting: Arc<Accounting>,
+    /// The tenant's memory budget, which the workers take from.
+    tenant: Option<Arc<TenantPage>>,
     limits: WorkerLimits,
 }
 
@@ -36,6 +39,7 @@ impl WorkerLauncher {
         conn: u64,
         executor_args: Vec<OsString>,
         accounting: Arc<Accounting>,
+        tenant: Option<Arc<TenantPage>>,
         limits: WorkerLimits,
     ) -> Self {
         Self {
@@ -43,6 +47,7 @@ impl WorkerLauncher {
             conn,
             executor_args,
             accounting,
+            tenant,
             limits,
         }
     }
@@ -56,7 +61,12 @@ impl WorkerLauncher {
     pub fn spawn(&self, worker: u64) -> io::Result<(Child, Link, SharedCounters)> {
         let (link, theirs) = link::pair()?;
         let (counters, counters_fd) = SharedCounters::create(c"rgpu-worker-counters")?;
-        let inherited: [RawFd; 2] = [theirs.as_raw_fd(), counters_fd.as_raw_fd()];
+        let tenant_fd = self.tenant.as_ref().map(|t| t.fd());
+        let inherited: [RawFd; 3] = [
+            theirs.as_raw_fd(),
+            counters_fd.as_raw_fd(),
+            tenant_fd.unwrap_or(-1),
+        ];
         let mut command = Command::new(&self.executable);
         command
             .arg("--serve-worker")
@@ -67,6 +77,9 @@ impl WorkerLauncher {
             .arg(counters_fd.as_raw_fd().to_string())
             .args(&self.executor_args)
             .stdin(Stdio::null());
+        if let Some(fd) = tenant_fd {
+            command.arg("--tenant-fd").arg(fd.to_string());
+        }
         let limits = self.limits;
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
@@ -75,7 +88,7 @@ impl WorkerLauncher {
         // getrlimit, setrlimit); it allocates nothing.
         unsafe {
             command.pre_exec(move || {
-                for fd in &inherited {
+                for fd in inherited.iter().filter(|fd| **fd >= 0) {
                     if libc::fcntl(*fd, libc::F_SETFD, 0) == -1 {
                         return Err(io::Error::last_os_error());
                     }

@@ -1,0 +1,83 @@
+//! A tenant's memory limit (`--memory-limit`), through a real daemon with
+//! the sim executor: its guests see the limit as the device's memory, all
+//! of its processes together stop at it with CUDA_ERROR_OUT_OF_MEMORY, what
+//! a killed process held comes back, and a tenant without a limit is not
+//! held by it.
+
+use std::time::Duration;
+
+use rgpu_tests::{Daemon, GuestLib, GuestProcess};
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+const ACCOUNTING_TIMEOUT: Duration = Duration::from_secs(15);
+
+fn has_line(stdout: &str, line: &str) -> bool {
+    stdout.lines().any(|l| l == line)
+}
+
+#[test]
+fn a_tenant_stops_at_its_limit_and_sees_it_as_total_memory() {
+    let guest = GuestLib::new();
+    let program = guest.build_program("memory_limit_test.c");
+    let limited = Daemon::start_with("sim", &["--memory-limit", "256MiB"], &[]);
+    let unlimited = Daemon::start("sim");
+    let run = |daemon: &Daemon, args: &[&str]| {
+        let mut command = guest.command(&program, daemon);
+        command.args(args);
+        GuestProcess::spawn(command).finish(RUN_TIMEOUT)
+    };
+
+    // Alone: 256 MiB in 16 MiB blocks, then out of memory; 256 MiB total.
+    let alone = run(&limited, &[]);
+    let out = &alone.stdout;
+    assert!(
+        has_line(out, "total MiB 256")
+            && has_line(out, "info free 256 total 256")
+            && has_line(out, "allocated 256 MiB, then rc 2 CUDA_ERROR_OUT_OF_MEMORY")
+            && has_line(out, "after free: info free 256")
+            && has_line(out, "again: rc 0 CUDA_SUCCESS"),
+        "{out}\n{}",
+        alone.stderr
+    );
+
+    // Two processes of the tenant share it: one holds 160 MiB, the other
+    // gets the remaining 96.
+    let hold = limited.dir().join("release");
+    let mut command = guest.command(&program, &limited);
+    command.args(["--max-mb", "160", "--hold-file"]).arg(&hold);
+    let mut holder = GuestProcess::spawn(command);
+    holder.wait_for_line("holding", RUN_TIMEOUT);
+    let second = run(&limited, &[]);
+    assert!(
+        has_line(&second.stdout, "info free 96 total 256")
+            && has_line(
+                &second.stdout,
+                "allocated 96 MiB, then rc 2 CUDA_ERROR_OUT_OF_MEMORY"
+            ),
+        "{}",
+        second.stdout
+    );
+    // A holder killed without freeing gives its memory back with its end.
+    holder.kill();
+    limited.wait_for_stats(ACCOUNTING_TIMEOUT, "the holder gone", |s| {
+        s.get("sessions_active") == 0 && s.get("device_memory_bytes") == 0
+    });
+    let after = run(&limited, &[]);
+    assert!(
+        has_line(
+            &after.stdout,
+            "allocated 256 MiB, then rc 2 CUDA_ERROR_OUT_OF_MEMORY"
+        ),
+        "the killed holder's memory did not come back:\n{}",
+        after.stdout
+    );
+
+    // Another tenant, no limit: a GiB is nothing.
+    let free = run(&unlimited, &[]);
+    assert!(
+        has_line(&free.stdout, "allocated 1024 MiB, then rc 0 CUDA_SUCCESS")
+            && !has_line(&free.stdout, "total MiB 256"),
+        "{}",
+        free.stdout
+    );
+}
