@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::{profile_dir, Stats, TempDir};
@@ -18,8 +18,19 @@ pub struct Daemon {
     child: Child,
     socket: PathBuf,
     stats_socket: PathBuf,
+    /// Only with [`Daemon::start_with_config`].
+    control_socket: Option<PathBuf>,
     log: PathBuf,
     dir: TempDir,
+}
+
+/// How the daemon is told what to serve.
+enum Tenants<'a> {
+    /// `--socket-path <dir>/rgpu.sock`.
+    SocketPath,
+    /// `--config <dir>/rgpu.toml` holding this text, and `--control-socket
+    /// <dir>/control.sock`.
+    Config(&'a str),
 }
 
 impl Daemon {
@@ -42,6 +53,24 @@ impl Daemon {
     /// Like [`Daemon::start`], with more daemon options (`args`) and
     /// environment (`env`).
     pub fn start_with(executor: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn(executor, Tenants::SocketPath, args, env)
+    }
+
+    /// Starts the daemon with `--config` (a file in its temp dir holding
+    /// `config`) and a control socket (see [`Daemon::ctl`]), and waits until
+    /// it serves every tenant (its control socket exists then). Relative
+    /// socket paths in `config` are in the daemon's dir ([`Daemon::dir`]);
+    /// [`Daemon::socket`] is the tenant socket `rgpu.sock`, if one has it.
+    pub fn start_with_config(
+        executor: &str,
+        config: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::spawn(executor, Tenants::Config(config), args, env)
+    }
+
+    fn spawn(executor: &str, tenants: Tenants, args: &[&str], env: &[(&str, &str)]) -> Self {
         let binary = Self::binary();
         assert!(
             binary.exists(),
@@ -59,11 +88,25 @@ impl Daemon {
         // RGPU_TEST_DRIVER_DIR (never guest-lib's).
         let executor = std::env::var("RGPU_TEST_EXECUTOR").unwrap_or_else(|_| executor.into());
         let mut command = Command::new(&binary);
+        command.arg("--executor").arg(&executor);
+        let control_socket = match tenants {
+            Tenants::SocketPath => {
+                command.arg("--socket-path").arg(&socket);
+                None
+            }
+            Tenants::Config(text) => {
+                let config = dir.join("rgpu.toml");
+                std::fs::write(&config, text).expect("write the daemon's config");
+                let control_socket = dir.join("control.sock");
+                command
+                    .arg("--config")
+                    .arg(&config)
+                    .arg("--control-socket")
+                    .arg(&control_socket);
+                Some(control_socket)
+            }
+        };
         command
-            .arg("--executor")
-            .arg(&executor)
-            .arg("--socket-path")
-            .arg(&socket)
             .arg("--stats-socket")
             .arg(&stats_socket)
             .args(args)
@@ -84,6 +127,7 @@ impl Daemon {
             child,
             socket,
             stats_socket,
+            control_socket,
             log,
             dir,
         };
@@ -93,7 +137,10 @@ impl Daemon {
 
     fn wait_for_sockets(&mut self) {
         let deadline = Instant::now() + START_TIMEOUT;
-        while !(self.socket.exists() && self.stats_socket.exists()) {
+        // With a config, the tenants' sockets are the config's; the
+        // control socket comes once they all serve.
+        let first = self.control_socket.as_ref().unwrap_or(&self.socket).clone();
+        while !(first.exists() && self.stats_socket.exists()) {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!(
                     "the daemon exited with {status} before listening:\n{}",
@@ -116,6 +163,33 @@ impl Daemon {
 
     pub fn stats_socket(&self) -> &Path {
         &self.stats_socket
+    }
+
+    /// The control socket of a daemon started with a config.
+    pub fn control_socket(&self) -> &Path {
+        self.control_socket
+            .as_deref()
+            .expect("only a daemon started with a config has a control socket")
+    }
+
+    /// Runs `vhost-device-rgpu ctl --control-socket <ours> <args>` and
+    /// returns how it went.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        Self::ctl_at(self.control_socket(), args)
+    }
+
+    /// Runs `vhost-device-rgpu ctl --control-socket <control_socket>
+    /// <args>` and returns how it went.
+    pub fn ctl_at(control_socket: &Path, args: &[&str]) -> Output {
+        Command::new(Self::binary())
+            .arg("ctl")
+            .arg("--control-socket")
+            .arg(control_socket)
+            .args(args)
+            .env_remove("LD_LIBRARY_PATH")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run vhost-device-rgpu ctl")
     }
 
     /// A scratch directory that lives as long as the daemon.

@@ -16,13 +16,17 @@
 //! gate keeps its own copy until the supervisor says the standby has it
 //! ([`Gate::taken`]): if the standby dies first, the connection goes to the
 //! next one ([`Gate::withdraw`]).
+//!
+//! [`Gate::stop`] (a tenant removed, or the daemon exiting) ends the
+//! accepting thread, which closes the listening socket and every waiting
+//! connection.
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::thread;
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use log::{debug, error, info, warn};
@@ -56,6 +60,8 @@ pub enum GateError {
     NonBlocking(io::Error),
     #[error("cannot start the thread that accepts connections: {0}")]
     Thread(io::Error),
+    #[error("cannot create the gate's stop event: {0}")]
+    StopEvent(io::Error),
 }
 
 /// What the gate and the supervisor share.
@@ -103,6 +109,10 @@ impl Handoff {
 /// The parent's accepting thread and what it shares with the supervisor.
 pub struct Gate {
     handoff: Arc<Mutex<Handoff>>,
+    /// An eventfd the accepting thread polls with everything else: written
+    /// once, it makes the thread return.
+    stop_event: Arc<OwnedFd>,
+    doorway: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Gate {
@@ -113,8 +123,16 @@ impl Gate {
             .set_nonblocking(true)
             .map_err(GateError::NonBlocking)?;
         let handoff = Arc::new(Mutex::new(Handoff::default()));
+        // SAFETY: eventfd takes no pointers; a failure is checked below.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if raw < 0 {
+            return Err(GateError::StopEvent(io::Error::last_os_error()));
+        }
+        // SAFETY: a fresh descriptor nothing else owns.
+        let stop_event = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
         let mut doorway = Doorway {
             listener,
+            stop_event: Arc::clone(&stop_event),
             handshake_timeout,
             limit: waiting_limit(),
             silent: VecDeque::new(),
@@ -124,11 +142,45 @@ impl Gate {
             accept_failed: Tally::default(),
             accept_paused_until: None,
         };
-        thread::Builder::new()
+        let doorway = thread::Builder::new()
             .name("rgpu-accept".into())
             .spawn(move || doorway.run())
             .map_err(GateError::Thread)?;
-        Ok(Self { handoff })
+        Ok(Self {
+            handoff,
+            stop_event,
+            doorway: Mutex::new(Some(doorway)),
+        })
+    }
+
+    /// Stops accepting: the accepting thread ends (closing the listening
+    /// socket and the connections still waiting), and nothing more is
+    /// handed to a standby. Returns once the thread has ended.
+    pub fn stop(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from `one` to our eventfd; a full counter
+        // (it cannot be: written once per stop) only fails.
+        unsafe {
+            libc::write(
+                self.stop_event.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        let doorway = self
+            .doorway
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(doorway) = doorway {
+            if doorway.join().is_err() {
+                error!("the accepting thread panicked");
+            }
+        }
+        let mut handoff = self.lock();
+        handoff.standby = None;
+        handoff.ready.clear();
+        handoff.in_flight.clear();
     }
 
     fn lock(&self) -> MutexGuard<'_, Handoff> {
@@ -236,9 +288,17 @@ struct Silent {
     since: Instant,
 }
 
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// The accepting thread's state.
 struct Doorway {
     listener: UnixListener,
+    /// Readable once the gate is stopped.
+    stop_event: Arc<OwnedFd>,
     handshake_timeout: Duration,
     /// The most connections waiting at once, silent or spoke.
     limit: usize,
@@ -261,6 +321,7 @@ impl Doorway {
 
             let accepting = self.accepting(now);
             poll_fds.clear();
+            poll_fds.push(pollfd(self.stop_event.as_raw_fd()));
             if accepting {
                 poll_fds.push(pollfd(self.listener.as_raw_fd()));
             }
@@ -284,10 +345,14 @@ impl Doorway {
                 }
                 continue;
             }
+            if poll_fds[0].revents != 0 {
+                debug!("the gate is stopped: no more connections are accepted");
+                return;
+            }
             let (listener_ready, silent_events) = if accepting {
-                (poll_fds[0].revents != 0, &poll_fds[1..])
+                (poll_fds[1].revents != 0, &poll_fds[2..])
             } else {
-                (false, &poll_fds[..])
+                (false, &poll_fds[1..])
             };
             // Before accepting: the events are for `silent` as it is now.
             self.pass_on_the_speaking(silent_events);
@@ -527,6 +592,34 @@ mod tests {
         let mut got = [0u8; 1];
         handed.read_exact(&mut got).unwrap();
         assert_eq!(&got, b"x");
+    }
+
+    /// A stopped gate accepts nothing more and closes the connections it
+    /// held.
+    #[test]
+    fn a_stopped_gate_closes_its_socket_and_waiting_connections() {
+        let (listener, path, _dir) = listener();
+        let gate = Gate::start(listener, Duration::from_secs(30)).unwrap();
+        let mut waiting = UnixStream::connect(&path).unwrap();
+        waiting.write_all(b"x").unwrap();
+        gate.stop();
+        waiting
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        // Closed by the gate (read 0), or reset if still in the backlog
+        // when the listening socket closed; never left waiting.
+        match waiting.read(&mut byte) {
+            Ok(0) => {}
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {}
+            other => panic!("the waiting connection is still open: {other:?}"),
+        }
+        assert!(
+            UnixStream::connect(&path).is_err(),
+            "the listening socket still accepts"
+        );
+        // Stopping again (as dropping does) is harmless.
+        gate.stop();
     }
 
     #[test]

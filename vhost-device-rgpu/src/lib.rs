@@ -9,17 +9,29 @@
 //! [`gate`] (in the parent) accepts connections and holds each until its
 //! frontend speaks, [`handoff`] passes it to its process and relays it
 //! there; [`socket`] creates or inherits the listening socket; [`signals`]
-//! cleans up on SIGINT/SIGTERM; [`stats`] answers the optional stats socket.
+//! cleans up on SIGINT/SIGTERM; [`stats`] answers the optional stats socket,
+//! [`metrics`] the optional Prometheus endpoint (which [`top`] reads).
+//!
+//! The parent serves any number of tenants ([`tenants`]: one socket, one
+//! supervisor and one memory budget each), declared in a TOML file
+//! ([`config`]) or given by `--socket-path` alone; [`control`] answers the
+//! control socket, through which [`ctl`] lists and changes them live.
 
+pub mod config;
+pub mod control;
+pub mod ctl;
 pub mod daemon;
 pub mod gate;
 pub mod handoff;
 pub mod limits;
+pub mod metrics;
 pub mod shared_counters;
 pub mod signals;
 pub mod socket;
 pub mod stats;
 pub mod supervisor;
 pub mod tenant_page;
+pub mod tenants;
+pub mod top;
 pub mod virtio_gpu;
 pub mod worker_process;

@@ -15,20 +15,27 @@ use clap::{Parser, ValueEnum};
 use log::{error, info, warn};
 use rgpu_executor::Executor;
 use rgpu_session::{Counters, MemoryBudget};
-use vhost_device_rgpu::supervisor::{Message, Notifier, Supervisor};
-use vhost_device_rgpu::tenant_page::{TenantPage, UNLIMITED};
+use vhost_device_rgpu::config::{parse_size, Config, DaemonSettings, TenantSettings};
+use vhost_device_rgpu::signals::CreatedFiles;
+use vhost_device_rgpu::supervisor::{Message, Notifier};
+use vhost_device_rgpu::tenant_page::TenantPage;
+use vhost_device_rgpu::tenants::{Endpoint, TenantLaunch, TenantSpec, Tenants, DEFAULT_TENANT};
 use vhost_device_rgpu::virtio_gpu::DaemonShared;
 use vhost_device_rgpu::worker_process::containment::WorkerLimits;
 use vhost_device_rgpu::worker_process::link::Link;
 use vhost_device_rgpu::worker_process::seccomp::{self, SeccompMode};
 use vhost_device_rgpu::worker_process::{Accounting, WorkerLauncher};
-use vhost_device_rgpu::{daemon, handoff, shared_counters, signals, socket, stats, worker_process};
+use vhost_device_rgpu::{
+    control, ctl, daemon, handoff, metrics, shared_counters, signals, socket, stats, top,
+    worker_process,
+};
 
 /// What QEMU's vhost-user.rst "Backend program conventions" ask
 /// `--print-capabilities` to print.
 const CAPABILITIES: &str = "{\n  \"type\": \"gpu\"\n}";
 
-/// How long the parent waits for its connection processes at exit.
+/// How long the parent waits for a tenant's connection processes to end
+/// (at exit, or when the tenant is removed).
 const CHILDREN_GRACE: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -53,21 +60,34 @@ impl ExecutorKind {
 /// vhost-user backend of a compute-only virtio-gpu device that runs guests'
 /// CUDA on a host GPU.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(
+    version,
+    about,
+    subcommand_negates_reqs = true,
+    args_conflicts_with_subcommands = true
+)]
 struct Args {
+    /// Tools that talk to a running daemon.
+    #[command(subcommand)]
+    tool: Option<Tool>,
     /// Listen for vhost-user frontends on this Unix socket (a stale socket
     /// there is replaced). Each connection is a VM or a local process.
     #[arg(
         long,
         value_name = "PATH",
-        required_unless_present = "fd",
-        conflicts_with = "fd"
+        required_unless_present_any = ["fd", "config"],
+        conflicts_with_all = ["fd", "config"]
     )]
     socket_path: Option<PathBuf>,
+    /// Serve the daemon settings and tenants a TOML file declares (see
+    /// the README); --socket-path alone serves one tenant, "default".
+    #[arg(long, value_name = "FILE", conflicts_with = "fd")]
+    config: Option<PathBuf>,
     /// Serve an inherited listening Unix socket instead of --socket-path.
     #[arg(long, value_name = "N")]
     fd: Option<RawFd>,
-    /// Host GPU ordinal offered to guests (they see it as device 0).
+    /// Host GPU ordinal offered to guests (they see it as device 0); a
+    /// tenant's `gpu` in --config overrides it.
     #[arg(long, value_name = "N", default_value_t = 0)]
     gpu: u32,
     /// What runs the guests' CUDA work. `sim` is a test fixture for machines
@@ -105,12 +125,26 @@ struct Args {
     kernel_timeout_s: u64,
     /// Device memory the tenant's guests may take, all of them together
     /// (for example 256MiB, 16GiB); their devices show it as their total
-    /// memory. Default: no limit.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    /// memory. Default: no limit. With --config, each tenant's
+    /// `memory_limit` says it.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, conflicts_with = "config")]
     memory_limit: Option<u64>,
+    /// Answer `vhost-device-rgpu ctl` on this Unix socket (for the
+    /// daemon's user only): list the tenants, change their settings, add
+    /// and remove tenants, live. Overrides `control_socket` of --config.
+    #[arg(long, value_name = "PATH")]
+    control_socket: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (for example
+    /// 127.0.0.1:9400; port 0 picks a free port, which the log names).
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// Internal: the tenant's memory budget page.
     #[arg(long, value_name = "N", hide = true)]
     tenant_fd: Option<RawFd>,
+    /// Internal: the tenant a connection or worker process serves (its
+    /// log lines say so).
+    #[arg(long, value_name = "NAME", hide = true)]
+    tenant_name: Option<String>,
     /// What a worker process (one per guest process) does about a system
     /// call outside its seccomp allow-list: end (enforce), let the kernel
     /// log it (log), or no filter (off).
@@ -142,36 +176,14 @@ struct Args {
     serve_worker: Option<String>,
 }
 
-/// A size with an optional binary or decimal unit: `4096`, `256MiB`,
-/// `16GiB`, `512MB`, `1TB`.
-fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?}: expected a number of bytes, such as 256MiB"))?;
-    let scale: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "TiB" => 1 << 40,
-        "kB" | "KB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "TB" => 1_000_000_000_000,
-        other => {
-            return Err(format!(
-                "{text:?}: unknown unit {other:?} (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)"
-            ))
-        }
-    };
-    number
-        .checked_mul(scale)
-        .ok_or_else(|| format!("{text:?} is too large"))
+/// Tools of the same binary that talk to a running daemon.
+#[derive(Debug, clap::Subcommand)]
+enum Tool {
+    /// List tenants, change their settings live, add or remove them,
+    /// through the daemon's control socket.
+    Ctl(ctl::CtlArgs),
+    /// Each tenant's use, as a table refreshed in place.
+    Top(top::TopArgs),
 }
 
 /// The executor; `announce` says once (in the connection process) that a
@@ -194,106 +206,130 @@ fn make_executor(
     }
 }
 
-/// The parent: owns the sockets, keeps a process ready for the next
-/// connection, answers the stats socket; never touches the GPU.
-fn run(args: Args) -> Result<(), String> {
-    signals::block_termination().map_err(|e| format!("cannot block signals: {e}"))?;
-
-    let mut created = Vec::new();
-    let listener = match (&args.socket_path, args.fd) {
-        (Some(path), None) => {
-            let listener = socket::bind(path).map_err(|e| e.to_string())?;
-            created.push(path.clone());
-            listener
-        }
-        (None, Some(fd)) => socket::inherit(fd).map_err(|e| e.to_string())?,
-        _ => return Err("give exactly one of --socket-path and --fd".into()),
-    };
-    let child_args: Vec<OsString> = vec![
-        "--gpu".into(),
-        args.gpu.to_string().into(),
-        "--executor".into(),
-        args.executor.name().into(),
-        "--handshake-timeout-s".into(),
-        args.handshake_timeout_s.to_string().into(),
-        "--kernel-timeout-s".into(),
-        args.kernel_timeout_s.to_string().into(),
-        "--worker-seccomp".into(),
-        args.worker_seccomp.name().into(),
-    ];
-    let max_connections = usize::try_from(args.max_connections).unwrap_or(usize::MAX);
-    let handshake_timeout = Duration::from_secs(args.handshake_timeout_s);
-    let tenant = match TenantPage::create(args.memory_limit.unwrap_or(UNLIMITED)) {
-        Ok(page) => Arc::new(page),
-        Err(e) => {
-            remove_all(&created);
-            return Err(format!("cannot create the tenant's memory budget: {e}"));
-        }
-    };
-    let supervisor = match Supervisor::new(
-        listener,
-        child_args,
-        max_connections,
-        handshake_timeout,
-        tenant,
-    ) {
-        Ok(supervisor) => Arc::new(supervisor),
-        Err(e) => {
-            remove_all(&created);
-            return Err(e.to_string());
-        }
-    };
-    let started = start_parent_threads(&args, &supervisor, &mut created);
-    if let Err(e) = started {
-        supervisor.terminate(CHILDREN_GRACE);
-        remove_all(&created);
-        return Err(e);
+/// What the parent serves: the tenants of --config with its daemon
+/// settings, or the one tenant "default" of --socket-path or --fd.
+fn what_to_serve(args: &Args) -> Result<(DaemonSettings, Vec<TenantSpec>), String> {
+    if let Some(path) = &args.config {
+        let config = Config::load(path).map_err(|e| e.to_string())?;
+        let specs = config.tenants.into_iter().map(TenantSpec::from).collect();
+        return Ok((config.daemon, specs));
     }
-
-    let where_ = args
-        .socket_path
-        .as_ref()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| format!("fd {}", args.fd.unwrap_or_default()));
-    let error = supervisor.run(|gpus, driver| {
-        info!(
-            "serving on {where_} with executor {} ({gpus} GPU(s), driver {driver}), \
-             one process per connection",
-            args.executor.name()
-        )
-    });
-    supervisor.terminate(CHILDREN_GRACE);
-    remove_all(&created);
-    Err(error.to_string())
+    let endpoint = match (&args.socket_path, args.fd) {
+        (Some(path), None) => Endpoint::Socket(path.clone()),
+        (None, Some(fd)) => Endpoint::InheritedFd(fd),
+        _ => return Err("give exactly one of --socket-path, --fd and --config".into()),
+    };
+    let default = TenantSpec {
+        name: DEFAULT_TENANT.into(),
+        endpoint,
+        gpu: None,
+        settings: TenantSettings {
+            memory_limit: args.memory_limit,
+            ..TenantSettings::default()
+        },
+    };
+    Ok((DaemonSettings::default(), vec![default]))
 }
 
-/// The stats socket (if asked for) and the signal thread; adds the sockets
-/// it creates to `created`.
-fn start_parent_threads(
+/// The parent: owns the sockets, keeps a process ready for each tenant's
+/// next connection, answers the stats and control sockets; never touches
+/// the GPU.
+fn run(args: Args) -> Result<(), String> {
+    signals::block_termination().map_err(|e| format!("cannot block signals: {e}"))?;
+    let (daemon_settings, specs) = what_to_serve(&args)?;
+    let created = CreatedFiles::default();
+    let tenants = Arc::new(Tenants::new(
+        TenantLaunch {
+            executor: args.executor.name(),
+            default_gpu: args.gpu,
+            child_args: vec![
+                "--executor".into(),
+                args.executor.name().into(),
+                "--handshake-timeout-s".into(),
+                args.handshake_timeout_s.to_string().into(),
+                "--kernel-timeout-s".into(),
+                args.kernel_timeout_s.to_string().into(),
+                "--worker-seccomp".into(),
+                args.worker_seccomp.name().into(),
+            ],
+            max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+            handshake_timeout: Duration::from_secs(args.handshake_timeout_s),
+            grace: CHILDREN_GRACE,
+        },
+        created.clone(),
+    ));
+    // Before anything is created: a signal during start-up cleans up too.
+    let terminating = Arc::clone(&tenants);
+    signals::exit_on_termination(created.clone(), move || terminating.terminate_all())
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+    match start_serving(&args, &daemon_settings, specs, &tenants, &created) {
+        Ok(_metrics_server) => {
+            // Each tenant is served from a thread of its own until SIGTERM
+            // or SIGINT, when the signal thread terminates them all and
+            // exits the process.
+            loop {
+                std::thread::park();
+            }
+        }
+        Err(e) => {
+            tenants.terminate_all();
+            created.remove_all();
+            Err(e)
+        }
+    }
+}
+
+/// Starts every tenant (returning once each has a process ready, or with
+/// the first failure), then the stats socket, the control socket and the
+/// metrics endpoint, each if asked for; adds the sockets it creates to
+/// `created`.
+fn start_serving(
     args: &Args,
-    supervisor: &Arc<Supervisor>,
-    created: &mut Vec<PathBuf>,
-) -> Result<(), String> {
+    daemon_settings: &DaemonSettings,
+    specs: Vec<TenantSpec>,
+    tenants: &Arc<Tenants>,
+    created: &CreatedFiles,
+) -> Result<Option<metrics::MetricsServer>, String> {
+    tenants.start(specs).map_err(|e| e.to_string())?;
     if let Some(path) = &args.stats_socket {
         let stats_listener = socket::bind(path).map_err(|e| e.to_string())?;
-        created.push(path.clone());
-        let totals = Arc::clone(supervisor);
+        created.add(path.clone());
+        // The sum over tenants, as the single tenant's before.
+        let totals = Arc::clone(tenants);
         stats::spawn(stats_listener, args.executor.name(), move || {
             totals.totals()
         })
         .map_err(|e| format!("cannot start the stats socket: {e}"))?;
     }
-    let terminating = Arc::clone(supervisor);
-    signals::exit_on_termination(created.clone(), move || {
-        terminating.terminate(CHILDREN_GRACE)
-    })
-    .map_err(|e| format!("cannot start the signal thread: {e}"))
+    let control_socket = args
+        .control_socket
+        .as_ref()
+        .or(daemon_settings.control_socket.as_ref());
+    if let Some(path) = control_socket {
+        let control_listener = socket::bind_owner_only(path).map_err(|e| e.to_string())?;
+        created.add(path.clone());
+        control::spawn(control_listener, Arc::clone(tenants))
+            .map_err(|e| format!("cannot start the control socket: {e}"))?;
+        info!("control socket on {}", path.display());
+    }
+    start_metrics(
+        args.metrics_listen.or(daemon_settings.metrics_listen),
+        tenants,
+    )
+    .map_err(|e| e.to_string())
 }
 
-fn remove_all(paths: &[PathBuf]) {
-    for path in paths {
-        let _ = std::fs::remove_file(path);
-    }
+/// The Prometheus endpoint, if `--metrics-listen` or `metrics_listen` in
+/// the config asks for it: one sample per tenant, from the registry.
+fn start_metrics(
+    listen: Option<std::net::SocketAddr>,
+    tenants: &Arc<Tenants>,
+) -> Result<Option<metrics::MetricsServer>, metrics::MetricsError> {
+    let Some(listen) = listen else {
+        return Ok(None);
+    };
+    let source: Arc<dyn metrics::MetricsSource> = Arc::clone(tenants) as _;
+    metrics::serve(listen, source).map(Some)
 }
 
 /// How a connection process ended badly.
@@ -312,7 +348,7 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
     signals::block_termination().map_err(|e| other(format!("cannot block signals: {e}")))?;
     // SIGTERM from the parent (or its death): the process exit is the
     // teardown.
-    signals::exit_on_termination(Vec::new(), || {})
+    signals::exit_on_termination(CreatedFiles::default(), || {})
         .map_err(|e| other(format!("cannot start the signal thread: {e}")))?;
     let (Some(fd), Some(notify_fd), Some(counters_fd)) =
         (args.fd, args.notify_fd, args.counters_fd)
@@ -332,7 +368,8 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
         None => None,
     };
     let budget = tenant.clone().map(|t| t as Arc<dyn MemoryBudget>);
-    let memory_limit = budget.as_ref().and_then(|b| b.limit());
+    // The capset shows the tenant's limit as its devices' memory.
+    let capset_budget = budget.clone();
     let accounting = Accounting::start(Arc::new(Counters::shared(page)), budget)
         .map_err(|e| other(format!("cannot start the accounting thread: {e}")))?;
     let launcher = WorkerLauncher::new(
@@ -363,7 +400,7 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
         executor,
         Arc::clone(accounting.own()),
         Arc::new(launcher),
-        memory_limit,
+        capset_budget,
     );
     let handshake_timeout = Duration::from_secs(args.handshake_timeout_s);
     daemon::serve_one(control, shared, conn, handshake_timeout, move || {
@@ -374,25 +411,31 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
     .map_err(|e| other(e.to_string()))
 }
 
-/// `--executor` and `--gpu` as the children get them.
+/// `--executor`, `--gpu` (and the tenant's name) as the children get them.
 fn executor_args(args: &Args) -> Vec<OsString> {
-    vec![
-        "--gpu".into(),
-        args.gpu.to_string().into(),
-        "--executor".into(),
-        args.executor.name().into(),
-        "--kernel-timeout-s".into(),
-        args.kernel_timeout_s.to_string().into(),
-        "--worker-seccomp".into(),
-        args.worker_seccomp.name().into(),
-    ]
+    let tenant_name = args
+        .tenant_name
+        .iter()
+        .flat_map(|name| ["--tenant-name".into(), name.into()]);
+    tenant_name
+        .chain([
+            "--gpu".into(),
+            args.gpu.to_string().into(),
+            "--executor".into(),
+            args.executor.name().into(),
+            "--kernel-timeout-s".into(),
+            args.kernel_timeout_s.to_string().into(),
+            "--worker-seccomp".into(),
+            args.worker_seccomp.name().into(),
+        ])
+        .collect()
 }
 
 /// A worker process: runs one guest process's contexts for the connection
 /// process that started it, until that one closes the link.
 fn serve_worker(args: Args) -> Result<(), String> {
     signals::block_termination().map_err(|e| format!("cannot block signals: {e}"))?;
-    signals::exit_on_termination(Vec::new(), || {})
+    signals::exit_on_termination(CreatedFiles::default(), || {})
         .map_err(|e| format!("cannot start the signal thread: {e}"))?;
     let fd = args.fd.ok_or("--serve-worker needs --fd")?;
     // SAFETY: the connection process passed us this descriptor to own.
@@ -416,6 +459,14 @@ fn serve_worker(args: Args) -> Result<(), String> {
     };
     worker_process::serve::serve(link, executor, Arc::new(counters), kernel_timeout, budget)
         .map_err(|e| e.to_string())
+}
+
+/// `what` a child process is, with its tenant's name when it has one.
+fn child_label(args: &Args, what: String) -> String {
+    match &args.tenant_name {
+        Some(tenant) => format!("{tenant} {what}"),
+        None => what,
+    }
 }
 
 /// Logging of a connection process: the daemon's stderr, each line naming
@@ -447,8 +498,13 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let args = Args::parse();
+    match args.tool {
+        Some(Tool::Ctl(ctl)) => return ctl::run(ctl),
+        Some(Tool::Top(top)) => return top::run(top),
+        None => {}
+    }
     if let Some(id) = args.serve_worker.clone() {
-        init_child_logging(format!("worker {id}"));
+        init_child_logging(child_label(&args, format!("worker {id}")));
         // The GPU driver prints device printf output on this process's
         // stdout: capture it for the guests (the log stays on stderr).
         if let Err(e) = rgpu_session::console::capture_stdout() {
@@ -463,7 +519,7 @@ fn main() -> ExitCode {
         };
     }
     if let Some(conn) = args.serve_one_connection {
-        init_child_logging(format!("conn {conn}"));
+        init_child_logging(child_label(&args, format!("conn {conn}")));
         return match serve_one_connection(args, conn) {
             Ok(()) => ExitCode::SUCCESS,
             Err(ChildError::Reported) => ExitCode::FAILURE,
@@ -479,23 +535,6 @@ fn main() -> ExitCode {
         Err(e) => {
             error!("{e}");
             ExitCode::FAILURE
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes_take_binary_and_decimal_units() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
-        assert_eq!(parse_size("16GiB"), Ok(16 << 30));
-        assert_eq!(parse_size("512MB"), Ok(512_000_000));
-        assert_eq!(parse_size(" 1TB "), Ok(1_000_000_000_000));
-        for bad in ["", "MiB", "12XB", "-1GiB", "1.5GiB", "99999999999TiB"] {
-            assert!(parse_size(bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -1,11 +1,15 @@
 //! SIGINT/SIGTERM: stop the connection processes, remove the sockets we
 //! created and exit 0.
 //!
+//! Tenants come and go while the daemon runs (`ctl add`, `ctl remove`), so
+//! the sockets to remove are a list that changes ([`CreatedFiles`]).
+//!
 //! The signals are blocked in every thread and taken by one thread with
 //! `sigwait`, so the cleanup runs as ordinary code, not in a handler.
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
 
 use log::info;
@@ -36,10 +40,43 @@ pub fn block_termination() -> io::Result<()> {
     Ok(())
 }
 
+/// Files this process created and removes at exit: its sockets. Clones
+/// share one list.
+#[derive(Debug, Clone, Default)]
+pub struct CreatedFiles(Arc<Mutex<Vec<PathBuf>>>);
+
+impl CreatedFiles {
+    fn lock(&self) -> MutexGuard<'_, Vec<PathBuf>> {
+        // A list of paths: nothing a panicking holder leaves half-done.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `path` was created: remove it at exit.
+    pub fn add(&self, path: PathBuf) {
+        self.lock().push(path);
+    }
+
+    /// Removes `path` now, and forgets it.
+    pub fn remove(&self, path: &Path) {
+        let mut paths = self.lock();
+        if let Some(i) = paths.iter().position(|p| p == path) {
+            paths.swap_remove(i);
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// Removes every file created.
+    pub fn remove_all(&self) {
+        for path in self.lock().drain(..) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
 /// Starts the thread that waits for SIGINT/SIGTERM, runs `before_exit`,
-/// removes `paths` and exits the process with status 0.
+/// removes the files in `created` and exits the process with status 0.
 pub fn exit_on_termination(
-    paths: Vec<PathBuf>,
+    created: CreatedFiles,
     before_exit: impl FnOnce() + Send + 'static,
 ) -> io::Result<()> {
     thread::Builder::new()
@@ -56,9 +93,7 @@ pub fn exit_on_termination(
             }
             info!("signal {signal}: exiting");
             before_exit();
-            for path in &paths {
-                let _ = std::fs::remove_file(path);
-            }
+            created.remove_all();
             std::process::exit(0);
         })
         .map(|_| ())

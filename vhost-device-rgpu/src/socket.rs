@@ -29,11 +29,24 @@ pub enum SocketError {
     BadFd(RawFd, io::Error),
 }
 
+/// Mode of the control socket: the daemon's user alone (a tenant's VMM,
+/// in the group, must not change its own limits).
+const OWNER_ONLY_MODE: u32 = 0o600;
+
 /// Listens on `path`: a socket left behind by a daemon that died is
 /// replaced; a live one or any other file is an error. The socket is created
 /// with mode 0600 (no window where others could connect), then opened to the
 /// group.
 pub fn bind(path: &Path) -> Result<UnixListener, SocketError> {
+    bind_with_mode(path, SOCKET_MODE)
+}
+
+/// Like [`bind`], for the daemon's user alone (mode 0600).
+pub fn bind_owner_only(path: &Path) -> Result<UnixListener, SocketError> {
+    bind_with_mode(path, OWNER_ONLY_MODE)
+}
+
+fn bind_with_mode(path: &Path, mode: u32) -> Result<UnixListener, SocketError> {
     match fs::symlink_metadata(path) {
         Ok(meta) if !meta.file_type().is_socket() => {
             return Err(SocketError::NotASocket(path.to_owned()))
@@ -53,7 +66,7 @@ pub fn bind(path: &Path) -> Result<UnixListener, SocketError> {
     // SAFETY: as above, restoring the previous mask.
     unsafe { libc::umask(old) };
     let listener = listener.map_err(|e| SocketError::Bind(path.to_owned(), e))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(SOCKET_MODE))
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .map_err(|e| SocketError::Chmod(path.to_owned(), e))?;
     Ok(listener)
 }
@@ -138,6 +151,13 @@ mod tests {
         ));
 
         let listener = bind(&dir.join("t")).unwrap();
+        let inherited = inherit(listener.into_raw_fd()).unwrap();
+        drop(inherited);
+
+        let private = dir.join("control");
+        let listener = bind_owner_only(&private).unwrap();
+        let mode = fs::metadata(&private).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, OWNER_ONLY_MODE);
         let inherited = inherit(listener.into_raw_fd()).unwrap();
         drop(inherited);
         fs::remove_dir_all(&dir).unwrap();

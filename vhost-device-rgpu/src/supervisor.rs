@@ -18,6 +18,10 @@
 //! newcomer never waits for GPU start-up), serves the connection and exits
 //! when it ends. Messages are lines on a pipe.
 //!
+//! The parent runs one supervisor per tenant (`crate::tenants`), each on a
+//! thread of its own; [`Supervisor::terminate`] ends one (the tenant was
+//! removed, or the daemon exits).
+//!
 //! Nothing that happens to a standby takes the live connections down: one
 //! that cannot be started, fails or dies before accepting is replaced after
 //! a pause that grows while failures repeat ([`Backoff`]). Only a failure
@@ -58,6 +62,10 @@ use crate::tenant_page::TenantPage;
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 /// The longest pause between attempts.
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// How long children killed with SIGKILL (after SIGTERM and its grace) may
+/// take to be reaped.
+const KILLED_GRACE: Duration = Duration::from_secs(2);
 
 /// How often, at most, the parent says that it is at its connection limit.
 const AT_LIMIT_LOG_INTERVAL: Duration = Duration::from_secs(60);
@@ -146,6 +154,22 @@ pub enum SupervisorError {
     #[error("the process for connection {conn} (pid {pid}) ended before accepting one: {status}")]
     EndedEarly { conn: u64, pid: u32, status: String },
 }
+
+/// Why [`Supervisor::run`]'s loop stops keeping a standby.
+enum Interruption {
+    /// [`Supervisor::terminate`] was called: not a failure.
+    Terminating,
+    Failed(SupervisorError),
+}
+
+impl From<SupervisorError> for Interruption {
+    fn from(error: SupervisorError) -> Self {
+        Self::Failed(error)
+    }
+}
+
+/// [`Supervisor::terminate`] was called.
+struct Terminating;
 
 /// Pauses between attempts to replace a failed standby: `first`, doubling
 /// with each failure in a row up to `max`; back to `first` once a standby
@@ -285,42 +309,48 @@ impl Supervisor {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Keeps a standby child, forever, while fewer than `max_connections`
-    /// children live. Calls `serving` once, when the first child is ready
-    /// (its executor started). Returns only when the first child failed
-    /// before any was ready (its executor cannot start, it crashed, or it
-    /// could not be started): later failures are retried.
+    /// Keeps a standby child while fewer than `max_connections` children
+    /// live, until [`Supervisor::terminate`] is called (then returns
+    /// `Ok`). Calls `serving` once, when the first child is ready (its
+    /// executor started). Fails only when the first child failed before any
+    /// was ready (its executor cannot start, it crashed, or it could not be
+    /// started): later failures are retried.
     ///
-    /// Call it on the main thread: a child gets SIGTERM when the thread
-    /// that started it ends (PR_SET_PDEATHSIG), and the main thread lasts as
-    /// long as the process.
-    pub fn run(self: &Arc<Self>, serving: impl FnOnce(usize, i32)) -> SupervisorError {
+    /// Call it on a thread that lasts as long as the tenant is served: a
+    /// child gets SIGTERM when the thread that started it ends
+    /// (PR_SET_PDEATHSIG).
+    pub fn run(self: &Arc<Self>, serving: impl FnOnce(usize, i32)) -> Result<(), SupervisorError> {
         let mut serving = Some(serving);
         let mut backoff = Backoff::new(BACKOFF_FIRST, BACKOFF_MAX);
         let mut conn = 0;
         loop {
-            self.wait_for_a_free_slot();
+            if self.wait_for_a_free_slot().is_err() {
+                return Ok(());
+            }
             conn += 1;
             let failure = match self.spawn(conn) {
                 Ok(Some(standby)) => match self.until_accepted(standby, &mut serving, &mut backoff)
                 {
                     Ok(()) => continue,
-                    Err(e) => e,
+                    Err(Interruption::Terminating) => return Ok(()),
+                    Err(Interruption::Failed(e)) => e,
                 },
-                Ok(None) => park_until_exit(),
+                Ok(None) => return Ok(()),
                 Err(e) => e,
             };
             if serving.is_some() {
                 // No child was ever ready: nothing could be served, and
                 // retrying would only hide why.
-                return failure;
+                return Err(failure);
             }
             let pause = backoff.next_pause();
             warn!(
                 "a standby failed: {failure}; starting another in {pause:?} (live connections \
                  go on)"
             );
-            self.pause(pause);
+            if self.pause(pause).is_err() {
+                return Ok(());
+            }
         }
     }
 
@@ -331,7 +361,7 @@ impl Supervisor {
         mut standby: Standby,
         serving: &mut Option<impl FnOnce(usize, i32)>,
         backoff: &mut Backoff,
-    ) -> Result<(), SupervisorError> {
+    ) -> Result<(), Interruption> {
         loop {
             match standby.next_message() {
                 Some(Message::Ready { gpus, driver }) => {
@@ -352,7 +382,7 @@ impl Supervisor {
                     self.gate.withdraw(standby.conn);
                     // The caller reports the failure, which says it all.
                     let _ = self.reap(standby.conn, standby.child, |_| {});
-                    return Err(SupervisorError::ChildFailed(why));
+                    return Err(SupervisorError::ChildFailed(why).into());
                 }
                 None => {
                     let (conn, pid) = (standby.conn, standby.child.id());
@@ -361,7 +391,7 @@ impl Supervisor {
                     self.gate.withdraw(conn);
                     let status = self.reap(conn, standby.child, |_| {});
                     if self.lock().terminating {
-                        park_until_exit();
+                        return Err(Interruption::Terminating);
                     }
                     return Err(SupervisorError::EndedEarly {
                         conn,
@@ -370,21 +400,24 @@ impl Supervisor {
                             Ok(status) => status.to_string(),
                             Err(e) => e.to_string(),
                         },
-                    });
+                    }
+                    .into());
                 }
             }
         }
     }
 
-    /// Blocks while `max_connections` children live (parks for good once
-    /// terminating). Says so in the log, now and then.
-    fn wait_for_a_free_slot(&self) {
+    /// Blocks while `max_connections` children live; fails once
+    /// terminating. Says so in the log, now and then.
+    fn wait_for_a_free_slot(&self) -> Result<(), Terminating> {
         let mut state = self.lock();
         let mut logged = false;
-        while state.live.len() >= self.max_connections {
+        loop {
             if state.terminating {
-                drop(state);
-                park_until_exit();
+                return Err(Terminating);
+            }
+            if state.live.len() < self.max_connections {
+                return Ok(());
             }
             if !logged {
                 logged = true;
@@ -407,18 +440,17 @@ impl Supervisor {
         }
     }
 
-    /// Sleeps for `pause`; parks for good if terminating begins meanwhile.
-    fn pause(&self, pause: Duration) {
+    /// Sleeps for `pause`; fails at once if terminating begins meanwhile.
+    fn pause(&self, pause: Duration) -> Result<(), Terminating> {
         let deadline = Instant::now() + pause;
         let mut state = self.lock();
         loop {
             if state.terminating {
-                drop(state);
-                park_until_exit();
+                return Err(Terminating);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return;
+                return Ok(());
             }
             state = self
                 .changed
@@ -573,39 +605,76 @@ impl Supervisor {
         sum
     }
 
-    /// Sends SIGTERM to every child, starts no more, waits up to `grace`
-    /// for them to end, and removes the module cache directory. Any still
-    /// running get SIGTERM again when this process exits (PR_SET_PDEATHSIG).
-    pub fn terminate(&self, grace: Duration) {
-        self.stop_children(grace);
+    /// Stops accepting connections (the listening socket closes), sends
+    /// SIGTERM to every child, starts no more (`run` returns), waits up to
+    /// `grace` for them to end, and removes the module cache directory.
+    /// Any still running get SIGTERM again when the thread that ran `run`
+    /// ends, or this process exits (PR_SET_PDEATHSIG); with
+    /// `kill_after_grace`, SIGKILL now (a tenant removed while the daemon
+    /// goes on must not leave processes behind).
+    pub fn terminate(&self, grace: Duration, kill_after_grace: bool) {
+        self.gate.stop();
+        self.stop_children(grace, kill_after_grace);
         if let Some(dir) = &self.module_directory {
-            if let Err(e) = std::fs::remove_dir_all(dir) {
-                warn!("cannot remove {}: {e}", dir.display());
+            match std::fs::remove_dir_all(dir) {
+                // Terminated twice (a tenant that failed while the daemon
+                // was exiting).
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => warn!("cannot remove {}: {e}", dir.display()),
+                Ok(()) => {}
             }
         }
     }
 
-    fn stop_children(&self, grace: Duration) {
-        let deadline = Instant::now() + grace;
+    fn stop_children(&self, grace: Duration, kill_after_grace: bool) {
         let mut state = self.lock();
         state.terminating = true;
-        // The main thread may be waiting for a slot or pausing.
+        // The supervising thread may be waiting for a slot or pausing.
         self.changed.notify_all();
+        state = self.signal_children_and_wait(state, libc::SIGTERM, grace);
+        if state.live.is_empty() {
+            return;
+        }
+        if !kill_after_grace {
+            info!(
+                "{} connection process(es) still running at exit",
+                state.live.len()
+            );
+            return;
+        }
+        warn!(
+            "{} connection process(es) still running {grace:?} after SIGTERM: killing them",
+            state.live.len()
+        );
+        state = self.signal_children_and_wait(state, libc::SIGKILL, KILLED_GRACE);
+        if !state.live.is_empty() {
+            error!(
+                "{} connection process(es) still running after SIGKILL",
+                state.live.len()
+            );
+        }
+    }
+
+    /// Sends `signal` to every live child, then waits up to `grace` for
+    /// them all to be reaped.
+    fn signal_children_and_wait<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+        signal: libc::c_int,
+        grace: Duration,
+    ) -> MutexGuard<'a, State> {
+        let deadline = Instant::now() + grace;
         for child in state.live.values() {
             if let Ok(pid) = libc::pid_t::try_from(child.pid) {
                 // SAFETY: kill only sends a signal; the pid is a child that
                 // has not been reaped (see `reap`).
-                unsafe { libc::kill(pid, libc::SIGTERM) };
+                unsafe { libc::kill(pid, signal) };
             }
         }
         while !state.live.is_empty() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                info!(
-                    "{} connection process(es) still running at exit",
-                    state.live.len()
-                );
-                return;
+                break;
             }
             state = self
                 .changed
@@ -613,6 +682,7 @@ impl Supervisor {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
+        state
     }
 }
 
@@ -671,14 +741,6 @@ fn remove_stale_directories(parent: &std::path::Path, prefix: &str) {
             debug!("removing {}, left by daemon {pid}", entry.path().display());
             let _ = std::fs::remove_dir_all(entry.path());
         }
-    }
-}
-
-/// The rest of the process's life belongs to the signal thread, which is
-/// terminating it.
-fn park_until_exit() -> ! {
-    loop {
-        thread::park();
     }
 }
 

@@ -346,3 +346,34 @@ fn connection_processes_are_reaped_and_die_with_the_parent() {
         }
     }
 }
+
+/// `--config` stands for --socket-path and --memory-limit (each tenant has
+/// its own); `ctl` without a daemon says so and fails.
+#[test]
+fn config_excludes_socket_path_and_ctl_needs_a_daemon() {
+    for args in [
+        &["--config", "/tmp/x.toml", "--socket-path", "/tmp/x.sock"][..],
+        &["--config", "/tmp/x.toml", "--memory-limit", "1GiB"][..],
+        &["--config", "/tmp/x.toml", "--fd", "3"][..],
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains("cannot be used with"), "{args:?}: {text}");
+    }
+    let out = Command::new(BIN)
+        .args([
+            "ctl",
+            "--control-socket",
+            "/nonexistent/control.sock",
+            "list",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("cannot connect to the control socket /nonexistent/control.sock"),
+        "{text}"
+    );
+}

@@ -16,12 +16,12 @@ use std::sync::Arc;
 use log::{debug, info, trace};
 use rgpu_executor::Executor;
 use rgpu_proto::batch::decode_batch;
-use rgpu_proto::capset::Capset;
+use rgpu_proto::capset::{Capset, DeviceInfo};
 use rgpu_proto::process_group::parse_debug_name;
 use rgpu_proto::virtio_gpu::*;
 use rgpu_proto::wire::{DecodeError, WireReader, WireWriter};
 use rgpu_proto::{CAPSET_ID_RGPU, PROTOCOL_VERSION};
-use rgpu_session::{AtomicGuestMemory, Completion, Counters, GuestMemory};
+use rgpu_session::{AtomicGuestMemory, Completion, Counters, GuestMemory, MemoryBudget};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 use vm_memory::{Address, GuestAddress, GuestAddressSpace, GuestMemoryBackend, GuestMemoryRegion};
@@ -39,14 +39,20 @@ use crate::worker_process::{Countdown, WorkerHandle, WorkerLauncher};
 const PAGE_BYTES: u64 = 4096;
 
 /// What every connection of the daemon shares: the executor (only asked
-/// what it offers: the connection process runs no CUDA work), the capset it
-/// is described by (encoded once), the counters, and how to start workers.
+/// what it offers: the connection process runs no CUDA work), what its
+/// capset describes, the counters, and how to start workers.
 #[derive(Clone)]
 pub struct DaemonShared {
     pub executor: Arc<dyn Executor>,
-    pub capset: Arc<[u8]>,
     pub counters: Arc<Counters>,
     pub launcher: Arc<WorkerLauncher>,
+    /// The devices as the executor offers them, and its driver version
+    /// (asked once).
+    devices: Arc<[DeviceInfo]>,
+    driver_version: i32,
+    /// The tenant's memory budget, whose limit its guests see as their
+    /// devices' memory.
+    budget: Option<Arc<dyn MemoryBudget>>,
 }
 
 impl DaemonShared {
@@ -54,28 +60,42 @@ impl DaemonShared {
         executor: Arc<dyn Executor>,
         counters: Arc<Counters>,
         launcher: Arc<WorkerLauncher>,
-        memory_limit: Option<u64>,
+        budget: Option<Arc<dyn MemoryBudget>>,
     ) -> Self {
-        // The tenant's limit is what its guests see as the device's memory.
-        let mut devices = executor.devices();
-        if let Some(limit) = memory_limit {
-            for device in &mut devices {
-                device.total_mem = device.total_mem.min(limit);
-            }
-        }
-        let capset = Capset {
-            protocol_version: PROTOCOL_VERSION,
-            driver_version: executor.driver_version(),
-            executor: executor.kind().to_owned(),
-            devices,
-        }
-        .encode();
         Self {
+            devices: executor.devices().into(),
+            driver_version: executor.driver_version(),
             executor,
-            capset: capset.into(),
             counters,
             launcher,
+            budget,
         }
+    }
+
+    /// The capset, encoded now: the tenant's limit may have changed since
+    /// this process started (`ctl set`), and a guest that asks now sees the
+    /// limit of now as its devices' total memory. (Its length does not
+    /// depend on the limit.)
+    pub fn capset(&self) -> Vec<u8> {
+        let limit = self.budget.as_ref().and_then(|b| b.limit());
+        let devices = self
+            .devices
+            .iter()
+            .cloned()
+            .map(|mut device| {
+                if let Some(limit) = limit {
+                    device.total_mem = device.total_mem.min(limit);
+                }
+                device
+            })
+            .collect();
+        Capset {
+            protocol_version: PROTOCOL_VERSION,
+            driver_version: self.driver_version,
+            executor: self.executor.kind().to_owned(),
+            devices,
+        }
+        .encode()
     }
 }
 
@@ -365,7 +385,7 @@ impl GpuDevice {
         let mut w = WireWriter::with_capacity(16);
         w.u32(CAPSET_ID_RGPU)
             .u32(PROTOCOL_VERSION)
-            .u32(u32::try_from(self.shared.capset.len()).unwrap_or(u32::MAX))
+            .u32(u32::try_from(self.shared.capset().len()).unwrap_or(u32::MAX))
             .u32(0);
         Ok(Outcome::Respond(RESP_OK_CAPSET_INFO, w.into_bytes()))
     }
@@ -377,10 +397,7 @@ impl GpuDevice {
         if id != CAPSET_ID_RGPU {
             return Err(RequestError::InvalidParameter(format!("capset id {id}")));
         }
-        Ok(Outcome::Respond(
-            RESP_OK_CAPSET,
-            self.shared.capset.to_vec(),
-        ))
+        Ok(Outcome::Respond(RESP_OK_CAPSET, self.shared.capset()))
     }
 
     fn ctx_create(&mut self, hdr: &CtrlHdr, body: &[u8]) -> Result<Outcome, RequestError> {
