@@ -65,13 +65,19 @@ fn ctx_destroy(ctx_id: u32) -> Vec<u8> {
     header(vg::CMD_CTX_DESTROY, ctx_id, 0).into_bytes()
 }
 
-/// The pid of each worker the daemon started, from its log.
+/// The pid of each worker that serves a guest process, in the order they
+/// were taken, from the daemon's log ("worker N: process P serves guest
+/// process ...").
 fn worker_pids(daemon: &Daemon) -> Vec<u32> {
     daemon
         .log()
         .lines()
         .filter_map(|l| l.split(": process ").nth(1))
-        .filter_map(|rest| rest.strip_suffix(" started"))
+        .filter_map(|rest| {
+            rest.split(" serves guest process")
+                .next()
+                .filter(|_| rest.contains(" serves "))
+        })
         .filter_map(|pid| pid.trim().parse().ok())
         .collect()
 }

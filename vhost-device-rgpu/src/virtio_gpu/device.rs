@@ -157,6 +157,16 @@ enum WorkerKey {
     Solo(u32),
 }
 
+impl std::fmt::Display for WorkerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The tag is the guest process's secret: logs show a prefix only.
+        match self {
+            WorkerKey::Group(tag) => write!(f, "{:08x}…", tag >> 96),
+            WorkerKey::Solo(ctx_id) => write!(f, "of context {ctx_id}"),
+        }
+    }
+}
+
 /// A blob resource: where its pages lie, and the contexts it is attached to.
 struct Resource {
     size: u64,
@@ -204,6 +214,8 @@ pub struct GpuDevice {
     workers: HashMap<WorkerKey, WorkerHandle>,
     /// Workers whose guest process has no context left, ending.
     retiring: Vec<Retiring>,
+    /// A worker started ahead of the next guest process.
+    standby: Option<WorkerHandle>,
     next_worker: u64,
     resources: HashMap<u32, Resource>,
     /// Every guest-physical range of a live blob: start -> (end, resource).
@@ -222,6 +234,7 @@ impl GpuDevice {
             contexts: HashMap::new(),
             workers: HashMap::new(),
             retiring: Vec::new(),
+            standby: None,
             next_worker: 0,
             resources: HashMap::new(),
             guest_ranges: BTreeMap::new(),
@@ -230,9 +243,11 @@ impl GpuDevice {
         }
     }
 
-    /// The frontend sent a new memory table.
+    /// The frontend sent a new memory table: a guest is there, so a worker
+    /// starts ahead of its first CUDA context.
     pub fn set_memory(&mut self, memory: AtomicGuestMemory) {
         self.memory = memory;
+        self.warm_standby();
     }
 
     /// Number of live contexts.
@@ -254,7 +269,8 @@ impl GpuDevice {
     /// reset the guest's requests are void, and no old session, resource or
     /// completion may outlive it.
     pub fn shutdown(&mut self) {
-        let workers: Vec<WorkerHandle> = self.workers.drain().map(|(_, w)| w).collect();
+        let mut workers: Vec<WorkerHandle> = self.workers.drain().map(|(_, w)| w).collect();
+        workers.extend(self.standby.take());
         if !workers.is_empty() || !self.resources.is_empty() {
             info!(
                 "ending {} context(s) in {} worker(s), dropping {} resource(s)",
@@ -439,10 +455,10 @@ impl GpuDevice {
                     limits::MAX_WORKERS
                 )));
             }
-            self.next_worker += 1;
-            let worker = WorkerHandle::start(&self.shared.launcher, self.next_worker)
-                .map_err(RequestError::Worker)?;
+            let mut worker = self.take_worker().map_err(RequestError::Worker)?;
+            worker.adopt(&key.to_string());
             self.workers.insert(key, worker);
+            self.warm_standby();
         }
         let Some(worker) = self.workers.get_mut(&key) else {
             return Err(RequestError::InvalidContext(ctx_id));
@@ -462,6 +478,33 @@ impl GpuDevice {
         );
         self.contexts.insert(ctx_id, key);
         Ok(Outcome::Respond(RESP_OK_NODATA, Vec::new()))
+    }
+
+    /// A worker for a new guest process: the standby if it is alive (its
+    /// executor has started meanwhile: the guest's first call does not wait
+    /// for CUDA's initialisation), else a new one.
+    fn take_worker(&mut self) -> std::io::Result<WorkerHandle> {
+        if let Some(standby) = self.standby.take() {
+            if standby.is_alive() {
+                return Ok(standby);
+            }
+            self.retire(standby);
+        }
+        self.next_worker += 1;
+        WorkerHandle::start(&self.shared.launcher, self.next_worker)
+    }
+
+    /// Starts the next standby worker (it holds no device memory until a
+    /// context uses it).
+    fn warm_standby(&mut self) {
+        if self.standby.is_some() {
+            return;
+        }
+        self.next_worker += 1;
+        match WorkerHandle::start(&self.shared.launcher, self.next_worker) {
+            Ok(worker) => self.standby = Some(worker),
+            Err(e) => debug!("no standby worker: {e}"),
+        }
     }
 
     /// Lets `worker` end, keeping track of it until it has.

@@ -89,17 +89,19 @@ impl Accounting {
         self.publish();
     }
 
-    /// Worker `id` ended: its totals stay, its gauges go.
+    /// Worker `id` ended: its totals stay, its gauges go. A worker that was
+    /// never added (a standby nobody took) counted nothing.
     pub fn end_worker(&self, id: u64) {
         {
             let mut state = self.lock();
-            if let Some(page) = state.live.remove(&id) {
-                state.retired.add_from(page.page(), &[CounterKind::Total]);
-                // Device memory a worker still counted when it ended was
-                // never given back (it was killed): its end frees it.
-                if let Some(budget) = &self.budget {
-                    budget.release(Counters::get(&page.page().device_memory_bytes));
-                }
+            let Some(page) = state.live.remove(&id) else {
+                return;
+            };
+            state.retired.add_from(page.page(), &[CounterKind::Total]);
+            // Device memory a worker still counted when it ended was never
+            // given back (it was killed): its end frees it.
+            if let Some(budget) = &self.budget {
+                budget.release(Counters::get(&page.page().device_memory_bytes));
             }
         }
         Counters::sub(&self.own.workers_active, 1);

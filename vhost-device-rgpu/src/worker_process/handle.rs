@@ -15,9 +15,11 @@ use std::time::{Duration, Instant};
 use log::{debug, info, warn};
 use rgpu_session::Completion;
 
+use super::accounting::Accounting;
 use super::launcher::WorkerLauncher;
 use super::link::Link;
 use super::message::{FromWorker, ToWorker, MAX_MESSAGE_BYTES};
+use crate::shared_counters::SharedCounters;
 
 /// Tokens are unique in the connection process.
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
@@ -48,6 +50,9 @@ pub struct WorkerHandle {
     pid: u32,
     link: Arc<Link>,
     shared: Arc<Shared>,
+    accounting: Arc<Accounting>,
+    /// The page it counts into, until it is adopted.
+    counters: Option<SharedCounters>,
     reader: Option<JoinHandle<()>>,
     /// Blobs mapped in the worker.
     pub blobs_mapped: HashSet<u32>,
@@ -57,11 +62,13 @@ pub struct WorkerHandle {
 
 impl WorkerHandle {
     /// Starts worker `id` of the connection.
+    /// Starts worker `id` of the connection. It starts its executor at
+    /// once, but counts as a worker only once [`WorkerHandle::adopt`]ed: a
+    /// standby kept warm for the next guest process is no worker yet.
     pub fn start(launcher: &WorkerLauncher, id: u64) -> io::Result<WorkerHandle> {
         let (child, link, counters) = launcher.spawn(id)?;
         let pid = child.id();
         let accounting = Arc::clone(launcher.accounting());
-        accounting.add_worker(id, counters);
         let link = Arc::new(link);
         let shared = Arc::new(Shared {
             pending: Mutex::default(),
@@ -71,17 +78,22 @@ impl WorkerHandle {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name(format!("rgpu-worker-{id}"))
-                .spawn(move || {
-                    read_until_end(id, child, &link, &shared);
-                    accounting.end_worker(id);
+                .spawn({
+                    let accounting = Arc::clone(&accounting);
+                    move || {
+                        read_until_end(id, child, &link, &shared);
+                        accounting.end_worker(id);
+                    }
                 })?
         };
-        info!("worker {id}: process {pid} started");
+        debug!("worker {id}: process {pid} started");
         Ok(WorkerHandle {
             id,
             pid,
             link,
             shared,
+            accounting,
+            counters: Some(counters),
             reader: Some(reader),
             blobs_mapped: HashSet::new(),
             contexts: BTreeSet::new(),
@@ -90,6 +102,21 @@ impl WorkerHandle {
 
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// It serves a guest process from now on: its counters count.
+    pub fn adopt(&mut self, guest_process: &str) {
+        if let Some(counters) = self.counters.take() {
+            self.accounting.add_worker(self.id, counters);
+            info!(
+                "worker {}: process {} serves guest process {guest_process}",
+                self.id, self.pid
+            );
+            // Ended before it was added: account its end now.
+            if !self.is_alive() {
+                self.accounting.end_worker(self.id);
+            }
+        }
     }
 
     pub fn pid(&self) -> u32 {
