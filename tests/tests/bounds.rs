@@ -260,6 +260,10 @@ fn an_unref_is_answered_after_the_work_that_may_touch_the_blob() {
     let spin = Duration::from_millis(1500);
     let busy = busy_channel(dyn_carrier, spin);
     let launched = Instant::now();
+    // Let the session submit the kernel and block in the synchronisation
+    // (a detach ahead of a kernel not yet submitted owes that kernel
+    // nothing: it cannot name the detached blob any more).
+    std::thread::sleep(Duration::from_millis(300));
     let blob = carrier
         .create_blob(busy.ctx_id(), 1 << 20)
         .expect("a blob of the busy context");

@@ -21,6 +21,9 @@ use super::link::Link;
 use super::message::{FromWorker, ToWorker, MAX_MESSAGE_BYTES};
 use crate::shared_counters::SharedCounters;
 
+/// How long a worker whose link ended may take to exit on its own.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+
 /// Tokens are unique in the connection process.
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 
@@ -32,6 +35,9 @@ struct Pending {
     /// Completions still waiting when the worker ended are dropped, not
     /// completed (the device was reset: their guest requests are void).
     discard: bool,
+    /// This process killed it (a reset, the connection's end, a retirement
+    /// past its grace): its end is no news.
+    killed: bool,
 }
 
 struct Shared {
@@ -246,6 +252,7 @@ impl Retiring {
 fn signal_kill(pid: u32, shared: &Shared, discard: bool) {
     let mut pending = shared.lock();
     pending.discard |= discard;
+    pending.killed = true;
     if !pending.ended {
         if let Ok(pid) = libc::pid_t::try_from(pid) {
             // SAFETY: kill only sends a signal to our unreaped child.
@@ -304,8 +311,13 @@ fn read_until_end(id: u64, mut child: Child, link: &Link, shared: &Shared) {
     }
     link.shutdown();
     let pid = child.id();
-    // It may still run (it closed its link, or spoke nonsense).
-    if !shared.lock().ended {
+    // Its link ends as it exits; if it still runs a moment later, it spoke
+    // nonsense or closed its link while running on: end it.
+    let deadline = Instant::now() + EXIT_GRACE;
+    while !has_exited(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    if !has_exited(pid) && !shared.lock().ended {
         let _ = child.kill();
     }
     wait_for_exit(pid);
@@ -316,6 +328,7 @@ fn read_until_end(id: u64, mut child: Child, link: &Link, shared: &Shared) {
     pending.ended = true;
     match child.wait() {
         Ok(status) if status.success() => debug!("worker {id}: process {pid} exited"),
+        Ok(status) if pending.killed => debug!("worker {id}: process {pid} stopped: {status}"),
         Ok(status) => warn!("worker {id}: process {pid} ended: {status}; its contexts are lost"),
         Err(e) => warn!("worker {id}: cannot reap process {pid}: {e}"),
     }
@@ -327,6 +340,25 @@ fn read_until_end(id: u64, mut child: Child, link: &Link, shared: &Shared) {
             completion.complete();
         }
     }
+}
+
+/// Whether child `pid` has ended, leaving it to be reaped.
+fn has_exited(pid: u32) -> bool {
+    // SAFETY: waitid writes into `info`, a plain struct; WNOWAIT leaves the
+    // child unreaped, WNOHANG returns at once.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let rc = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid,
+            &mut info,
+            libc::WEXITED | libc::WNOWAIT | libc::WNOHANG,
+        )
+    };
+    // SAFETY: si_pid is valid to read after waitid filled `info` (zero when
+    // no child has ended).
+    rc == 0 && unsafe { info.si_pid() } != 0
 }
 
 /// Blocks until child `pid` has ended, leaving it to be reaped.
