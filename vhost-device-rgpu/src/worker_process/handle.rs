@@ -329,7 +329,9 @@ fn read_until_end(id: u64, mut child: Child, link: &Link, shared: &Shared) {
     match child.wait() {
         Ok(status) if status.success() => debug!("worker {id}: process {pid} exited"),
         Ok(status) if pending.killed => debug!("worker {id}: process {pid} stopped: {status}"),
-        Ok(status) => warn!("worker {id}: process {pid} ended: {status}; its contexts are lost"),
+        Ok(status) => rgpu_session::warn_limited!(
+            "worker {id}: process {pid} ended: {status}; its contexts are lost"
+        ),
         Err(e) => warn!("worker {id}: cannot reap process {pid}: {e}"),
     }
     let waiting: Vec<_> = pending.waiting.drain().map(|(_, c)| c).collect();

@@ -153,7 +153,7 @@ impl Worker {
             ToWorker::BlobRuns { resource_id, runs } => {
                 let pending = self.runs.entry(resource_id).or_default();
                 if pending.len().saturating_add(runs.len()) > MAX_RUNS_PER_BLOB {
-                    warn!("blob {resource_id}: too many runs; dropped");
+                    rgpu_session::warn_limited!("blob {resource_id}: too many runs; dropped");
                     self.runs.remove(&resource_id);
                 } else {
                     pending.extend(runs);
@@ -257,7 +257,7 @@ impl Worker {
         ) {
             Ok(mapping) => Arc::new(mapping),
             Err(e) => {
-                warn!("blob {resource_id}: not mapped: {e}");
+                rgpu_session::warn_limited!("blob {resource_id}: not mapped: {e}");
                 return;
             }
         };
@@ -273,7 +273,7 @@ impl Worker {
                     },
                 );
             }
-            Err(e) => warn!("blob {resource_id}: {e}"),
+            Err(e) => rgpu_session::warn_limited!("blob {resource_id}: {e}"),
         }
     }
 
@@ -293,7 +293,7 @@ impl Worker {
             Ok(session) => {
                 self.sessions.insert(ctx_id, session);
             }
-            Err(e) => warn!("context {ctx_id}: {e}"),
+            Err(e) => rgpu_session::warn_limited!("context {ctx_id}: {e}"),
         }
     }
 
