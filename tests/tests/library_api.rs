@@ -40,8 +40,10 @@ fn library_api_runs_and_images_cross_once() {
     let daemon = Daemon::start("sim");
 
     run_program(&guest, &program, &daemon, &reference_ptx(), &[]);
-    daemon.wait_for_stats(ACCOUNTING_TIMEOUT, "every session closed", |s| {
-        s.get("sessions_active") == 0
+    // The connection's end makes its counts final (a live one publishes
+    // its workers' counts a moment late).
+    daemon.wait_for_stats(ACCOUNTING_TIMEOUT, "the program's connection closed", |s| {
+        s.get("sessions_active") == 0 && s.get("connections_active") == 0
     });
     // One image, loaded in the primary context, in a second context, and by
     // a second library from the file: sent once, then served by hash.
@@ -55,8 +57,10 @@ fn library_api_runs_and_images_cross_once() {
     // Another process: every load of the image is a hit now.
     let copied = first.get("host_cpu_copy_bytes");
     run_program(&guest, &program, &daemon, &reference_ptx(), &[]);
-    daemon.wait_for_stats(ACCOUNTING_TIMEOUT, "every session closed", |s| {
-        s.get("sessions_active") == 0
+    // The connection's end makes its counts final (a live one publishes
+    // its workers' counts a moment late).
+    daemon.wait_for_stats(ACCOUNTING_TIMEOUT, "the program's connection closed", |s| {
+        s.get("sessions_active") == 0 && s.get("connections_active") == 0
     });
     let second = daemon.stats();
     assert!(

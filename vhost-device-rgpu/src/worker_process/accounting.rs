@@ -14,7 +14,7 @@ use crate::shared_counters::SharedCounters;
 
 /// How often the sum is refreshed while workers run (and at once whenever
 /// one starts or ends).
-const REFRESH: Duration = Duration::from_millis(50);
+const REFRESH: Duration = Duration::from_millis(10);
 
 #[derive(Default)]
 struct State {
