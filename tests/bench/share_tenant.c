@@ -1,0 +1,140 @@
+/* share_tenant: one tenant of tests/bench/sharing_bench.sh, natively or
+ * through rgpu (whichever libcuda.so.1 it is run with).
+ *
+ *   share_tenant --ptx PTX calibrate MS
+ *       prints "iterations N": rgpu_fixed_work's iterations for a kernel of
+ *       about MS milliseconds alone (132x4 blocks of 128 threads)
+ *   share_tenant --ptx PTX work ITERATIONS KERNELS START_FILE
+ *       waits for START_FILE, launches KERNELS fixed-work kernels, then
+ *       synchronises; prints "done S" (seconds from the start file on)
+ *   share_tenant --ptx PTX busy ITERATIONS SECONDS START_FILE
+ *       waits for START_FILE, keeps the GPU busy for SECONDS with
+ *       fixed-work kernels (one synchronisation per 4 launches); prints
+ *       "kernels K"
+ *   share_tenant --ptx PTX latency ITERS START_FILE
+ *       waits for START_FILE, then ITERS times: a 20 us kernel (rgpu_spin)
+ *       and a synchronisation; prints "latency p50 A us p99 B us" */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "rgpu_cuda.h"
+#include "checks.h"
+
+#define BLOCKS (132 * 4)
+#define THREADS 128
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void wait_for_file(const char *path) {
+    struct stat st;
+    struct timespec t = {0, 100000L};
+    while (stat(path, &st) != 0) {
+        struct timespec left = t;
+        while (nanosleep(&left, &left) == -1 && errno == EINTR) {
+        }
+    }
+}
+
+static CUfunction work, spin;
+static CUdeviceptr sink;
+
+static CUresult launch_work(unsigned iterations) {
+    void *params[] = {&sink, &iterations};
+    return cuLaunchKernel(work, BLOCKS, 1, 1, THREADS, 1, 1, 0, NULL, params, NULL);
+}
+
+static int compare(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule module;
+    if (argc < 5 || strcmp(argv[1], "--ptx") != 0) {
+        fprintf(stderr, "usage: see the comment at the top of %s\n", __FILE__);
+        return 2;
+    }
+    char *ptx = read_file(argv[2]);
+    if (!ptx || cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) ||
+        cuCtxSetCurrent(ctx) || cuModuleLoadData(&module, ptx) ||
+        cuModuleGetFunction(&work, module, "rgpu_fixed_work") ||
+        cuModuleGetFunction(&spin, module, "rgpu_spin") || cuMemAlloc(&sink, 4)) {
+        printf("FAIL: no CUDA context or kernels\n");
+        return 1;
+    }
+    const char *mode = argv[3];
+    if (!strcmp(mode, "calibrate")) {
+        double target = atof(argv[4]) * 1e-3;
+        unsigned iterations = 10000;
+        for (int round = 0; round < 8; round++) {
+            launch_work(iterations);
+            cuCtxSynchronize();
+            double t0 = now_s();
+            for (int i = 0; i < 10; i++) launch_work(iterations);
+            cuCtxSynchronize();
+            double each = (now_s() - t0) / 10;
+            iterations = (unsigned)(iterations * (target / each));
+        }
+        printf("iterations %u\n", iterations);
+    } else if (!strcmp(mode, "work") && argc == 7) {
+        unsigned iterations = (unsigned)strtoul(argv[4], NULL, 10);
+        long kernels = strtol(argv[5], NULL, 10);
+        launch_work(iterations); /* warm */
+        cuCtxSynchronize();
+        wait_for_file(argv[6]);
+        double t0 = now_s();
+        for (long i = 0; i < kernels; i++) launch_work(iterations);
+        CUresult rc = cuCtxSynchronize();
+        printf("done %.3f rc %d\n", now_s() - t0, rc);
+    } else if (!strcmp(mode, "busy") && argc == 7) {
+        unsigned iterations = (unsigned)strtoul(argv[4], NULL, 10);
+        double seconds = atof(argv[5]);
+        launch_work(iterations);
+        cuCtxSynchronize();
+        wait_for_file(argv[6]);
+        double t0 = now_s();
+        long kernels = 0;
+        while (now_s() - t0 < seconds) {
+            for (int i = 0; i < 4; i++) launch_work(iterations);
+            cuCtxSynchronize();
+            kernels += 4;
+        }
+        printf("kernels %ld\n", kernels);
+    } else if (!strcmp(mode, "latency") && argc == 6) {
+        long iters = strtol(argv[4], NULL, 10);
+        if (iters < 1 || iters > 100000) return 2;
+        double *lat = malloc(sizeof(double) * (size_t)iters);
+        uint64_t ns = 20000;
+        void *params[] = {&ns};
+        cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+        cuCtxSynchronize();
+        wait_for_file(argv[5]);
+        for (long i = 0; i < iters; i++) {
+            double t0 = now_s();
+            cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+            cuCtxSynchronize();
+            lat[i] = (now_s() - t0) * 1e6;
+        }
+        qsort(lat, (size_t)iters, sizeof(double), compare);
+        printf("latency p50 %.1f us p99 %.1f us\n", lat[iters / 2], lat[iters * 99 / 100]);
+        free(lat);
+    } else {
+        fprintf(stderr, "unknown mode %s\n", mode);
+        return 2;
+    }
+    cuDevicePrimaryCtxRelease(dev);
+    return 0;
+}
