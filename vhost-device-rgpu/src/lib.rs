@@ -26,6 +26,7 @@ pub mod handoff;
 pub mod limits;
 pub mod metrics;
 pub mod shared_counters;
+pub mod shared_page;
 pub mod signals;
 pub mod socket;
 pub mod stats;

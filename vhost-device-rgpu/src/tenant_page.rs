@@ -5,13 +5,12 @@
 //! only, so every process sees the same numbers without a round trip.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::ptr::NonNull;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rgpu_session::MemoryBudget;
 
-const PAGE_BYTES: usize = 4096;
+use crate::shared_page::{self, SharedLayout, SharedPage};
 
 /// No limit.
 pub const UNLIMITED: u64 = u64::MAX;
@@ -24,19 +23,15 @@ struct Budget {
     used_bytes: AtomicU64,
 }
 
-const _: () = assert!(std::mem::size_of::<Budget>() <= PAGE_BYTES);
+// SAFETY: `#[repr(C)]`, two atomics, valid all zero.
+unsafe impl SharedLayout for Budget {}
 
 /// A mapping of a tenant's page, and its descriptor, for the processes
 /// this one starts.
 pub struct TenantPage {
-    budget: NonNull<Budget>,
+    budget: SharedPage<Budget>,
     fd: OwnedFd,
 }
-
-// SAFETY: the page holds atomics only and lives as long as this mapping.
-unsafe impl Send for TenantPage {}
-// SAFETY: as above.
-unsafe impl Sync for TenantPage {}
 
 impl std::fmt::Debug for TenantPage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -52,18 +47,9 @@ impl TenantPage {
     /// ([`TenantPage::fd`]) is close-on-exec: a child's spawner makes it
     /// inheritable.
     pub fn create(limit: u64) -> io::Result<TenantPage> {
-        // SAFETY: the name is a valid C string.
-        let raw = unsafe { libc::memfd_create(c"rgpu-tenant".as_ptr(), libc::MFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: plain call on our descriptor.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), PAGE_BYTES as libc::off_t) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let page = Self::map(fd)?;
+        let fd = shared_page::create(c"rgpu-tenant")?;
+        let budget = SharedPage::map(&fd)?;
+        let page = TenantPage { budget, fd };
         page.set_limit(limit);
         Ok(page)
     }
@@ -71,26 +57,13 @@ impl TenantPage {
     /// Maps the page a parent passed as descriptor `fd` (which it keeps,
     /// close-on-exec from now on, for its own children).
     pub fn inherit(fd: RawFd) -> io::Result<TenantPage> {
-        // SAFETY: the parent passed us this descriptor to own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fstat writes into `stat`.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut stat) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if stat.st_mode & libc::S_IFMT != libc::S_IFREG
-            || usize::try_from(stat.st_size).map_or(true, |size| size < PAGE_BYTES)
-        {
-            return Err(io::Error::other(format!(
-                "descriptor {} is not a tenant page",
-                fd.as_raw_fd()
-            )));
-        }
+        let fd = shared_page::adopt(fd, "a tenant page")?;
         // SAFETY: plain call on our descriptor.
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
             return Err(io::Error::last_os_error());
         }
-        Self::map(fd)
+        let budget = SharedPage::map(&fd)?;
+        Ok(TenantPage { budget, fd })
     }
 
     /// The page's descriptor, to pass to a child.
@@ -98,30 +71,8 @@ impl TenantPage {
         self.fd.as_raw_fd()
     }
 
-    fn map(fd: OwnedFd) -> io::Result<TenantPage> {
-        // SAFETY: a shared mapping of one page of a memfd at least that long.
-        let address = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                PAGE_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if address == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        NonNull::new(address.cast::<Budget>())
-            .map(|budget| TenantPage { budget, fd })
-            .ok_or_else(|| io::Error::other("mmap gave NULL"))
-    }
-
     fn budget(&self) -> &Budget {
-        // SAFETY: the mapping lives as long as `self`; its bytes are atomics
-        // (all-zero is valid), page-aligned.
-        unsafe { self.budget.as_ref() }
+        self.budget.get()
     }
 
     pub fn set_limit(&self, bytes: u64) {
@@ -164,13 +115,6 @@ impl MemoryBudget for TenantPage {
 
     fn used(&self) -> u64 {
         TenantPage::used(self)
-    }
-}
-
-impl Drop for TenantPage {
-    fn drop(&mut self) {
-        // SAFETY: our mapping; nothing refers to it once we are dropped.
-        unsafe { libc::munmap(self.budget.as_ptr().cast(), PAGE_BYTES) };
     }
 }
 
