@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "rgpu_cuda.h"
+#include "wait_for_file.h"
 #include "checks.h"
 
 #define BLOCKS (132 * 4)
@@ -34,16 +35,6 @@ static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void wait_for_file(const char *path) {
-    struct stat st;
-    struct timespec t = {0, 100000L};
-    while (stat(path, &st) != 0) {
-        struct timespec left = t;
-        while (nanosleep(&left, &left) == -1 && errno == EINTR) {
-        }
-    }
 }
 
 static CUfunction work, spin;
@@ -94,7 +85,7 @@ int main(int argc, char **argv) {
         long kernels = strtol(argv[5], NULL, 10);
         launch_work(iterations); /* warm */
         cuCtxSynchronize();
-        wait_for_file(argv[6]);
+        wait_for_file(argv[6], 100000L);
         double t0 = now_s();
         for (long i = 0; i < kernels; i++) launch_work(iterations);
         CUresult rc = cuCtxSynchronize();
@@ -104,7 +95,7 @@ int main(int argc, char **argv) {
         double seconds = atof(argv[5]);
         launch_work(iterations);
         cuCtxSynchronize();
-        wait_for_file(argv[6]);
+        wait_for_file(argv[6], 100000L);
         double t0 = now_s();
         long kernels = 0;
         while (now_s() - t0 < seconds) {
@@ -121,7 +112,7 @@ int main(int argc, char **argv) {
         void *params[] = {&ns};
         cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
         cuCtxSynchronize();
-        wait_for_file(argv[5]);
+        wait_for_file(argv[5], 100000L);
         for (long i = 0; i < iters; i++) {
             double t0 = now_s();
             cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);

@@ -16,7 +16,7 @@ cp tests/programs/rgpu_cuda.h tests/programs/driver_api_test.c \
     tests/programs/reference_kernels.ptx tests/programs/nvcc_driver_api.cu \
     tests/bench/rgpu_bench.c tests/gpu/run-gpu-suite.sh \
     tests/programs/library_api_test.c tests/programs/nvml_test.c \
-    tests/programs/framework_queries_test.c tests/programs/checks.h \
+    tests/programs/framework_queries_test.c tests/programs/checks.h tests/programs/wait_for_file.h \
     tests/programs/forged_pointer_test.c tests/programs/foreign_pointer_test.c \
     tests/programs/kernel_probe_test.c tests/programs/fault_test.c tests/programs/spin_test.c \
     tests/programs/memory_limit_test.c tests/gpu/memory_limit_torch.py \

@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "rgpu_cuda.h"
+#include "wait_for_file.h"
 
 /* Not in rgpu_cuda.h (the other programs use the primary context). */
 CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice device);
@@ -67,16 +68,6 @@ static char *read_file(const char *path) {
     }
     fclose(f);
     return text;
-}
-
-static void wait_for_file(const char *path) {
-    struct stat st;
-    struct timespec t = {0, 10 * 1000000L};
-    while (stat(path, &st) != 0) {
-        struct timespec left = t;
-        while (nanosleep(&left, &left) == -1 && errno == EINTR) {
-        }
-    }
 }
 
 int main(int argc, char **argv) {
@@ -128,7 +119,7 @@ int main(int argc, char **argv) {
     if (stop_file) {
         printf("poisoned\n");
         fflush(stdout);
-        wait_for_file(stop_file);
+        wait_for_file(stop_file, 10 * 1000000L);
     }
     if (checks_failed) {
         printf("fault_test: %d checks failed, %d passed\n", checks_failed, checks_passed);

@@ -23,21 +23,12 @@
 #include <time.h>
 
 #include "rgpu_cuda.h"
+#include "wait_for_file.h"
 #include "checks.h"
 
 #define OWNED_BYTES (1u << 20)
 #define PROBE_BYTES 4096u
 #define MARKER 0xA5
-
-static void wait_for_file(const char *path) {
-    struct stat st;
-    struct timespec t = {0, 10 * 1000000L};
-    while (stat(path, &st) != 0) {
-        struct timespec left = t;
-        while (nanosleep(&left, &left) == -1 && errno == EINTR) {
-        }
-    }
-}
 
 static int own(const char *stop_file) {
     CUdeviceptr dptr = 0;
@@ -47,7 +38,7 @@ static int own(const char *stop_file) {
     REQUIRE_CU(cuCtxSynchronize());
     printf("pointer 0x%llx\n", (unsigned long long)dptr);
     fflush(stdout);
-    wait_for_file(stop_file);
+    wait_for_file(stop_file, 10 * 1000000L);
     CHECK_CU(cuMemcpyDtoH(back, dptr, OWNED_BYTES));
     size_t intact = 0;
     for (size_t i = 0; i < OWNED_BYTES; i++) intact += back[i] == MARKER;

@@ -25,21 +25,12 @@
 #include <time.h>
 
 #include "rgpu_cuda.h"
+#include "wait_for_file.h"
 #include "checks.h"
 
 #define FLOATS 1024
 #define PINNED_BYTES (1u << 20)
 #define SECRET 1234.5f
-
-static void wait_for_file(const char *path) {
-    struct stat st;
-    struct timespec t = {0, 10 * 1000000L};
-    while (stat(path, &st) != 0) {
-        struct timespec left = t;
-        while (nanosleep(&left, &left) == -1 && errno == EINTR) {
-        }
-    }
-}
 
 /* out[i] = in[i] + 0 over FLOATS floats; returns the launch's and the
  * synchronisation's first error and whether `out` holds the secret. */
@@ -99,7 +90,7 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < PINNED_BYTES / sizeof(float); i++) pinned[i] = SECRET;
         printf("pinned %p\n", (void *)pinned);
         fflush(stdout);
-        wait_for_file(argv[arg + 2]);
+        wait_for_file(argv[arg + 2], 10 * 1000000L);
         cuMemFreeHost(pinned);
     } else if (strcmp(mode, "read") == 0 && arg + 1 < argc) {
         char *end = NULL;

@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "rgpu_cuda.h"
+#include "wait_for_file.h"
 #include "checks.h"
 
 #define MAX_BLOCKS 4096
@@ -57,15 +58,9 @@ int main(int argc, char **argv) {
     printf("allocated %ld MiB, then rc %d %s\n", n * block_mb, rc, error_name(rc));
     fflush(stdout);
     if (hold) {
-        struct stat st;
-        struct timespec t = {0, 10 * 1000000L};
         printf("holding\n");
         fflush(stdout);
-        while (stat(hold, &st) != 0) {
-            struct timespec left = t;
-            while (nanosleep(&left, &left) == -1 && errno == EINTR) {
-            }
-        }
+        wait_for_file(hold, 10 * 1000000L);
     }
     for (long i = 0; i < n; i++) cuMemFree(blocks[i]);
     cuMemGetInfo(&free_b, &info_total);
