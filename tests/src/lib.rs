@@ -7,12 +7,14 @@
 //! its process, [`Vm`] kills QEMU, [`TempDir`] removes its files.
 
 pub mod daemon;
+pub mod driver_api;
 pub mod guest;
 pub mod stats;
 pub mod temp_dir;
 pub mod vm;
 
 pub use daemon::Daemon;
+pub use driver_api::DriverApiFixture;
 pub use guest::{GuestLib, GuestProcess};
 pub use stats::Stats;
 pub use temp_dir::TempDir;

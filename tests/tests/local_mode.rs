@@ -1,54 +1,27 @@
 //! Local mode end to end with the sim executor: the C driver-API test program,
 //! linked against guest-lib's libcuda.so.1, runs through a real daemon.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use rgpu_tests::{reference_ptx, Daemon, GuestLib, GuestProcess};
+use rgpu_tests::{reference_ptx, DriverApiFixture, GuestProcess};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 const ACCOUNTING_TIMEOUT: Duration = Duration::from_secs(15);
 const MIB: u64 = 1024 * 1024;
 
-struct Fixture {
-    // Field order is drop order: guests' library dir, then the daemon.
-    guest: GuestLib,
-    program: PathBuf,
-    daemon: Daemon,
-}
-
-impl Fixture {
-    fn new() -> Self {
-        let guest = GuestLib::new();
-        let program = guest.build_program("driver_api_test.c");
-        let daemon = Daemon::start("sim");
-        Self {
-            guest,
-            program,
-            daemon,
-        }
-    }
-
-    fn spawn(&self, args: &[&str]) -> GuestProcess {
-        let mut command = self.guest.command(&self.program, &self.daemon);
-        command.arg("--ptx").arg(reference_ptx()).args(args);
-        GuestProcess::spawn(command)
-    }
-
-    /// Waits until the daemon's accounting shows `sessions` sessions and
-    /// `connections` connections alive.
-    fn wait_for_active(&self, sessions: u64, connections: u64) {
-        self.daemon.wait_for_stats(
-            ACCOUNTING_TIMEOUT,
-            &format!("sessions_active == {sessions} and connections_active == {connections}"),
-            |s| s.get("sessions_active") == sessions && s.get("connections_active") == connections,
-        );
-    }
+/// Waits until the daemon's accounting shows `sessions` sessions and
+/// `connections` connections alive.
+fn wait_for_active(f: &DriverApiFixture, sessions: u64, connections: u64) {
+    f.daemon.wait_for_stats(
+        ACCOUNTING_TIMEOUT,
+        &format!("sessions_active == {sessions} and connections_active == {connections}"),
+        |s| s.get("sessions_active") == sessions && s.get("connections_active") == connections,
+    );
 }
 
 #[test]
 fn one_program_passes_and_frees_everything() {
-    let f = Fixture::new();
+    let f = DriverApiFixture::new(&[]);
     let before = f.daemon.stats();
     assert_eq!(before.executor, "sim");
 
@@ -56,7 +29,7 @@ fn one_program_passes_and_frees_everything() {
         .finish(RUN_TIMEOUT)
         .assert_checks_passed("driver_api_test");
 
-    f.wait_for_active(0, 0);
+    wait_for_active(&f, 0, 0);
     let after = f.daemon.stats();
     assert_eq!(
         after.get("device_memory_bytes"),
@@ -74,7 +47,7 @@ fn one_program_passes_and_frees_everything() {
 
 #[test]
 fn four_programs_at_once() {
-    let f = Fixture::new();
+    let f = DriverApiFixture::new(&[]);
     let guests: Vec<GuestProcess> = (0..4)
         .map(|_| f.spawn(&["--iterations", "2", "--big-mb", "32"]))
         .collect();
@@ -83,37 +56,26 @@ fn four_programs_at_once() {
             .finish(RUN_TIMEOUT)
             .assert_checks_passed(&format!("driver_api_test #{i}"));
     }
-    f.wait_for_active(0, 0);
+    wait_for_active(&f, 0, 0);
     assert!(f.daemon.stats().get("sessions_total") >= 4);
 }
 
 #[test]
 fn killed_program_leaves_the_others_running_and_its_session_freed() {
-    let mut f = Fixture::new();
+    let mut f = DriverApiFixture::new(&[]);
     let stop_file = f.daemon.dir().join("stop");
-    let stop_arg = stop_file.to_string_lossy().into_owned();
     // They repeat until told to stop, so that the accounting below sees
-    // exactly the survivors, whatever the machine's speed.
-    let args = [
-        "--iterations",
-        "100000",
-        "--hold-ms",
-        "20",
-        "--big-mb",
-        "4",
-        "--stop-file",
-        stop_arg.as_str(),
-    ];
-    let mut guests: Vec<GuestProcess> = (0..4).map(|_| f.spawn(&args)).collect();
+    // exactly the survivors.
+    let mut guests: Vec<GuestProcess> = (0..4).map(|_| f.spawn_until_stopped(&stop_file)).collect();
     for guest in guests.iter_mut() {
         guest.wait_for_line("running", RUN_TIMEOUT);
     }
     // One CUDA context (the primary one) per process: one session each.
-    f.wait_for_active(4, 4);
+    wait_for_active(&f, 4, 4);
 
     let mut victim = guests.remove(1);
     victim.kill();
-    f.wait_for_active(3, 3);
+    wait_for_active(&f, 3, 3);
     assert!(f.daemon.is_alive(), "the daemon died:\n{}", f.daemon.log());
 
     std::fs::write(&stop_file, b"stop").expect("create the stop file");
@@ -122,7 +84,7 @@ fn killed_program_leaves_the_others_running_and_its_session_freed() {
             .finish(RUN_TIMEOUT)
             .assert_checks_passed(&format!("surviving driver_api_test #{i}"));
     }
-    f.wait_for_active(0, 0);
+    wait_for_active(&f, 0, 0);
     let stats = f.daemon.stats();
     assert_eq!(
         stats.get("device_memory_bytes"),
@@ -141,7 +103,7 @@ fn killed_program_leaves_the_others_running_and_its_session_freed() {
 /// proves the program runs; figures are taken on the GPU host).
 #[test]
 fn benchmark_runs_through_sim() {
-    let f = Fixture::new();
+    let f = DriverApiFixture::new(&[]);
     let bench = f.guest.build_c(
         &rgpu_tests::workspace_root().join("tests/bench/rgpu_bench.c"),
         &["-ldl"],

@@ -6,12 +6,11 @@
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rgpu_tests::{reference_ptx, Daemon, GuestLib, GuestProcess};
+use rgpu_tests::{Daemon, DriverApiFixture};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long the daemon may take to replace a standby that died.
@@ -99,49 +98,13 @@ fn wait_for_standby(daemon: &mut Daemon, after: u64) -> ConnectionProcess {
     }
 }
 
-struct Fixture {
-    // Field order is drop order: the guests' library dir, then the daemon.
-    guest: GuestLib,
-    program: PathBuf,
-    daemon: Daemon,
-}
-
-impl Fixture {
-    fn new(daemon_args: &[&str]) -> Self {
-        let guest = GuestLib::new();
-        let program = guest.build_program("driver_api_test.c");
-        let daemon = Daemon::start_with("sim", daemon_args, &[]);
-        Self {
-            guest,
-            program,
-            daemon,
-        }
-    }
-
-    fn spawn(&self, args: &[&str]) -> GuestProcess {
-        let mut command = self.guest.command(&self.program, &self.daemon);
-        command.arg("--ptx").arg(reference_ptx()).args(args);
-        GuestProcess::spawn(command)
-    }
-}
-
 /// kill -9 of the standby (three times over) while a client runs: the
 /// client finishes with its checks passed and the daemon serves the next.
 #[test]
 fn killed_standby_is_replaced_while_a_client_runs() {
-    let mut f = Fixture::new(&[]);
+    let mut f = DriverApiFixture::new(&[]);
     let stop_file = f.daemon.dir().join("stop");
-    let stop_arg = stop_file.to_string_lossy().into_owned();
-    let mut client = f.spawn(&[
-        "--iterations",
-        "100000",
-        "--hold-ms",
-        "20",
-        "--big-mb",
-        "4",
-        "--stop-file",
-        stop_arg.as_str(),
-    ]);
+    let mut client = f.spawn_until_stopped(&stop_file);
     client.wait_for_line("running", RUN_TIMEOUT);
 
     // Connection 1 serves the client; the standby is the newest process.
@@ -199,7 +162,7 @@ fn silent_connections_are_bounded_and_closed() {
     let handshake_timeout = Duration::from_secs(HANDSHAKE_TIMEOUT_S);
     let cap = CAP.to_string();
     let timeout = HANDSHAKE_TIMEOUT_S.to_string();
-    let mut f = Fixture::new(&[
+    let mut f = DriverApiFixture::new(&[
         "--max-connections",
         cap.as_str(),
         "--handshake-timeout-s",
@@ -354,19 +317,9 @@ fn silent_connections_are_bounded_and_closed() {
 /// process) and is served when the first ends.
 #[test]
 fn a_client_beyond_the_cap_waits_for_a_slot() {
-    let mut f = Fixture::new(&["--max-connections", "1"]);
+    let mut f = DriverApiFixture::new(&["--max-connections", "1"]);
     let stop_file = f.daemon.dir().join("stop");
-    let stop_arg = stop_file.to_string_lossy().into_owned();
-    let mut first = f.spawn(&[
-        "--iterations",
-        "100000",
-        "--hold-ms",
-        "20",
-        "--big-mb",
-        "4",
-        "--stop-file",
-        stop_arg.as_str(),
-    ]);
+    let mut first = f.spawn_until_stopped(&stop_file);
     first.wait_for_line("running", RUN_TIMEOUT);
     let second = f.spawn(&["--big-mb", "4"]);
 
