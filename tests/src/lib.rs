@@ -9,6 +9,7 @@
 pub mod daemon;
 pub mod driver_api;
 pub mod guest;
+pub mod process;
 pub mod stats;
 pub mod temp_dir;
 pub mod vm;
@@ -16,6 +17,7 @@ pub mod vm;
 pub use daemon::Daemon;
 pub use driver_api::DriverApiFixture;
 pub use guest::{GuestLib, GuestProcess};
+pub use process::{children_of, live_children, ChildProcess};
 pub use stats::Stats;
 pub use temp_dir::TempDir;
 pub use vm::{Vm, VmHost};

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rgpu_tests::{Daemon, DriverApiFixture};
+use rgpu_tests::{children_of, Daemon, DriverApiFixture};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long the daemon may take to replace a standby that died.
@@ -27,49 +27,27 @@ struct ConnectionProcess {
     zombie: bool,
 }
 
-/// Every child process of `parent` (zombies included), from /proc.
-fn children_of(parent: u32) -> Vec<ConnectionProcess> {
-    let mut children = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return children;
-    };
-    for entry in entries.filter_map(Result::ok) {
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // "pid (comm) state ppid ...": comm may hold spaces, so split after ')'.
-        let Some((head, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let mut fields = rest.split_whitespace();
-        let state = fields.next();
-        let ppid = fields.next().and_then(|p| p.parse::<u32>().ok());
-        if ppid != Some(parent) {
-            continue;
-        }
-        let Some(pid) = head
-            .split_whitespace()
-            .next()
-            .and_then(|p| p.parse::<libc::pid_t>().ok())
-        else {
-            continue;
-        };
-        let conn = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .ok()
-            .and_then(|cmdline| {
-                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-                args.windows(2)
-                    .find(|w| w[0] == b"--serve-one-connection")
-                    .and_then(|w| std::str::from_utf8(w[1]).ok()?.parse().ok())
+/// The daemon's child processes: its connection processes.
+fn connection_processes(daemon_pid: u32) -> Vec<ConnectionProcess> {
+    children_of(daemon_pid)
+        .into_iter()
+        .filter_map(|child| {
+            let conn = std::fs::read(format!("/proc/{}/cmdline", child.pid))
+                .ok()
+                .and_then(|cmdline| {
+                    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+                    args.windows(2)
+                        .find(|w| w[0] == b"--serve-one-connection")
+                        .and_then(|w| std::str::from_utf8(w[1]).ok()?.parse().ok())
+                })
+                .unwrap_or(0);
+            Some(ConnectionProcess {
+                pid: libc::pid_t::try_from(child.pid).ok()?,
+                conn,
+                zombie: child.zombie,
             })
-            .unwrap_or(0);
-        children.push(ConnectionProcess {
-            pid,
-            conn,
-            zombie: state == Some("Z"),
-        });
-    }
-    children
+        })
+        .collect()
 }
 
 /// The standby: the newest live connection process, once it is newer than
@@ -82,7 +60,7 @@ fn wait_for_standby(daemon: &mut Daemon, after: u64) -> ConnectionProcess {
             "the daemon exited instead of replacing its standby:\n{}",
             daemon.log()
         );
-        let newest = children_of(daemon.pid())
+        let newest = connection_processes(daemon.pid())
             .into_iter()
             .filter(|c| !c.zombie)
             .max_by_key(|c| c.conn);
@@ -180,7 +158,7 @@ fn silent_connections_are_bounded_and_closed() {
         let daemon_pid = f.daemon.pid();
         std::thread::spawn(move || {
             while sampling.load(Ordering::Relaxed) {
-                most.fetch_max(children_of(daemon_pid).len(), Ordering::Relaxed);
+                most.fetch_max(connection_processes(daemon_pid).len(), Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(10));
             }
         })
@@ -198,7 +176,7 @@ fn silent_connections_are_bounded_and_closed() {
         .finish(RUN_TIMEOUT)
         .assert_checks_passed("the client after the silent ones");
     let client_took = client_started.elapsed();
-    let children_after_client = children_of(f.daemon.pid()).len();
+    let children_after_client = connection_processes(f.daemon.pid()).len();
 
     // Still within their timeout, the silent connections are open.
     if started.elapsed() < handshake_timeout {
@@ -238,7 +216,7 @@ fn silent_connections_are_bounded_and_closed() {
     // Back to the standby alone.
     let deadline = Instant::now() + REPLACE_TIMEOUT;
     loop {
-        let children = children_of(f.daemon.pid());
+        let children = connection_processes(f.daemon.pid());
         if children.len() == 1 && !children[0].zombie {
             break;
         }
@@ -327,7 +305,7 @@ fn a_client_beyond_the_cap_waits_for_a_slot() {
     // holds the only slot.
     let until = Instant::now() + Duration::from_secs(2);
     while Instant::now() < until {
-        let children = children_of(f.daemon.pid());
+        let children = connection_processes(f.daemon.pid());
         assert!(
             children.iter().filter(|c| !c.zombie).count() <= 1,
             "{children:?}"

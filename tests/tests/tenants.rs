@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use rgpu_tests::{Daemon, GuestLib, GuestProcess, TempDir};
+use rgpu_tests::{live_children, Daemon, GuestLib, GuestProcess, TempDir};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 const ACCOUNTING_TIMEOUT: Duration = Duration::from_secs(15);
@@ -93,28 +93,6 @@ fn wait_for_row(daemon: &Daemon, name: &str, want: &[&str]) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// Live processes (not zombies) whose parent is `parent`, from /proc.
-fn live_children(parent: u32) -> usize {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter_map(|entry| std::fs::read_to_string(entry.path().join("stat")).ok())
-        .filter(|stat| {
-            // "pid (comm) state ppid ...": comm may hold spaces.
-            let mut fields = stat
-                .rsplit_once(')')
-                .map(|(_, rest)| rest.split_whitespace())
-                .into_iter()
-                .flatten();
-            let state = fields.next();
-            let ppid = fields.next().and_then(|p| p.parse::<u32>().ok());
-            ppid == Some(parent) && state != Some("Z")
-        })
-        .count()
 }
 
 /// A program of the guest library run to its end on `socket`.
