@@ -74,9 +74,9 @@ fn wait_for(path: &std::path::Path) {
 }
 
 /// A frontend that has started vhost-user negotiation: connected, asked
-/// for the device features and got them. (The daemon gives a connection a
-/// process only once its frontend speaks.)
-fn frontend(socket: &std::path::Path) -> UnixStream {
+/// for the device features and got them (returned with the stream). (The
+/// daemon gives a connection a process only once its frontend speaks.)
+fn frontend(socket: &std::path::Path) -> (UnixStream, u64) {
     use std::io::Write;
     let mut stream = UnixStream::connect(socket).unwrap();
     stream
@@ -89,7 +89,8 @@ fn frontend(socket: &std::path::Path) -> UnixStream {
     let mut reply = [0u8; 20];
     stream.read_exact(&mut reply).unwrap();
     assert_eq!(u32::from_le_bytes(reply[..4].try_into().unwrap()), 1);
-    stream
+    let features = u64::from_le_bytes(reply[12..20].try_into().unwrap());
+    (stream, features)
 }
 
 #[test]
@@ -138,8 +139,8 @@ fn sim_daemon_serves_stats_and_cleans_up_on_sigterm() {
 
     // Two frontends at once, each with a connection of its own; each one
     // that leaves is torn down while the other stays.
-    let first = frontend(&socket);
-    let second = frontend(&socket);
+    let (first, _) = frontend(&socket);
+    let (second, _) = frontend(&socket);
     wait_stats(2, 2);
     drop(first);
     wait_stats(1, 2);
@@ -189,19 +190,7 @@ fn inherited_listening_socket_is_served() {
 
     // The daemon accepts (and so answers the vhost-user handshake): ask for
     // its features and read the reply header.
-    let mut stream = UnixStream::connect(&socket).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    use std::io::Write;
-    // VHOST_USER_GET_FEATURES (1), flags version 1, no payload.
-    stream
-        .write_all(&[1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0])
-        .unwrap();
-    let mut reply = [0u8; 20];
-    stream.read_exact(&mut reply).unwrap();
-    assert_eq!(u32::from_le_bytes(reply[..4].try_into().unwrap()), 1);
-    let features = u64::from_le_bytes(reply[12..20].try_into().unwrap());
+    let (_stream, features) = frontend(&socket);
     assert_ne!(features & (1 << 32), 0, "VERSION_1 offered: {features:#x}");
 
     // SAFETY: kill only sends a signal to the child we started.
@@ -288,8 +277,8 @@ fn connection_processes_are_reaped_and_die_with_the_parent() {
         }
     };
 
-    let first = frontend(&socket);
-    let _second = frontend(&socket);
+    let (first, _) = frontend(&socket);
+    let (_second, _) = frontend(&socket);
     wait_stats(&["\"connections_active\":2,", "\"connections_total\":2,"]);
     // Two serving, one standby.
     let deadline = Instant::now() + Duration::from_secs(10);
