@@ -178,17 +178,7 @@ fn the_object_past_each_cap_is_refused_and_the_session_goes_on() {
         },
     );
     assert_eq!(result, CUDA_SUCCESS);
-    let (result, _) = guest.call(
-        &session,
-        Command::MemcpyDtoH {
-            stream: 0,
-            dst: Guest::data_range(1024, 13),
-            src: c,
-        },
-    );
-    assert_eq!(result, CUDA_SUCCESS);
-    let mut back = [0u8; 13];
-    guest.data.read(1024, &mut back).expect("read data");
+    let back = guest.read_device(&session, c, 1024, 13);
     assert_eq!(&back, b"still working");
     assert_eq!(Counters::get(&counters.command_errors), errors + 1);
     session.shutdown();

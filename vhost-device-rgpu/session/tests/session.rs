@@ -57,22 +57,12 @@ fn alloc_copy_memset_copy_back() {
             count: 16,
         },
     );
-    let (result, _) = guest.call(
-        &session,
-        Command::MemcpyDtoH {
-            stream: 0,
-            dst: Guest::data_range(8192, 4096),
-            src: ptr,
-        },
-    );
-    assert_eq!(result, CUDA_SUCCESS);
+    let back = guest.read_device(&session, ptr, 8192, 4096);
 
     let mut expected = input.clone();
     for chunk in expected[1024..1024 + 64].chunks_mut(4) {
         chunk.copy_from_slice(&0xabcd_1234u32.to_le_bytes());
     }
-    let mut back = vec![0u8; 4096];
-    guest.data.read(8192, &mut back).unwrap();
     assert_eq!(back, expected);
     assert_eq!(Counters::get(&counters.zero_copy_bytes), 8192);
 
@@ -87,17 +77,7 @@ fn alloc_copy_memset_copy_back() {
             src,
         },
     );
-    let (result, _) = guest.call(
-        &session,
-        Command::MemcpyDtoH {
-            stream: 0,
-            dst: Guest::data_range(0, 100),
-            src: ptr + 8,
-        },
-    );
-    assert_eq!(result, CUDA_SUCCESS);
-    let mut back = vec![0u8; 100];
-    guest.data.read(0, &mut back).unwrap();
+    let back = guest.read_device(&session, ptr + 8, 0, 100);
     assert_eq!(back, staged);
     assert_eq!(Counters::get(&counters.staged_bytes), 100);
 
@@ -155,17 +135,7 @@ fn ring_wraps_around_with_padding_and_short_tails() {
         );
     }
     assert!(guest.produced > 4 * RING_SIZE);
-    let (result, _) = guest.call(
-        &session,
-        Command::MemcpyDtoH {
-            stream: 0,
-            dst: Guest::data_range(0, u64::from(count) * 4),
-            src: ptr,
-        },
-    );
-    assert_eq!(result, CUDA_SUCCESS);
-    let mut back = vec![0u8; count as usize * 4];
-    guest.data.read(0, &mut back).unwrap();
+    let back = guest.read_device(&session, ptr, 0, u64::from(count) * 4);
     assert_eq!(u32s(&back), expected);
     assert_eq!(Counters::get(&counters.command_errors), 0);
     session.shutdown();
@@ -329,17 +299,7 @@ fn modules_functions_launches_and_events() {
     let (result, _) = guest.call(&session, launch(params[..12].to_vec()));
     assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
     guest.send(&session, launch(params.clone()));
-    let (result, _) = guest.call(
-        &session,
-        Command::MemcpyDtoH {
-            stream: 0,
-            dst: Guest::data_range(0, 256),
-            src: out,
-        },
-    );
-    assert_eq!(result, CUDA_SUCCESS);
-    let mut back = vec![0u8; 256];
-    guest.data.read(0, &mut back).unwrap();
+    let back = guest.read_device(&session, out, 0, 256);
     assert_eq!(u32s(&back), (500..564).collect::<Vec<u32>>());
     assert_eq!(executor.state.lock().unwrap().launches, 1);
 
@@ -671,17 +631,7 @@ fn a_command_waits_for_the_attach_of_the_blob_it_names() {
         })
     };
     assert_eq!(late.0, CUDA_SUCCESS, "{late:?}");
-    let (result, _) = guest.call(
-        &session,
-        Command::MemcpyDtoH {
-            stream: 0,
-            dst: Guest::data_range(8192, 4096),
-            src: ptr,
-        },
-    );
-    assert_eq!(result, CUDA_SUCCESS);
-    let mut back = vec![0u8; 4096];
-    guest.data.read(8192, &mut back).unwrap();
+    let back = guest.read_device(&session, ptr, 8192, 4096);
     assert_eq!(back, input);
     session.shutdown();
 }

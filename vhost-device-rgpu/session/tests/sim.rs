@@ -139,17 +139,7 @@ fn vector_add_with_zero_copy_and_staged_inputs() {
     }
     params.extend_from_slice(&n.to_le_bytes());
     guest.send(&session, launch(VECTOR_ADD, n, params));
-    let (result, _) = guest.call(
-        &session,
-        Command::MemcpyDtoH {
-            stream: 0,
-            dst: Guest::data_range(131072, bytes),
-            src: c,
-        },
-    );
-    assert_eq!(result, CUDA_SUCCESS);
-    let mut back = vec![0u8; bytes as usize];
-    guest.data.read(131072, &mut back).unwrap();
+    let back = guest.read_device(&session, c, 131072, bytes);
     let expected: Vec<f32> = xs.iter().zip(&ys).map(|(x, y)| x + y).collect();
     assert_eq!(floats(&back), expected);
     assert_eq!(Counters::get(&counters.zero_copy_bytes), 2 * bytes);
@@ -181,17 +171,7 @@ fn many_launches_wrap_the_ring_and_errors_stay_sticky() {
         guest.send(&session, launch(FILL_INDEX, n, fill_params(base * 10)));
     }
     assert!(guest.produced > 3 * RING_SIZE);
-    let (result, _) = guest.call(
-        &session,
-        Command::MemcpyDtoH {
-            stream: 0,
-            dst: Guest::data_range(0, u64::from(n) * 4),
-            src: out,
-        },
-    );
-    assert_eq!(result, CUDA_SUCCESS);
-    let mut back = vec![0u8; n as usize * 4];
-    guest.data.read(0, &mut back).unwrap();
+    let back = guest.read_device(&session, out, 0, u64::from(n) * 4);
     assert_eq!(u32s(&back), (4990..4990 + n).collect::<Vec<u32>>());
 
     // A launch with a short parameter buffer, then an unknown stream: the
@@ -267,17 +247,7 @@ fn module_globals_may_be_copied_until_their_module_is_unloaded() {
         },
     );
     assert_eq!(result, CUDA_SUCCESS);
-    let (result, _) = guest.call(
-        &session,
-        Command::MemcpyDtoH {
-            stream: 0,
-            dst: Guest::data_range(8192, 4),
-            src: counter,
-        },
-    );
-    assert_eq!(result, CUDA_SUCCESS);
-    let mut back = [0u8; 4];
-    guest.data.read(8192, &mut back).unwrap();
+    let back = guest.read_device(&session, counter, 8192, 4);
     assert_eq!(back, [8, 9, 10, 11]);
     // Past a global's end.
     let (result, _) = guest.call(&session, htod(table, 65));

@@ -288,6 +288,23 @@ impl Guest {
         ptr
     }
 
+    /// Copies `len` bytes at device address `src` into the data blob at
+    /// `offset` (asserting success) and returns them.
+    pub fn read_device(&mut self, session: &Session, src: u64, offset: u64, len: u64) -> Vec<u8> {
+        let (result, _) = self.call(
+            session,
+            Command::MemcpyDtoH {
+                stream: 0,
+                dst: Self::data_range(offset, len),
+                src,
+            },
+        );
+        assert_eq!(result, CUDA_SUCCESS);
+        let mut back = vec![0u8; len as usize];
+        self.data.read(offset, &mut back).unwrap();
+        back
+    }
+
     pub fn data_range(offset: u64, length: u64) -> BlobRange {
         BlobRange {
             resource_id: DATA_BLOB,
