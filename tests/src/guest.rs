@@ -107,6 +107,13 @@ pub struct GuestProcess {
     stderr_reader: Option<JoinHandle<String>>,
 }
 
+/// Whether `line` is test program `program`'s "`program`: N checks
+/// passed" (see tests/programs/checks.h).
+pub fn is_checks_passed_line(line: &str, program: &str) -> bool {
+    line.strip_prefix(program)
+        .is_some_and(|rest| rest.starts_with(": ") && rest.ends_with(" checks passed"))
+}
+
 /// How a guest program ended.
 #[derive(Debug)]
 pub struct GuestOutcome {
@@ -116,14 +123,20 @@ pub struct GuestOutcome {
 }
 
 impl GuestOutcome {
+    /// Whether test program `program` exited 0 and printed its
+    /// "`program`: N checks passed" line.
+    pub fn passed(&self, program: &str) -> bool {
+        self.status.success()
+            && self
+                .stdout
+                .lines()
+                .any(|l| is_checks_passed_line(l, program))
+    }
+
     /// Asserts exit 0 and the "driver_api_test: N checks passed" line.
     pub fn assert_checks_passed(&self, who: &str) {
         assert!(
-            self.status.success()
-                && self
-                    .stdout
-                    .lines()
-                    .any(|l| l.starts_with("driver_api_test: ") && l.ends_with(" checks passed")),
+            self.passed("driver_api_test"),
             "{who} failed ({}):\nstdout:\n{}\nstderr:\n{}",
             self.status,
             self.stdout,
@@ -258,5 +271,30 @@ impl Drop for GuestProcess {
         if matches!(self.child.try_wait(), Ok(None)) {
             self.kill();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_checks_passed_line;
+
+    #[test]
+    fn only_the_programs_own_passed_line_counts() {
+        assert!(is_checks_passed_line(
+            "fault_test: 7 checks passed",
+            "fault_test"
+        ));
+        assert!(!is_checks_passed_line(
+            "fault_test: 1 checks failed, 6 passed",
+            "fault_test"
+        ));
+        assert!(!is_checks_passed_line(
+            "fault_test_2: 7 checks passed",
+            "fault_test"
+        ));
+        assert!(!is_checks_passed_line(
+            "fault_test 7 checks passed",
+            "fault_test"
+        ));
     }
 }

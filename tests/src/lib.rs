@@ -16,7 +16,7 @@ pub mod vm;
 
 pub use daemon::Daemon;
 pub use driver_api::DriverApiFixture;
-pub use guest::{GuestLib, GuestProcess};
+pub use guest::{is_checks_passed_line, GuestLib, GuestProcess};
 pub use process::{children_of, live_children, ChildProcess};
 pub use stats::Stats;
 pub use temp_dir::TempDir;

@@ -22,10 +22,7 @@ fn framework_queries_answer_like_the_driver() {
         .arg("--require-clusters");
     let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
     assert!(
-        outcome.status.success()
-            && outcome.stdout.lines().any(|l| {
-                l.starts_with("framework_queries_test: ") && l.ends_with(" checks passed")
-            }),
+        outcome.passed("framework_queries_test"),
         "framework_queries_test failed ({}):\nstdout:\n{}\nstderr:\n{}",
         outcome.status,
         outcome.stdout,

@@ -21,11 +21,7 @@ fn run_program(guest: &GuestLib, program: &Path, daemon: &Daemon, image: &Path, 
         .args(args);
     let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
     assert!(
-        outcome.status.success()
-            && outcome
-                .stdout
-                .lines()
-                .any(|l| l.starts_with("library_api_test: ") && l.ends_with(" checks passed")),
+        outcome.passed("library_api_test"),
         "library_api_test failed ({}):\nstdout:\n{}\nstderr:\n{}",
         outcome.status,
         outcome.stdout,

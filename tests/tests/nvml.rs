@@ -25,11 +25,7 @@ fn nvml_reports_what_the_sim_executor_reports() {
     let mut daemon = Daemon::start("sim");
     let outcome = GuestProcess::spawn(guest.command(&program, &daemon)).finish(RUN_TIMEOUT);
     assert!(
-        outcome.status.success()
-            && outcome
-                .stdout
-                .lines()
-                .any(|l| l.starts_with("nvml_test: ") && l.ends_with(" checks passed")),
+        outcome.passed("nvml_test"),
         "nvml_test failed ({}):\nstdout:\n{}\nstderr:\n{}",
         outcome.status,
         outcome.stdout,
@@ -112,11 +108,7 @@ fn nvml_lists_this_process_while_it_holds_a_cuda_context() {
     let pid = process.id();
     let outcome = process.finish(RUN_TIMEOUT);
     assert!(
-        outcome.status.success()
-            && outcome
-                .stdout
-                .lines()
-                .any(|l| l.starts_with("nvml_processes_test: ") && l.ends_with(" checks passed")),
+        outcome.passed("nvml_processes_test"),
         "nvml_processes_test failed ({}):\nstdout:\n{}\nstderr:\n{}",
         outcome.status,
         outcome.stdout,

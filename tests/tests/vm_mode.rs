@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rgpu_tests::{workspace_root, Daemon, Vm, VmHost};
+use rgpu_tests::{is_checks_passed_line, workspace_root, Daemon, Vm, VmHost};
 
 /// Boot to the first marker (TCG boots in about 4 s).
 const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -304,7 +304,7 @@ fn guest_processes_are_isolated_from_each_other() {
     let lines = f.step("foreign-pointer", 0);
     let passed = lines
         .iter()
-        .filter(|l| l.starts_with("foreign_pointer_test: ") && l.ends_with(" checks passed"))
+        .filter(|l| is_checks_passed_line(l, "foreign_pointer_test"))
         .count();
     assert!(
         passed == 2 && lines.iter().any(|l| l == "intact=yes"),
@@ -316,7 +316,7 @@ fn guest_processes_are_isolated_from_each_other() {
     assert!(
         lines
             .iter()
-            .any(|l| l.starts_with("forged_pointer_test: ") && l.ends_with(" checks passed")),
+            .any(|l| is_checks_passed_line(l, "forged_pointer_test")),
         "the forged-pointer scan failed in the guest; console:\n{}",
         f.vm.console()
     );
