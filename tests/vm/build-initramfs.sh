@@ -19,7 +19,8 @@
 # `my-test.sh=/test.sh` to provide the test script. Executables among them
 # get their libraries too. /lib/rgpu/functions.sh gives test scripts
 # `rgpu_step NAME CMD...` (prints "RGPU-TEST-BEGIN NAME" and
-# "RGPU-TEST-END NAME rc=N") and `rgpu_as_user CMD...` (runs as `cuda`).
+# "RGPU-TEST-END NAME rc=N"), `rgpu_as_user CMD...` (runs as `cuda`),
+# `rgpu_host_check NAME` and `rgpu_wait_line PATTERN FILE...`.
 #
 # Environment: RGPU_CACHE (the chroot's parent, default /var/cache/rgpu),
 # RGPU_PROFILE_DIR (where libcuda.so and rgpu-diag were built; default
@@ -199,6 +200,34 @@ rgpu_as() {
 # rgpu_as_user CMD...: runs CMD as the non-root user `cuda`.
 rgpu_as_user() {
     rgpu_as cuda "$@"
+}
+
+# rgpu_host_check NAME: tells the host to check NAME ("RGPU-WAIT NAME")
+# and waits (up to 120 s) for its answer; true when it says go.
+rgpu_host_check() {
+    local reply=""
+    echo "RGPU-WAIT $1"
+    read -t 120 -r reply
+    echo "RGPU-HOST-SAID $reply"
+    [ "$reply" = go ]
+}
+
+# rgpu_wait_line PATTERN FILE...: waits (up to 120 s in all) until each
+# FILE holds a line matching PATTERN (a grep pattern).
+rgpu_wait_line() {
+    local pattern=$1 i=0 file
+    shift
+    for file in "$@"; do
+        while ! grep -q "$pattern" "$file" 2>/dev/null; do
+            i=$((i + 1))
+            if [ $i -gt 1200 ]; then
+                echo "RGPU-ERROR $file never printed $pattern:"
+                cat "$file"
+                return 1
+            fi
+            sleep 0.1
+        done
+    done
 }
 FUNCTIONS
 

@@ -13,39 +13,17 @@ BIN=/opt/rgpu/bin
 PTX=/opt/rgpu/share/reference_kernels.ptx
 ARGS="--ptx $PTX --big-mb 4"
 
-host_check() {
-    local reply=""
-    echo "RGPU-WAIT $1"
-    read -t 120 -r reply
-    echo "RGPU-HOST-SAID $reply"
-    [ "$reply" = go ]
-}
-
-# Waits (up to 120 s) until file $1 holds a line matching $2.
-wait_line() {
-    local i=0
-    while ! grep -q "$2" "$1" 2>/dev/null; do
-        i=$((i + 1))
-        if [ $i -gt 1200 ]; then
-            echo "RGPU-ERROR $1 never printed $2:"
-            cat "$1"
-            return 1
-        fi
-        sleep 0.1
-    done
-}
-
 # (a) User cuda's kernel faults and poisons its own worker; user cuda2's
 # driver-API test passes meanwhile, and the host shows one worker each.
 poisoned_neighbour() {
     rm -f /tmp/stop-fault /tmp/stop-b
     rgpu_as cuda $BIN/fault_test --ptx $PTX --stop-file /tmp/stop-fault >/tmp/fault.log 2>&1 &
     local faulty=$!
-    wait_line /tmp/fault.log '^poisoned' || return 1
+    rgpu_wait_line '^poisoned' /tmp/fault.log || return 1
     rgpu_as cuda2 $BIN/driver_api_test $ARGS --iterations 1000 --hold-ms 50 \
         --stop-file /tmp/stop-b >/tmp/b.log 2>&1 &
     local b=$!
-    wait_line /tmp/b.log '^running' && host_check two-workers
+    rgpu_wait_line '^running' /tmp/b.log && rgpu_host_check two-workers
     local checked=$?
     touch /tmp/stop-b
     wait $b
@@ -59,7 +37,7 @@ poisoned_neighbour() {
     local rf=$?
     sed 's/^/[cuda] /' /tmp/fault.log
     echo "poisoned-neighbour: fault rc=$rf neighbour rc=$rb again rc=$rc"
-    [ $checked = 0 ] && [ $rf = 0 ] && [ $rb = 0 ] && [ $rc = 0 ] && host_check none-left
+    [ $checked = 0 ] && [ $rf = 0 ] && [ $rb = 0 ] && [ $rc = 0 ] && rgpu_host_check none-left
 }
 rgpu_step poisoned-neighbour poisoned_neighbour
 
@@ -68,7 +46,7 @@ foreign_pointer() {
     rm -f /tmp/stop-owner
     rgpu_as cuda $BIN/foreign_pointer_test own --stop-file /tmp/stop-owner >/tmp/owner.log 2>&1 &
     local owner=$!
-    wait_line /tmp/owner.log '^pointer ' || return 1
+    rgpu_wait_line '^pointer ' /tmp/owner.log || return 1
     local pointer
     pointer=$(sed -n 's/^pointer //p' /tmp/owner.log)
     rgpu_as cuda2 $BIN/foreign_pointer_test probe "$pointer"
@@ -89,7 +67,7 @@ forged_scan() {
     rgpu_as cuda $BIN/kernel_probe_test --ptx $PTX pinned --stop-file /tmp/stop-pinned-scan \
         >/tmp/pinned-scan.log 2>&1 &
     local owner=$!
-    wait_line /tmp/pinned-scan.log '^pinned ' || return 1
+    rgpu_wait_line '^pinned ' /tmp/pinned-scan.log || return 1
     rgpu_as cuda2 $BIN/forged_pointer_test --pinned-mb 16
     local rc=$?
     touch /tmp/stop-pinned-scan
@@ -116,7 +94,7 @@ kernel_probe() {
     rgpu_as cuda $BIN/kernel_probe_test --ptx $PTX pinned --stop-file /tmp/stop-pinned \
         >/tmp/pinned.log 2>&1 &
     local owner=$!
-    wait_line /tmp/pinned.log '^pinned ' || return 1
+    rgpu_wait_line '^pinned ' /tmp/pinned.log || return 1
     local guest_pointer host_address
     guest_pointer=$(sed -n 's/^pinned //p' /tmp/pinned.log)
     host_address=$(host_value owner-blob-address)
@@ -134,12 +112,12 @@ rgpu_step kernel-probe kernel_probe
 killed_copying() {
     rgpu_as cuda $BIN/driver_api_test --ptx $PTX --big-mb 32 --iterations 100000 >/tmp/k.log 2>&1 &
     local shell=$!
-    wait_line /tmp/k.log '^running' || return 1
-    host_check copying || return 1
+    rgpu_wait_line '^running' /tmp/k.log || return 1
+    rgpu_host_check copying || return 1
     kill -9 "$(pidof driver_api_test)"
     wait $shell
     echo "killed-copying: rc=$?"
-    host_check nothing-after-kill
+    rgpu_host_check nothing-after-kill
 }
 rgpu_step killed-copying killed_copying
 
@@ -150,12 +128,12 @@ rebind() {
     rgpu_as cuda $BIN/driver_api_test $ARGS --iterations 1000 --hold-ms 50 \
         --stop-file /tmp/stop-h >/tmp/h.log 2>&1 &
     local held=$!
-    wait_line /tmp/h.log '^running' && host_check before-unbind || return 1
+    rgpu_wait_line '^running' /tmp/h.log && rgpu_host_check before-unbind || return 1
     local dev
     dev=$(basename "$(readlink -f /sys/bus/virtio/drivers/virtio_gpu/virtio*)")
     echo "rebind: unbinding $dev"
     echo "$dev" >/sys/bus/virtio/drivers/virtio_gpu/unbind || return 1
-    host_check unbound || return 1
+    rgpu_host_check unbound || return 1
     touch /tmp/stop-h
     kill -9 "$(pidof driver_api_test)" 2>/dev/null
     wait $held

@@ -13,31 +13,6 @@ PTX=/opt/rgpu/share/reference_kernels.ptx
 # Small bulk copies: TCG emulates every guest instruction.
 ARGS="--ptx $PTX --big-mb 8"
 
-# Waits (up to 120 s) until every given log holds the line "running".
-wait_running() {
-    local i=0 log
-    for log in "$@"; do
-        while ! grep -qx running "$log" 2>/dev/null; do
-            i=$((i + 1))
-            if [ $i -gt 1200 ]; then
-                echo "RGPU-ERROR $log never printed running:"
-                cat "$log"
-                return 1
-            fi
-            sleep 0.1
-        done
-    done
-}
-
-# Tells the host to check something and waits for its answer.
-host_check() {
-    local reply=""
-    echo "RGPU-WAIT $1"
-    read -t 120 -r reply
-    echo "RGPU-HOST-SAID $reply"
-    [ "$reply" = go ]
-}
-
 # (a) The diagnostic, when it was built.
 if [ -x /opt/rgpu/bin/rgpu-diag ]; then
     rgpu_step diag rgpu_as_user /opt/rgpu/bin/rgpu-diag
@@ -57,7 +32,7 @@ two() {
     rgpu_as_user $DAT $ARGS --iterations 1000 --hold-ms 50 --stop-file /tmp/stop-two \
         >/tmp/two-b.log 2>&1 &
     local b=$!
-    wait_running /tmp/two-a.log /tmp/two-b.log && host_check two-running
+    rgpu_wait_line '^running$' /tmp/two-a.log /tmp/two-b.log && rgpu_host_check two-running
     local checked=$?
     touch /tmp/stop-two
     wait $a
@@ -75,17 +50,17 @@ rgpu_step two two
 killed() {
     rgpu_as_user $DAT $ARGS --iterations 1000 --hold-ms 200 >/tmp/held.log 2>&1 &
     local shell=$!
-    wait_running /tmp/held.log || return 1
+    rgpu_wait_line '^running$' /tmp/held.log || return 1
     local pid
     pid=$(pidof driver_api_test)
     echo "held: pid $pid uid $(awk '/^Uid:/ {print $2}' /proc/$pid/status)"
-    host_check held || return 1
+    rgpu_host_check held || return 1
     kill -9 "$pid"
     wait $shell
     local rc=$?
     echo "held: exit rc=$rc"
     cat /tmp/held.log
-    [ $rc = 137 ] && host_check killed
+    [ $rc = 137 ] && rgpu_host_check killed
 }
 rgpu_step killed killed
 
@@ -95,8 +70,8 @@ rgpu_step after-kill rgpu_as_user $DAT $ARGS
 # (f) Bulk data: 256 MiB host-to-device from guest pinned memory, checked on
 # the device; the host compares its copy counters around it.
 bulk() {
-    host_check bulk-start || return 1
+    rgpu_host_check bulk-start || return 1
     rgpu_as_user $DAT $ARGS --bulk-pinned-mb 256 || return 1
-    host_check bulk-done
+    rgpu_host_check bulk-done
 }
 rgpu_step bulk bulk
