@@ -361,12 +361,7 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
         Notifier::inherit(notify_fd).map_err(|e| other(format!("--notify-fd {notify_fd}: {e}")))?;
     let page = shared_counters::map_inherited(counters_fd)
         .map_err(|e| other(format!("--counters-fd {counters_fd}: {e}")))?;
-    let tenant = match args.tenant_fd {
-        Some(fd) => Some(Arc::new(
-            TenantPage::inherit(fd).map_err(|e| other(format!("--tenant-fd {fd}: {e}")))?,
-        )),
-        None => None,
-    };
+    let tenant = inherit_tenant(args.tenant_fd).map_err(other)?;
     let budget = tenant.clone().map(|t| t as Arc<dyn MemoryBudget>);
     // The capset shows the tenant's limit as its devices' memory.
     let capset_budget = budget.clone();
@@ -451,14 +446,19 @@ fn serve_worker(args: Args) -> Result<(), String> {
     seccomp::install(args.worker_seccomp).map_err(|e| e.to_string())?;
     let kernel_timeout =
         (args.kernel_timeout_s > 0).then(|| Duration::from_secs(args.kernel_timeout_s));
-    let budget = match args.tenant_fd {
-        Some(fd) => Some(Arc::new(
-            TenantPage::inherit(fd).map_err(|e| format!("--tenant-fd {fd}: {e}"))?,
-        ) as Arc<dyn MemoryBudget>),
-        None => None,
-    };
+    let budget = inherit_tenant(args.tenant_fd)?.map(|t| t as Arc<dyn MemoryBudget>);
     worker_process::serve::serve(link, executor, Arc::new(counters), kernel_timeout, budget)
         .map_err(|e| e.to_string())
+}
+
+/// The tenant's budget page a child inherited as `--tenant-fd`, if any.
+fn inherit_tenant(fd: Option<RawFd>) -> Result<Option<Arc<TenantPage>>, String> {
+    fd.map(|fd| {
+        TenantPage::inherit(fd)
+            .map(Arc::new)
+            .map_err(|e| format!("--tenant-fd {fd}: {e}"))
+    })
+    .transpose()
 }
 
 /// `what` a child process is, with its tenant's name when it has one.
