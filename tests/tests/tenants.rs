@@ -114,6 +114,16 @@ impl Guests {
         GuestProcess::spawn(command)
     }
 
+    /// Runs the program on `socket` holding `mb` MiB until `release`
+    /// exists; returns once it holds them.
+    fn hold(&self, daemon: &Daemon, socket: &Path, mb: u32, release: &Path) -> GuestProcess {
+        let mb = mb.to_string();
+        let release = release.to_string_lossy();
+        let mut holder = self.spawn(daemon, socket, &["--max-mb", &mb, "--hold-file", &release]);
+        holder.wait_for_line("holding", RUN_TIMEOUT);
+        holder
+    }
+
     /// Runs the program on `socket`; its stdout (stderr added to failures).
     fn run(&self, daemon: &Daemon, socket: &Path) -> String {
         let outcome = self.spawn(daemon, socket, &[]).finish(RUN_TIMEOUT);
@@ -157,13 +167,7 @@ fn each_tenant_has_its_limit_and_it_changes_live() {
     // A client of the limited tenant holds 96 MiB; the limit drops to 128:
     // a new client sees 128 MiB of device and gets the 32 left.
     let release = daemon.dir().join("release");
-    let release_arg = release.to_string_lossy().into_owned();
-    let mut holder = guests.spawn(
-        &daemon,
-        &limited,
-        &["--max-mb", "96", "--hold-file", &release_arg],
-    );
-    holder.wait_for_line("holding", RUN_TIMEOUT);
+    let holder = guests.hold(&daemon, &limited, 96, &release);
     let changed = ctl_ok(&daemon, &["set", "limited", "memory_limit=128MiB"]);
     assert_eq!(
         row(&changed, "limited").map(|cells| cells[3].clone()),
@@ -357,13 +361,7 @@ fn tenants_are_added_and_removed_live() {
 
     // A client of the added tenant holds memory when it is removed.
     let release = daemon.dir().join("release");
-    let release_arg = release.to_string_lossy().into_owned();
-    let mut holder = guests.spawn(
-        &daemon,
-        &added,
-        &["--max-mb", "32", "--hold-file", &release_arg],
-    );
-    holder.wait_for_line("holding", RUN_TIMEOUT);
+    let mut holder = guests.hold(&daemon, &added, 32, &release);
     // Each tenant's standby, and the holder's connection process.
     let deadline = Instant::now() + ACCOUNTING_TIMEOUT;
     while live_children(daemon.pid()) != 3 {
