@@ -240,6 +240,16 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+
+    /// Waits until no session and no connection is alive: every guest
+    /// gone and its accounting settled.
+    pub fn wait_until_idle(&self, timeout: Duration) -> Stats {
+        self.wait_for_stats(
+            timeout,
+            "sessions_active == 0 and connections_active == 0",
+            |s| s.get("sessions_active") == 0 && s.get("connections_active") == 0,
+        )
+    }
 }
 
 impl Drop for Daemon {

@@ -38,9 +38,7 @@ fn library_api_runs_and_images_cross_once() {
     run_program(&guest, &program, &daemon, &reference_ptx(), &[]);
     // The connection's end makes its counts final (a live one publishes
     // its workers' counts a moment late).
-    daemon.wait_for_stats(ACCOUNTING_TIMEOUT, "the program's connection closed", |s| {
-        s.get("sessions_active") == 0 && s.get("connections_active") == 0
-    });
+    daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
     // One image, loaded in the primary context, in a second context, and by
     // a second library from the file: sent once, then served by hash.
     let first = daemon.stats();
@@ -55,9 +53,7 @@ fn library_api_runs_and_images_cross_once() {
     run_program(&guest, &program, &daemon, &reference_ptx(), &[]);
     // The connection's end makes its counts final (a live one publishes
     // its workers' counts a moment late).
-    daemon.wait_for_stats(ACCOUNTING_TIMEOUT, "the program's connection closed", |s| {
-        s.get("sessions_active") == 0 && s.get("connections_active") == 0
-    });
+    daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
     let second = daemon.stats();
     assert!(
         second.get("module_cache_hits") >= first.get("module_cache_hits") + 3,

@@ -29,7 +29,7 @@ fn one_program_passes_and_frees_everything() {
         .finish(RUN_TIMEOUT)
         .assert_checks_passed("driver_api_test");
 
-    wait_for_active(&f, 0, 0);
+    f.daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
     let after = f.daemon.stats();
     assert_eq!(
         after.get("device_memory_bytes"),
@@ -56,7 +56,7 @@ fn four_programs_at_once() {
             .finish(RUN_TIMEOUT)
             .assert_checks_passed(&format!("driver_api_test #{i}"));
     }
-    wait_for_active(&f, 0, 0);
+    f.daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
     assert!(f.daemon.stats().get("sessions_total") >= 4);
 }
 
@@ -84,7 +84,7 @@ fn killed_program_leaves_the_others_running_and_its_session_freed() {
             .finish(RUN_TIMEOUT)
             .assert_checks_passed(&format!("surviving driver_api_test #{i}"));
     }
-    wait_for_active(&f, 0, 0);
+    f.daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
     let stats = f.daemon.stats();
     assert_eq!(
         stats.get("device_memory_bytes"),
