@@ -342,6 +342,8 @@ struct SimFunction {
 struct SimEvent {
     flags: u32,
     recorded: Option<Instant>,
+    /// When the work queued before the record is done (spinning work).
+    done_at: Option<Instant>,
 }
 
 /// One session's simulated context.
@@ -534,11 +536,14 @@ impl SimContext {
         match kernel {
             ReferenceKernel::Empty => Ok(()),
             ReferenceKernel::Spin => {
+                // In order, as on one queue of a GPU: it starts when the
+                // spinning work before it is done.
                 let now = Instant::now();
-                let until = now
+                let start = self.busy_until.map_or(now, |b| b.max(now));
+                let until = start
                     .checked_add(Duration::from_nanos(arg(0)?))
                     .unwrap_or(now + FOREVER);
-                self.busy_until = Some(self.busy_until.map_or(until, |b| b.max(until)));
+                self.busy_until = Some(until);
                 Ok(())
             }
             ReferenceKernel::Printf => {
@@ -1156,6 +1161,7 @@ impl ContextExecutor for SimContext {
             SimEvent {
                 flags,
                 recorded: None,
+                done_at: None,
             },
         );
         Ok(handle)
@@ -1170,23 +1176,32 @@ impl ContextExecutor for SimContext {
 
     fn event_record(&mut self, event: u64, stream: StreamRef) -> CuResult<()> {
         self.check_stream(stream)?;
+        let done_at = self.busy_until;
         let e = self
             .events
             .get_mut(&event)
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         e.recorded = Some(Instant::now());
+        e.done_at = done_at;
         Ok(())
     }
 
     fn event_synchronize(&mut self, event: u64) -> CuResult<()> {
-        self.event(event)?;
-        self.wait_idle();
+        if let Some(done_at) = self.event(event)?.done_at {
+            let left = done_at.saturating_duration_since(Instant::now());
+            if !left.is_zero() {
+                std::thread::sleep(left);
+            }
+        }
         self.print_device_output();
         Ok(())
     }
 
     fn event_query(&mut self, event: u64) -> CuResult<()> {
-        self.event(event).map(|_| ())
+        match self.event(event)?.done_at {
+            Some(done_at) if Instant::now() < done_at => Err(CUDA_ERROR_NOT_READY),
+            _ => Ok(()),
+        }
     }
 
     fn event_elapsed_time(&mut self, start: u64, end: u64) -> CuResult<f32> {

@@ -13,7 +13,11 @@
  *       "kernels K"
  *   share_tenant --ptx PTX latency ITERS START_FILE
  *       waits for START_FILE, then ITERS times: a 20 us kernel (rgpu_spin)
- *       and a synchronisation; prints "latency p50 A us p99 B us" */
+ *       and a synchronisation; prints "latency p50 A us p99 B us"
+ *   share_tenant --ptx PTX spin NANOSECONDS SECONDS START_FILE
+ *       as busy, with rgpu_spin kernels of NANOSECONDS each (the kernel the
+ *       sim executor runs for its time too); prints "kernels K"
+ * Every mode that waits for START_FILE prints "ready" first. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
@@ -43,6 +47,13 @@ static CUdeviceptr sink;
 static CUresult launch_work(unsigned iterations) {
     void *params[] = {&sink, &iterations};
     return cuLaunchKernel(work, BLOCKS, 1, 1, THREADS, 1, 1, 0, NULL, params, NULL);
+}
+
+/* Says the context and module are ready, then waits for `path`. */
+static void ready_then_wait(const char *path) {
+    printf("ready\n");
+    fflush(stdout);
+    wait_for_file(path, 100000L);
 }
 
 static int compare(const void *a, const void *b) {
@@ -85,7 +96,7 @@ int main(int argc, char **argv) {
         long kernels = strtol(argv[5], NULL, 10);
         launch_work(iterations); /* warm */
         cuCtxSynchronize();
-        wait_for_file(argv[6], 100000L);
+        ready_then_wait(argv[6]);
         double t0 = now_s();
         for (long i = 0; i < kernels; i++) launch_work(iterations);
         CUresult rc = cuCtxSynchronize();
@@ -95,12 +106,28 @@ int main(int argc, char **argv) {
         double seconds = atof(argv[5]);
         launch_work(iterations);
         cuCtxSynchronize();
-        wait_for_file(argv[6], 100000L);
+        ready_then_wait(argv[6]);
         double t0 = now_s();
         long kernels = 0;
         while (now_s() - t0 < seconds) {
             for (int i = 0; i < 4; i++) launch_work(iterations);
             cuCtxSynchronize();
+            kernels += 4;
+        }
+        printf("kernels %ld\n", kernels);
+    } else if (!strcmp(mode, "spin") && argc == 7) {
+        uint64_t ns = strtoull(argv[4], NULL, 10);
+        double seconds = atof(argv[5]);
+        void *params[] = {&ns};
+        ready_then_wait(argv[6]);
+        double t0 = now_s();
+        long kernels = 0;
+        while (now_s() - t0 < seconds) {
+            for (int i = 0; i < 4; i++) cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+            if (cuCtxSynchronize() != CUDA_SUCCESS) {
+                printf("FAIL: synchronize\n");
+                return 1;
+            }
             kernels += 4;
         }
         printf("kernels %ld\n", kernels);
@@ -112,7 +139,7 @@ int main(int argc, char **argv) {
         void *params[] = {&ns};
         cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
         cuCtxSynchronize();
-        wait_for_file(argv[5], 100000L);
+        ready_then_wait(argv[5]);
         for (long i = 0; i < iters; i++) {
             double t0 = now_s();
             cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);

@@ -15,7 +15,10 @@
 #     (target 27-33%);
 #   - a high-priority tenant's launch+synchronize latency for a 20 us
 #     kernel beside a low-priority tenant saturating the GPU: p99 against
-#     alone (target <= 1.5x).
+#     alone (target <= 1.5x);
+#   - PyTorch in a tenant with memory_limit 4GiB (memory_limit_torch.py):
+#     it sees 4 GiB, a tensor past it raises torch.cuda.OutOfMemoryError, a
+#     training loop that fits trains.
 # Environment: NATIVE_LIBCUDA, OUT (logs).
 set -uo pipefail
 bundle=$(cd "${1:?usage: sharing_bench.sh BUNDLE}" && pwd)
@@ -35,6 +38,7 @@ mkdir -p "$work/native-lib" "$work/rgpu-lib"
 ln -s "$native_lib" "$work/native-lib/libcuda.so"
 ln -s "$bundle/libcuda.so" "$work/rgpu-lib/libcuda.so.1"
 ln -s "$bundle/libcuda.so" "$work/rgpu-lib/libcuda.so"
+ln -s "$bundle/libnvidia_ml.so" "$work/rgpu-lib/libnvidia-ml.so.1"
 for side in native rgpu; do
     gcc -O2 -std=c11 -I "$bundle" -o "$work/tenant-$side" "$bundle/share_tenant.c" \
         -L "$work/$side-lib" -lcuda || { echo "FAIL build share_tenant-$side"; exit 1; }
@@ -53,6 +57,7 @@ echo "fixed-work kernel: $iterations iterations for about 1 ms alone"
 # capped (compute_max 30%).
 {
     echo '[daemon]'
+    printf 'control_socket = "%s/control.sock"\n' "$work"
     for t in 1 2 3 4 5 6 7 8; do
         printf '[[tenant]]\nname = "t%s"\nsocket = "%s/t%s.sock"\n' "$t" "$work" "$t"
     done
@@ -61,12 +66,13 @@ echo "fixed-work kernel: $iterations iterations for about 1 ms alone"
     printf '[[tenant]]\nname = "capped"\nsocket = "%s/capped.sock"\ncompute_max = "30%%"\n' "$work"
     printf '[[tenant]]\nname = "hi"\nsocket = "%s/hi.sock"\npriority = "high"\n' "$work"
     printf '[[tenant]]\nname = "lo"\nsocket = "%s/lo.sock"\npriority = "low"\n' "$work"
+    printf '[[tenant]]\nname = "torch"\nsocket = "%s/torch.sock"\nmemory_limit = "4GiB"\n' "$work"
 } >"$work/rgpu.toml"
 env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" "$bundle/vhost-device-rgpu" --executor cuda \
     --config "$work/rgpu.toml" >"$logs/daemon.log" 2>&1 &
 daemon_pid=$!
-for _ in $(seq 600); do [ -S "$work/lo.sock" ] && break; sleep 0.05; done
-[ -S "$work/lo.sock" ] || { echo "FAIL daemon (see $logs/daemon.log)"; tail "$logs/daemon.log"; exit 1; }
+for _ in $(seq 600); do [ -S "$work/torch.sock" ] && break; sleep 0.05; done
+[ -S "$work/torch.sock" ] || { echo "FAIL daemon (see $logs/daemon.log)"; tail "$logs/daemon.log"; exit 1; }
 sleep 2 # every tenant's standby ready
 
 # Runs "$@" for each of N tenants at once, released together; prints each
@@ -86,6 +92,11 @@ release() { # start-file, then commands (one per line on stdin)
     wait "${pids[@]}"
     awk -v s="$t0" -v e="$(date +%s.%N)" 'BEGIN { printf "wall %.3f\n", e - s }'
     for j in $(seq "$i"); do tail -n 1 "$work/out-$j"; done
+}
+# gpu_seconds TENANT: the GPU time the daemon measured for it so far.
+gpu_seconds() {
+    "$bundle/vhost-device-rgpu" ctl --control-socket "$work/control.sock" list \
+        | awk -v t="$1" '$1 == t { print $NF }'
 }
 export -f native through
 export work ptx native_dir
@@ -110,6 +121,9 @@ w3=$(sed -n '2,$s/^kernels //p' "$logs/weights.txt" | sed -n 1p)
 w1=$(sed -n '2,$s/^kernels //p' "$logs/weights.txt" | sed -n 2p)
 share=$(awk -v a="$w3" -v b="$w1" 'BEGIN { printf "%.1f", 100 * a / (a + b) }')
 echo "w3 $w3 kernels, w1 $w1 kernels: w3's share $share% (target 75 +-5)"
+g3=$(gpu_seconds w3) g1=$(gpu_seconds w1)
+gpu_share=$(awk -v a="$g3" -v b="$g1" 'BEGIN { if (a + b > 0) printf "%.1f", 100 * a / (a + b); else print "-" }')
+echo "GPU time measured by the daemon: w3 $g3 s, w1 $g1 s: w3's share $gpu_share%"
 
 echo "== a lone tenant capped at 30% (rgpu), 3 s"
 printf '%s\n' "through t1 busy $iterations 3 $work/go" | release "$work/go" >"$logs/alone.txt"
@@ -118,6 +132,7 @@ alone=$(sed -n 's/^kernels //p' "$logs/alone.txt")
 capped=$(sed -n 's/^kernels //p' "$logs/capped.txt")
 cap=$(awk -v a="$alone" -v c="$capped" 'BEGIN { printf "%.1f", 100 * c / a }')
 echo "alone $alone kernels, capped $capped: $cap% (target 27-33)"
+echo "GPU time measured by the daemon: alone (t1, with its earlier run) $(gpu_seconds t1) s, capped $(gpu_seconds capped) s in 3 s"
 
 echo "== latency of a 20 us kernel: alone, and beside a tenant saturating the GPU"
 for side in native rgpu; do
@@ -129,15 +144,23 @@ for side in native rgpu; do
     echo "$side beside a busy tenant: $(grep '^latency' "$logs/latency-busy-$side.txt")"
 done
 
+echo "== PyTorch in a tenant limited to 4 GiB"
+env RGPU_SOCKET="$work/torch.sock" LD_LIBRARY_PATH="$work/rgpu-lib" \
+    python3 "$bundle/memory_limit_torch.py" >"$logs/torch.txt" 2>&1
+cat "$logs/torch.txt"
+torch_result=$(grep '^memory_limit_torch:' "$logs/torch.txt" || echo "no result (see $logs/torch.txt)")
+
 cat <<EOF
 
 | metric | native | rgpu | target |
 | --- | --- | --- | --- |
 | 8 equal tenants: slowest/fastest | $equal_native_spread | $equal_rgpu_spread | <= 1.10 |
 | 8 equal tenants: total time | ${equal_native_wall} s | ${equal_rgpu_wall} s | rgpu <= native |
-| weights 300:100: first tenant's share | - | $share% | 75 +-5 |
+| weights 300:100: first tenant's share (kernels) | - | $share% | 75 +-5 |
+| weights 300:100: first tenant's share (daemon's GPU time) | - | $gpu_share% | 75 +-5 |
 | compute_max 30%: work against alone | - | $cap% | 27-33 |
 | 20 us kernel beside a busy tenant, p99 | $(sed -n 's/.*p99 \([0-9.]*\) us/\1/p' "$logs/latency-busy-native.txt") us | $(sed -n 's/.*p99 \([0-9.]*\) us/\1/p' "$logs/latency-busy-rgpu.txt") us | <= 1.5x alone |
+| PyTorch, memory_limit 4GiB | - | $torch_result | every check passes |
 | 20 us kernel alone, p99 | $(sed -n 's/.*p99 \([0-9.]*\) us/\1/p' "$logs/latency-alone-native.txt") us | $(sed -n 's/.*p99 \([0-9.]*\) us/\1/p' "$logs/latency-alone-rgpu.txt") us | |
 EOF
 echo "logs in $logs"

@@ -150,6 +150,13 @@ fn the_endpoint_and_top_show_a_tenants_use() {
             "{gauge}:\n{holding}"
         );
     }
+    // The scheduler's measure of GPU time is exported (a float counter).
+    assert!(
+        holding
+            .lines()
+            .any(|l| l.starts_with("rgpu_tenant_gpu_busy_seconds_total{tenant=\"default\"} ")),
+        "{holding}"
+    );
     for line in holding.lines().filter(|l| l.starts_with("rgpu_tenant_")) {
         println!("while holding: {line}");
     }
@@ -166,9 +173,13 @@ fn the_endpoint_and_top_show_a_tenants_use() {
         .find(|line| line.starts_with("default "))
         .map(|line| line.split_whitespace().collect())
         .unwrap_or_default();
-    // TENANT SESSIONS WORKERS CONNS MEM-MiB LIMIT-MiB CMD/S ERRORS
-    assert_eq!(row.len(), 8, "{table}");
-    assert_eq!((row[4], row[5], row[6]), ("256.0", "256.0", "-"), "{table}");
+    // TENANT SESSIONS WORKERS CONNS MEM-MiB LIMIT-MiB CMD/S GPU% ERRORS
+    assert_eq!(row.len(), 9, "{table}");
+    assert_eq!(
+        (row[4], row[5], row[6], row[7]),
+        ("256.0", "256.0", "-", "-"),
+        "{table}"
+    );
     assert!(row[1].parse::<u64>().is_ok_and(|s| s >= 1), "{table}");
     println!("top --once while holding:\n{table}");
 

@@ -171,9 +171,9 @@ fn check_socket_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Which work goes first when tenants contend (stored and listed; the
-/// scheduler that enforces it comes later).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Which work goes first when tenants contend (declared highest first:
+/// the derived order ranks them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Priority {
     High,
     #[default]
@@ -216,11 +216,11 @@ pub struct TenantSettings {
     /// Device memory of all the tenant's processes together; `None`: no
     /// limit. Enforced.
     pub memory_limit: Option<u64>,
-    /// Share of contended GPU time (stored only, for now).
+    /// Share of contended GPU time (the scheduler's weight).
     pub compute_weight: u32,
-    /// Hard cap on GPU time, percent (stored only, for now).
+    /// Hard cap on GPU time, percent, even on an idle GPU.
     pub compute_max: Option<u8>,
-    /// Stored only, for now.
+    /// While a tenant of a higher priority has work, lower ones wait.
     pub priority: Priority,
 }
 

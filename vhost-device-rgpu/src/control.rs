@@ -23,13 +23,13 @@
 //! ```text
 //! {"name":"vm1","socket":"/run/rgpu/vm1.sock","gpu":0,
 //!  "memory_limit":17179869184,"memory_used":0,"compute_weight":100,
-//!  "compute_max":50,"priority":"normal","connections":1,"sessions":2}
+//!  "compute_max":50,"priority":"normal","connections":1,"sessions":2,
+//!  "gpu_busy_ms":1234}
 //! ```
 //!
-//! (`memory_limit` and `compute_max` are `null` when there is none.) Of the
-//! settings, only `memory_limit` is enforced today; `compute_weight`,
-//! `compute_max` and `priority` are stored and listed, for the scheduler to
-//! come. The socket is created for the daemon's user alone (mode 0600): a
+//! (`memory_limit` and `compute_max` are `null` when there is none.) A
+//! change takes effect at once: the memory budget at the next allocation,
+//! the compute settings at the scheduler's next step. The socket is created for the daemon's user alone (mode 0600): a
 //! tenant's VMM, which may share the daemon's group to reach its own
 //! socket, must not change its limits.
 
@@ -182,6 +182,9 @@ pub struct TenantEntry {
     pub connections: u64,
     /// Guest CUDA contexts now.
     pub sessions: u64,
+    /// GPU time of the tenant's work so far, in milliseconds.
+    #[serde(default)]
+    pub gpu_busy_ms: u64,
 }
 
 impl From<&ServedTenant> for TenantEntry {
@@ -198,6 +201,7 @@ impl From<&ServedTenant> for TenantEntry {
             priority: sample.priority.to_owned(),
             connections: rgpu_session::Counters::get(&sample.counters.connections_active),
             sessions: rgpu_session::Counters::get(&sample.counters.sessions_active),
+            gpu_busy_ms: (sample.gpu_busy_seconds * 1e3) as u64,
         }
     }
 }
@@ -427,6 +431,7 @@ mod tests {
             priority: "normal".into(),
             connections: 1,
             sessions: 2,
+            gpu_busy_ms: 1234,
         };
         let text = serde_json::to_string(&Answer::tenants(vec![entry.clone()])).unwrap();
         assert!(!text.contains('\n'));

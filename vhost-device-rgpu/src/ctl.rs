@@ -34,9 +34,8 @@ pub struct CtlArgs {
 #[derive(Debug, clap::Subcommand)]
 enum CtlCommand {
     /// Every tenant: its socket, GPU, memory limit and use, compute weight
-    /// and cap, priority, live connections and sessions. Only the memory
-    /// limit is enforced today; weight, cap and priority are stored for the
-    /// scheduler to come.
+    /// and cap, priority, live connections and sessions, and the GPU time
+    /// its work has taken.
     List,
     /// Change a tenant's settings live: memory_limit=SIZE|none,
     /// compute_weight=1..10000, compute_max=1%..100%|none,
@@ -115,8 +114,9 @@ pub fn table(entries: &[TenantEntry]) -> String {
         "PRIORITY",
         "CONNECTIONS",
         "SESSIONS",
+        "GPU_SECONDS",
     ];
-    let rows: Vec<[String; 10]> = entries
+    let rows: Vec<[String; 11]> = entries
         .iter()
         .map(|t| {
             [
@@ -132,6 +132,7 @@ pub fn table(entries: &[TenantEntry]) -> String {
                 t.priority.clone(),
                 t.connections.to_string(),
                 t.sessions.to_string(),
+                format!("{:.3}", t.gpu_busy_ms as f64 / 1e3),
             ]
         })
         .collect();
@@ -207,6 +208,7 @@ mod tests {
             priority: "high".into(),
             connections: 1,
             sessions: 2,
+            gpu_busy_ms: 1500,
         };
         let text = table(&[
             entry("vm1", Some(128 << 20), Some(50)),
@@ -217,11 +219,11 @@ mod tests {
             lines,
             [
                 "NAME       SOCKET               GPU  MEMORY_LIMIT  MEMORY_USED  WEIGHT  CAP   \
-                 PRIORITY  CONNECTIONS  SESSIONS",
+                 PRIORITY  CONNECTIONS  SESSIONS  GPU_SECONDS",
                 "vm1        /run/vm1.sock        0    128MiB        160MiB       300     50%   \
-                 high      1            2",
+                 high      1            2         1.500",
                 "unlimited  /run/unlimited.sock  0    none          160MiB       300     none  \
-                 high      1            2",
+                 high      1            2         1.500",
             ]
         );
     }

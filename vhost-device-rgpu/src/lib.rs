@@ -16,6 +16,8 @@
 //! supervisor and one memory budget each), declared in a TOML file
 //! ([`config`]) or given by `--socket-path` alone; [`control`] answers the
 //! control socket, through which [`ctl`] lists and changes them live.
+//! [`scheduler`] grants tenants their turns on the GPU through their
+//! tenant pages ([`tenant_page`]).
 
 pub mod config;
 pub mod control;
@@ -25,6 +27,7 @@ pub mod gate;
 pub mod handoff;
 pub mod limits;
 pub mod metrics;
+pub mod scheduler;
 pub mod shared_counters;
 pub mod shared_page;
 pub mod signals;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use log::{error, info, warn};
 use rgpu_executor::Executor;
-use rgpu_session::{Counters, MemoryBudget};
+use rgpu_session::{ComputeGate, Counters, MemoryBudget, Tenant};
 use vhost_device_rgpu::config::{parse_size, Config, DaemonSettings, TenantSettings};
 use vhost_device_rgpu::signals::CreatedFiles;
 use vhost_device_rgpu::supervisor::{Message, Notifier};
@@ -26,8 +26,8 @@ use vhost_device_rgpu::worker_process::link::Link;
 use vhost_device_rgpu::worker_process::seccomp::{self, SeccompMode};
 use vhost_device_rgpu::worker_process::{Accounting, WorkerLauncher};
 use vhost_device_rgpu::{
-    control, ctl, daemon, handoff, metrics, shared_counters, signals, socket, stats, top,
-    worker_process,
+    control, ctl, daemon, handoff, metrics, scheduler, shared_counters, signals, socket, stats,
+    top, worker_process,
 };
 
 /// What QEMU's vhost-user.rst "Backend program conventions" ask
@@ -291,6 +291,11 @@ fn start_serving(
     created: &CreatedFiles,
 ) -> Result<Option<metrics::MetricsServer>, String> {
     tenants.start(specs).map_err(|e| e.to_string())?;
+    let scheduled = Arc::downgrade(tenants);
+    std::thread::Builder::new()
+        .name("rgpu-scheduler".into())
+        .spawn(move || scheduler::run(scheduled))
+        .map_err(|e| format!("cannot start the scheduler: {e}"))?;
     if let Some(path) = &args.stats_socket {
         let stats_listener = socket::bind(path).map_err(|e| e.to_string())?;
         created.add(path.clone());
@@ -362,10 +367,9 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
     let page = shared_counters::map_inherited(counters_fd)
         .map_err(|e| other(format!("--counters-fd {counters_fd}: {e}")))?;
     let tenant = inherit_tenant(args.tenant_fd).map_err(other)?;
-    let budget = tenant.clone().map(|t| t as Arc<dyn MemoryBudget>);
     // The capset shows the tenant's limit as its devices' memory.
-    let capset_budget = budget.clone();
-    let accounting = Accounting::start(Arc::new(Counters::shared(page)), budget)
+    let capset_budget = tenant.clone().map(|t| t as Arc<dyn MemoryBudget>);
+    let accounting = Accounting::start(Arc::new(Counters::shared(page)), tenant.clone())
         .map_err(|e| other(format!("cannot start the accounting thread: {e}")))?;
     let launcher = WorkerLauncher::new(
         std::env::current_exe().map_err(|e| other(format!("cannot find this executable: {e}")))?,
@@ -446,8 +450,14 @@ fn serve_worker(args: Args) -> Result<(), String> {
     seccomp::install(args.worker_seccomp).map_err(|e| e.to_string())?;
     let kernel_timeout =
         (args.kernel_timeout_s > 0).then(|| Duration::from_secs(args.kernel_timeout_s));
-    let budget = inherit_tenant(args.tenant_fd)?.map(|t| t as Arc<dyn MemoryBudget>);
-    worker_process::serve::serve(link, executor, Arc::new(counters), kernel_timeout, budget)
+    let tenant = match inherit_tenant(args.tenant_fd)? {
+        Some(page) => Tenant::with_shares(
+            Some(Arc::clone(&page) as Arc<dyn MemoryBudget>),
+            Some(page as Arc<dyn ComputeGate>),
+        ),
+        None => Tenant::new(),
+    };
+    worker_process::serve::serve(link, executor, Arc::new(counters), kernel_timeout, tenant)
         .map_err(|e| e.to_string())
 }
 

@@ -86,6 +86,7 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 type TenantLabel = [(&'static str, String); 1];
 type GaugeFamily = Family<TenantLabel, Gauge<u64, AtomicU64>>;
 type CounterFamily = Family<TenantLabel, Counter<u64, AtomicU64>>;
+type SecondsFamily = Family<TenantLabel, Counter<f64, AtomicU64>>;
 
 /// `samples` in the Prometheus text format (version 0.0.4), every series
 /// labelled `tenant="NAME"`.
@@ -98,6 +99,7 @@ pub fn render(samples: &[TenantSample]) -> Result<String, std::fmt::Error> {
     let commands = CounterFamily::default();
     let command_errors = CounterFamily::default();
     let compute_weight = GaugeFamily::default();
+    let gpu_busy = SecondsFamily::default();
     for sample in samples {
         let tenant: TenantLabel = [("tenant", sample.name.clone())];
         let counters = &sample.counters;
@@ -126,6 +128,9 @@ pub fn render(samples: &[TenantSample]) -> Result<String, std::fmt::Error> {
         compute_weight
             .get_or_create(&tenant)
             .set(u64::from(sample.compute_weight));
+        gpu_busy
+            .get_or_create(&tenant)
+            .inc_by(sample.gpu_busy_seconds);
     }
 
     let mut registry = Registry::default();
@@ -169,6 +174,11 @@ pub fn render(samples: &[TenantSample]) -> Result<String, std::fmt::Error> {
         "rgpu_tenant_compute_weight",
         "The tenant's share of contended GPU time, relative to the other tenants' weights",
         compute_weight,
+    );
+    registry.register(
+        "rgpu_tenant_gpu_busy_seconds",
+        "GPU time of the tenant's work (from submission until its fence completed), in seconds",
+        gpu_busy,
     );
     let mut text = String::new();
     prometheus_text::encode(&mut text, &registry)?;
@@ -354,6 +364,7 @@ mod tests {
             compute_weight: 100,
             compute_max: None,
             priority: "normal",
+            gpu_busy_seconds: 1.5,
         }
     }
 
@@ -381,18 +392,19 @@ mod tests {
             "# TYPE rgpu_tenant_command_errors_total counter",
             "rgpu_tenant_command_errors_total{tenant=\"vm-a\"} 7",
             "rgpu_tenant_compute_weight{tenant=\"vm-a\"} 100",
+            "# TYPE rgpu_tenant_gpu_busy_seconds_total counter",
+            "rgpu_tenant_gpu_busy_seconds_total{tenant=\"vm-a\"} 1.5",
             // Label values are escaped as the format asks.
             "rgpu_tenant_device_memory_bytes{tenant=\"say \\\"hi\\\"\\\\\"} 0",
         ] {
             assert!(lines.contains(&expected), "{expected:?} missing:\n{text}");
         }
-        // No limit, no series; and no GPU-time series until it is measured.
+        // No limit, no series.
         let limits: Vec<_> = lines
             .iter()
             .filter(|l| l.starts_with("rgpu_tenant_device_memory_limit_bytes{"))
             .collect();
         assert_eq!(limits.len(), 1, "{text}");
-        assert!(!text.contains("busy_seconds"), "{text}");
     }
 
     #[test]

@@ -592,6 +592,15 @@ impl Supervisor {
     }
 
     /// The counters of every child, ended or alive; gauges of live ones only.
+    /// Whether a guest holds a CUDA context in one of its children now
+    /// (reads the children's pages; no sum is made).
+    pub fn has_sessions(&self) -> bool {
+        self.lock()
+            .live
+            .values()
+            .any(|child| Counters::get(&child.counters.page().sessions_active) > 0)
+    }
+
     pub fn totals(&self) -> Counters {
         let state = self.lock();
         let sum = Counters::default();

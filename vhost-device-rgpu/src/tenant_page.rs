@@ -1,35 +1,113 @@
-//! A tenant's memory budget, shared by every process that serves it: the
-//! parent (which sets the limit, live), its connection processes and their
-//! workers (which take device memory against it). One page of a memfd that
-//! the parent creates per tenant and its children inherit, holding atomics
-//! only, so every process sees the same numbers without a round trip.
+//! A tenant's memory budget and its turn on the GPU, shared by every
+//! process that serves it: the parent (which sets the limit, live, and
+//! whose scheduler grants turns), its connection processes and their
+//! workers (which take device memory against the budget and submit when
+//! granted). One page of a memfd that the parent creates per tenant and its
+//! children inherit, holding atomics only, so every process sees the same
+//! numbers without a round trip; waits are futexes on the shared page.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
-use rgpu_session::MemoryBudget;
+use rgpu_session::{Admission, ComputeGate, MemoryBudget};
 
 use crate::shared_page::{self, SharedLayout, SharedPage};
 
 /// No limit.
 pub const UNLIMITED: u64 = u64::MAX;
 
-/// The shared layout: all zeroes is "no use", so the parent stores the
-/// limit before any child starts.
+/// A tenant that has not submitted for this long starts a new burst when
+/// it does (the scheduler's HOLD: it no longer counts as present).
+const BURST_GAP_NS: u64 = 3_000_000;
+
+/// The tenant must wait for its turn.
+pub const GRANT_WAIT: u32 = 0;
+/// Its turn, while the scheduler arbitrates: every submission fenced.
+pub const GRANT_FENCED: u32 = 1;
+/// The GPU is the tenant's without arbitration.
+pub const GRANT_FREE: u32 = 2;
+
+/// The shared layout: all zeroes is "no use, must wait", so the parent
+/// stores the limit and the first grant before any child starts.
 #[repr(C)]
-struct Budget {
+struct Layout {
     limit_bytes: AtomicU64,
     used_bytes: AtomicU64,
+    /// One of the `GRANT_` values; a futex the tenant's sessions wait on.
+    grant: AtomicU32,
+    /// Sessions whose work may be on the GPU; a futex the scheduler waits
+    /// on while the tenant drains.
+    busy_sessions: AtomicU32,
+    waiting_sessions: AtomicU32,
+    _reserved: AtomicU32,
+    /// When a session last asked to submit ([`monotonic_ns`]).
+    last_submit_ns: AtomicU64,
+    /// Since when `busy_sessions` is above zero.
+    busy_since_ns: AtomicU64,
+    /// GPU time of the tenant's finished busy periods.
+    busy_ns: AtomicU64,
 }
 
-// SAFETY: `#[repr(C)]`, two atomics, valid all zero.
-unsafe impl SharedLayout for Budget {}
+// SAFETY: `#[repr(C)]`, atomics only, valid all zero.
+unsafe impl SharedLayout for Layout {}
+
+/// CLOCK_MONOTONIC in nanoseconds: one clock for every process.
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the struct we pass; the monotonic clock always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    u64::try_from(now.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(now.tv_nsec).unwrap_or(0))
+}
+
+/// Waits while `word` holds `expected`, at most `timeout` (shared futex:
+/// the page is mapped by several processes).
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let timeout = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
+    };
+    // SAFETY: `word` is a live, aligned u32; the kernel reads it and the
+    // timeout only. A spurious or interrupted return is fine: callers look
+    // again.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &timeout as *const libc::timespec,
+        )
+    };
+}
+
+/// Wakes every waiter on `word`.
+pub fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word` is a live, aligned u32; waking touches nothing else.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
+}
+
+/// What the scheduler reads of a tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ComputeUse {
+    /// GPU time so far, the current busy period included.
+    pub busy_ns: u64,
+    pub busy_sessions: u32,
+    pub waiting_sessions: u32,
+    pub last_submit_ns: u64,
+}
 
 /// A mapping of a tenant's page, and its descriptor, for the processes
 /// this one starts.
 pub struct TenantPage {
-    budget: SharedPage<Budget>,
+    budget: SharedPage<Layout>,
     fd: OwnedFd,
 }
 
@@ -51,6 +129,7 @@ impl TenantPage {
         let budget = SharedPage::map(&fd)?;
         let page = TenantPage { budget, fd };
         page.set_limit(limit);
+        page.set_grant(GRANT_FREE);
         Ok(page)
     }
 
@@ -71,28 +150,155 @@ impl TenantPage {
         self.fd.as_raw_fd()
     }
 
-    fn budget(&self) -> &Budget {
+    fn layout(&self) -> &Layout {
         self.budget.get()
     }
 
     pub fn set_limit(&self, bytes: u64) {
-        self.budget().limit_bytes.store(bytes, Ordering::Release);
+        self.layout().limit_bytes.store(bytes, Ordering::Release);
     }
 
     /// The limit in bytes ([`UNLIMITED`]: none).
     pub fn limit(&self) -> u64 {
-        self.budget().limit_bytes.load(Ordering::Acquire)
+        self.layout().limit_bytes.load(Ordering::Acquire)
     }
 
     pub fn used(&self) -> u64 {
-        self.budget().used_bytes.load(Ordering::Acquire)
+        self.layout().used_bytes.load(Ordering::Acquire)
+    }
+
+    /// The scheduler's decision (a `GRANT_` value); wakes the tenant's
+    /// waiting sessions when it lets them run.
+    pub fn set_grant(&self, grant: u32) {
+        let word = &self.layout().grant;
+        let before = word.swap(grant, Ordering::AcqRel);
+        if before == GRANT_WAIT && grant != GRANT_WAIT {
+            futex_wake(word);
+        }
+    }
+
+    pub fn grant(&self) -> u32 {
+        self.layout().grant.load(Ordering::Acquire)
+    }
+
+    pub fn compute_use(&self) -> ComputeUse {
+        let b = self.layout();
+        let busy_sessions = b.busy_sessions.load(Ordering::Acquire);
+        let mut busy_ns = b.busy_ns.load(Ordering::Acquire);
+        if busy_sessions > 0 {
+            let since = b.busy_since_ns.load(Ordering::Acquire);
+            busy_ns = busy_ns.saturating_add(monotonic_ns().saturating_sub(since));
+        }
+        ComputeUse {
+            busy_ns,
+            busy_sessions,
+            waiting_sessions: b.waiting_sessions.load(Ordering::Acquire),
+            last_submit_ns: b.last_submit_ns.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Waits (at most `timeout`) while the tenant's sessions are busy (the
+    /// scheduler, while the tenant drains).
+    pub fn wait_until_idle(&self, timeout: Duration) {
+        let word = &self.layout().busy_sessions;
+        let busy = word.load(Ordering::Acquire);
+        if busy != 0 {
+            futex_wait(word, busy, timeout);
+        }
+    }
+
+    /// `sessions` busy sessions are no longer (ended, or of a killed
+    /// worker).
+    pub fn end_busy(&self, sessions: u32) {
+        if sessions == 0 {
+            return;
+        }
+        let b = self.layout();
+        let Ok(before) = b
+            .busy_sessions
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(sessions))
+            })
+        else {
+            return;
+        };
+        if before != 0 && before <= sessions {
+            let since = b.busy_since_ns.load(Ordering::Acquire);
+            b.busy_ns
+                .fetch_add(monotonic_ns().saturating_sub(since), Ordering::AcqRel);
+            // Only a tenant told to wait is being drained (and waited for).
+            if b.grant.load(Ordering::Acquire) == GRANT_WAIT {
+                futex_wake(&b.busy_sessions);
+            }
+        }
+    }
+
+    /// `sessions` waiting sessions are no longer.
+    pub fn end_waiting(&self, sessions: u32) {
+        let _ =
+            self.layout()
+                .waiting_sessions
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    Some(n.saturating_sub(sessions))
+                });
+    }
+}
+
+fn admission_of(grant: u32) -> Option<Admission> {
+    match grant {
+        GRANT_FENCED => Some(Admission::Fenced),
+        GRANT_FREE => Some(Admission::Free),
+        _ => None,
+    }
+}
+
+impl ComputeGate for TenantPage {
+    fn admission(&self) -> Option<Admission> {
+        admission_of(self.grant())
+    }
+
+    fn wait_for_grant(&self, timeout: Duration) -> Option<Admission> {
+        let word = &self.layout().grant;
+        let grant = word.load(Ordering::Acquire);
+        if grant == GRANT_WAIT {
+            futex_wait(word, GRANT_WAIT, timeout);
+            return admission_of(word.load(Ordering::Acquire));
+        }
+        admission_of(grant)
+    }
+
+    fn submitting(&self) -> bool {
+        let now = monotonic_ns();
+        let before = self.layout().last_submit_ns.swap(now, Ordering::Relaxed);
+        now.saturating_sub(before) > BURST_GAP_NS
+    }
+
+    fn set_busy(&self, busy: bool) {
+        let b = self.layout();
+        if busy {
+            if b.busy_sessions.fetch_add(1, Ordering::AcqRel) == 0 {
+                b.busy_since_ns.store(monotonic_ns(), Ordering::Release);
+            }
+        } else {
+            self.end_busy(1);
+        }
+    }
+
+    fn set_waiting(&self, waiting: bool) {
+        if waiting {
+            self.layout()
+                .waiting_sessions
+                .fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.end_waiting(1);
+        }
     }
 }
 
 impl MemoryBudget for TenantPage {
     fn try_reserve(&self, bytes: u64) -> bool {
         let limit = self.limit();
-        self.budget()
+        self.layout()
             .used_bytes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(bytes).filter(|total| *total <= limit)
@@ -102,7 +308,7 @@ impl MemoryBudget for TenantPage {
 
     fn release(&self, bytes: u64) {
         let _ =
-            self.budget()
+            self.layout()
                 .used_bytes
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                     Some(used.saturating_sub(bytes))
@@ -143,5 +349,57 @@ mod tests {
         assert_eq!(MemoryBudget::limit(&child), None);
         assert!(child.try_reserve(u64::MAX - 40));
         assert!(!child.try_reserve(1), "no overflow");
+    }
+
+    #[test]
+    fn a_grant_wakes_a_waiting_session_of_another_mapping() {
+        let parent = TenantPage::create(UNLIMITED).expect("a page");
+        // SAFETY: dup of its descriptor, owned by the child mapping.
+        let child = TenantPage::inherit(unsafe { libc::dup(parent.fd()) }).expect("mapping");
+        assert_eq!(
+            child.admission(),
+            Some(Admission::Free),
+            "a new tenant runs"
+        );
+        parent.set_grant(GRANT_WAIT);
+        assert_eq!(child.admission(), None);
+        assert_eq!(child.wait_for_grant(Duration::from_millis(1)), None);
+        let waiter = std::thread::spawn(move || {
+            child.set_waiting(true);
+            let admitted = child.wait_for_grant(Duration::from_secs(10));
+            child.set_waiting(false);
+            admitted
+        });
+        while parent.compute_use().waiting_sessions == 0 {
+            std::thread::yield_now();
+        }
+        parent.set_grant(GRANT_FENCED);
+        assert_eq!(waiter.join().expect("waiter"), Some(Admission::Fenced));
+        assert_eq!(parent.compute_use().waiting_sessions, 0);
+    }
+
+    #[test]
+    fn busy_time_spans_from_the_first_busy_session_to_the_last() {
+        let page = TenantPage::create(UNLIMITED).expect("a page");
+        assert_eq!(page.compute_use().busy_ns, 0);
+        page.set_busy(true);
+        page.set_busy(true);
+        std::thread::sleep(Duration::from_millis(20));
+        page.set_busy(false);
+        let live = page.compute_use();
+        assert_eq!(live.busy_sessions, 1);
+        assert!(live.busy_ns >= 20_000_000, "{live:?}");
+        // A killed worker's busy sessions end with it (more than there are
+        // is no underflow).
+        page.end_busy(5);
+        let done = page.compute_use();
+        assert_eq!(done.busy_sessions, 0);
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(
+            page.compute_use().busy_ns,
+            done.busy_ns,
+            "idle time is not busy"
+        );
+        page.wait_until_idle(Duration::from_secs(10));
     }
 }

@@ -49,6 +49,8 @@ pub struct TenantSample {
     pub compute_max: Option<u8>,
     /// `high`, `normal` or `low`.
     pub priority: &'static str,
+    /// GPU time of its work so far (the scheduler's measure).
+    pub gpu_busy_seconds: f64,
 }
 
 /// Where a tenant's frontends connect.
@@ -183,6 +185,7 @@ impl ServedTenant {
             compute_weight: settings.compute_weight,
             compute_max: settings.compute_max,
             priority: settings.priority.name(),
+            gpu_busy_seconds: self.budget.compute_use().busy_ns as f64 * 1e-9,
         }
     }
 

@@ -68,7 +68,7 @@ pub enum TopError {
 
 /// One tenant's row, from the `rgpu_tenant_*` series labelled with it.
 /// A series the endpoint did not send stays 0 (`None` for the limit).
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct TenantRow {
     pub sessions: u64,
     pub workers: u64,
@@ -78,6 +78,7 @@ pub struct TenantRow {
     pub commands_total: u64,
     pub command_errors_total: u64,
     pub compute_weight: u64,
+    pub gpu_busy_seconds: f64,
 }
 
 /// Every tenant's row by name (so by name in order).
@@ -99,7 +100,9 @@ pub fn parse_metrics(text: &str) -> Tenants {
             continue;
         };
         let row = tenants.entry(tenant).or_default();
-        let value = sample.value;
+        let seconds = sample.value;
+        // `as` saturates: +Inf and anything past u64::MAX become u64::MAX.
+        let value = sample.value as u64;
         match name {
             "sessions" => row.sessions = value,
             "workers" => row.workers = value,
@@ -109,6 +112,7 @@ pub fn parse_metrics(text: &str) -> Tenants {
             "commands_total" => row.commands_total = value,
             "command_errors_total" => row.command_errors_total = value,
             "compute_weight" => row.compute_weight = value,
+            "gpu_busy_seconds_total" => row.gpu_busy_seconds = seconds,
             _ => {}
         }
     }
@@ -119,7 +123,7 @@ pub fn parse_metrics(text: &str) -> Tenants {
 struct Sample {
     name: String,
     tenant: Option<String>,
-    value: u64,
+    value: f64,
 }
 
 fn parse_sample(line: &str) -> Option<Sample> {
@@ -176,24 +180,27 @@ fn parse_labels(text: &str) -> Option<(Vec<(String, String)>, &str)> {
     }
 }
 
-/// A sample value as a whole number: integers exactly, floats (`1e+06`)
-/// rounded down, `+Inf` as `u64::MAX`; negative and NaN values are not
-/// counts and are skipped.
-fn parse_value(text: &str) -> Option<u64> {
-    if let Ok(value) = text.parse::<u64>() {
-        return Some(value);
-    }
+/// A sample value (`1e+06`, `2.5`, `+Inf`); negative and NaN values are
+/// neither counts nor seconds and are skipped.
+fn parse_value(text: &str) -> Option<f64> {
     let value: f64 = text.parse().ok()?;
-    // `as` saturates: +Inf and anything past u64::MAX become u64::MAX.
-    (value >= 0.0).then_some(value as u64)
+    (value >= 0.0).then_some(value)
 }
 
-/// The table: one row per tenant. `rates` holds each tenant's commands per
-/// second, for those with a previous reading.
-pub fn render_table(tenants: &Tenants, rates: &BTreeMap<String, f64>) -> String {
+/// What changed per second between two readings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rates {
+    pub commands_per_second: f64,
+    /// GPU time per wall time, in percent.
+    pub gpu_percent: f64,
+}
+
+/// The table: one row per tenant. `rates` holds each tenant's rates, for
+/// those with a previous reading.
+pub fn render_table(tenants: &Tenants, rates: &BTreeMap<String, Rates>) -> String {
     let mut table = format!(
-        "{:<20} {:>8} {:>8} {:>6} {:>10} {:>10} {:>10} {:>8}\n",
-        "TENANT", "SESSIONS", "WORKERS", "CONNS", "MEM MiB", "LIMIT MiB", "CMD/S", "ERRORS"
+        "{:<20} {:>8} {:>8} {:>6} {:>10} {:>10} {:>10} {:>6} {:>8}\n",
+        "TENANT", "SESSIONS", "WORKERS", "CONNS", "MEM MiB", "LIMIT MiB", "CMD/S", "GPU%", "ERRORS"
     );
     if tenants.is_empty() {
         table.push_str("(no tenants)\n");
@@ -203,11 +210,17 @@ pub fn render_table(tenants: &Tenants, rates: &BTreeMap<String, f64>) -> String 
             || "-".to_owned(),
             |bytes| format!("{:.1}", bytes as f64 / MIB),
         );
-        let rate = rates
-            .get(name)
-            .map_or_else(|| "-".to_owned(), |rate| format!("{rate:.0}"));
+        let (rate, gpu) = rates.get(name).map_or_else(
+            || ("-".to_owned(), "-".to_owned()),
+            |r| {
+                (
+                    format!("{:.0}", r.commands_per_second),
+                    format!("{:.0}", r.gpu_percent),
+                )
+            },
+        );
         table.push_str(&format!(
-            "{:<20} {:>8} {:>8} {:>6} {:>10.1} {:>10} {:>10} {:>8}\n",
+            "{:<20} {:>8} {:>8} {:>6} {:>10.1} {:>10} {:>10} {:>6} {:>8}\n",
             name,
             row.sessions,
             row.workers,
@@ -215,16 +228,17 @@ pub fn render_table(tenants: &Tenants, rates: &BTreeMap<String, f64>) -> String 
             row.memory_used as f64 / MIB,
             limit,
             rate,
+            gpu,
             row.command_errors_total
         ));
     }
     table
 }
 
-/// Commands per second of each tenant present in both readings, taken
-/// `elapsed` apart. A counter that went down (the tenant was re-created, or
-/// the daemon restarted) has no rate.
-pub fn command_rates(before: &Tenants, now: &Tenants, elapsed: Duration) -> BTreeMap<String, f64> {
+/// The rates of each tenant present in both readings, taken `elapsed`
+/// apart. A counter that went down (the tenant was re-created, or the
+/// daemon restarted) has no rate.
+pub fn rates(before: &Tenants, now: &Tenants, elapsed: Duration) -> BTreeMap<String, Rates> {
     let seconds = elapsed.as_secs_f64();
     if seconds <= 0.0 {
         return BTreeMap::new();
@@ -233,7 +247,14 @@ pub fn command_rates(before: &Tenants, now: &Tenants, elapsed: Duration) -> BTre
         .filter_map(|(name, row)| {
             let earlier = before.get(name)?;
             let done = row.commands_total.checked_sub(earlier.commands_total)?;
-            Some((name.clone(), done as f64 / seconds))
+            let busy = row.gpu_busy_seconds - earlier.gpu_busy_seconds;
+            (busy >= 0.0).then(|| {
+                let rates = Rates {
+                    commands_per_second: done as f64 / seconds,
+                    gpu_percent: 100.0 * busy / seconds,
+                };
+                (name.clone(), rates)
+            })
         })
         .collect()
 }
@@ -359,7 +380,7 @@ fn watch(args: &TopArgs) -> Result<(), TopError> {
         let now = Instant::now();
         let rates = previous
             .as_ref()
-            .map(|(before, at)| command_rates(before, &tenants, now.duration_since(*at)))
+            .map(|(before, at)| rates(before, &tenants, now.duration_since(*at)))
             .unwrap_or_default();
         let table = render_table(&tenants, &rates);
         let mut stdout = std::io::stdout().lock();
@@ -398,6 +419,7 @@ rgpu_tenant_connections{tenant=\"default\"} 1
 rgpu_tenant_commands_total{tenant=\"default\"} 1500 1700000000000
 rgpu_tenant_command_errors_total{tenant=\"default\"} 3
 rgpu_tenant_compute_weight{tenant=\"default\"} 100
+rgpu_tenant_gpu_busy_seconds_total{tenant=\"default\"} 2.5
 rgpu_tenant_future_series{tenant=\"default\"} 5
 rgpu_tenant_sessions{tenant=\"default\",kind=\"other\"} -1
 process_open_fds 12
@@ -419,6 +441,7 @@ not a sample
                 commands_total: 1500,
                 command_errors_total: 3,
                 compute_weight: 100,
+                gpu_busy_seconds: 2.5,
             }
         );
         let quoted = &tenants["a \"quoted\" \\ name"];
@@ -428,9 +451,9 @@ not a sample
 
     #[test]
     fn values_and_labels_parse_as_the_format_writes_them() {
-        assert_eq!(parse_value("18446744073709551615"), Some(u64::MAX));
-        assert_eq!(parse_value("+Inf"), Some(u64::MAX));
-        assert_eq!(parse_value("2.5"), Some(2));
+        assert_eq!(parse_value("18446744073709551615"), Some(u64::MAX as f64));
+        assert_eq!(parse_value("+Inf"), Some(f64::INFINITY));
+        assert_eq!(parse_value("2.5"), Some(2.5));
         assert_eq!(parse_value("NaN"), None);
         assert_eq!(parse_value("-3"), None);
         let (labels, rest) = parse_labels("a=\"x,}y\", b=\"line\\nbreak\"} 7").expect("labels");
@@ -451,11 +474,18 @@ not a sample
         let mut now = before.clone();
         if let Some(row) = now.get_mut("default") {
             row.commands_total += 500;
+            row.gpu_busy_seconds += 0.125;
         }
         // This one appeared since the last reading.
         before.remove("a \"quoted\" \\ name");
-        let rates = command_rates(&before, &now, Duration::from_millis(500));
-        assert_eq!(rates.get("default"), Some(&1000.0));
+        let rates = rates(&before, &now, Duration::from_millis(500));
+        assert_eq!(
+            rates.get("default"),
+            Some(&Rates {
+                commands_per_second: 1000.0,
+                gpu_percent: 25.0
+            })
+        );
         let table = render_table(&now, &rates);
         let rows: Vec<Vec<&str>> = table
             .lines()
@@ -464,15 +494,15 @@ not a sample
         assert_eq!(rows[0][0], "TENANT");
         assert!(
             rows.contains(&vec![
-                "default", "2", "1", "1", "256.0", "256.0", "1000", "3"
+                "default", "2", "1", "1", "256.0", "256.0", "1000", "25", "3"
             ]),
             "{table}"
         );
         // A tenant without a limit, and without a previous reading.
         assert!(
             table.lines().any(|l| l.starts_with("a \"quoted\" \\ name")
-                && l.split_whitespace().rev().take(4).collect::<Vec<_>>()
-                    == ["0", "-", "-", "1.0"]),
+                && l.split_whitespace().rev().take(5).collect::<Vec<_>>()
+                    == ["0", "-", "-", "-", "1.0"]),
             "{table}"
         );
         assert_eq!(
@@ -490,7 +520,7 @@ not a sample
         if let Some(row) = now.get_mut("default") {
             row.commands_total = 10;
         }
-        let rates = command_rates(&before, &now, Duration::from_secs(1));
+        let rates = rates(&before, &now, Duration::from_secs(1));
         assert_eq!(rates.get("default"), None);
     }
 

@@ -46,6 +46,10 @@ pub struct CounterPage {
     /// Worker processes (one per guest process using the GPU) alive now.
     pub workers_active: AtomicU64,
     pub workers_total: AtomicU64,
+    /// Sessions whose GPU work may be running now (the scheduler's view).
+    pub gpu_busy_sessions: AtomicU64,
+    /// Sessions waiting for their tenant's turn on the GPU.
+    pub gpu_waiting_sessions: AtomicU64,
 }
 
 // The page is shared as one 4 KiB page, and read as atomics by the other
@@ -65,7 +69,7 @@ pub enum CounterKind {
 impl CounterPage {
     /// Every counter with its name (as the stats socket prints it) and
     /// kind, in declaration order.
-    pub fn fields(&self) -> [(&'static str, CounterKind, &AtomicU64); 15] {
+    pub fn fields(&self) -> [(&'static str, CounterKind, &AtomicU64); 17] {
         use CounterKind::{Gauge, Total};
         [
             ("connections_active", Gauge, &self.connections_active),
@@ -87,6 +91,8 @@ impl CounterPage {
             ("module_cache_hits", Total, &self.module_cache_hits),
             ("workers_active", Gauge, &self.workers_active),
             ("workers_total", Total, &self.workers_total),
+            ("gpu_busy_sessions", Gauge, &self.gpu_busy_sessions),
+            ("gpu_waiting_sessions", Gauge, &self.gpu_waiting_sessions),
         ]
     }
 

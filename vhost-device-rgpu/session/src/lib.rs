@@ -11,6 +11,7 @@
 pub mod blob;
 pub mod budget;
 pub mod channel;
+pub mod compute;
 pub mod console;
 pub mod counters;
 pub mod device_ranges;
@@ -26,6 +27,7 @@ mod worker;
 pub use blob::{Blob, BlobError};
 pub use budget::{clamp_to_budget, MemoryBudget};
 pub use channel::{ChannelError, ReplyTarget};
+pub use compute::{Admission, ComputeGate};
 pub use counters::{CounterKind, CounterPage, Counters};
 pub use limits::SessionLimits;
 pub use module_cache::ModuleCache;

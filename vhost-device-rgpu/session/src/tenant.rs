@@ -18,6 +18,7 @@ use rgpu_proto::reply::{SessionUsage, MAX_STATUS_SESSIONS};
 
 use crate::budget::MemoryBudget;
 use crate::channel::ReplyTarget;
+use crate::compute::ComputeGate;
 use crate::device_ranges::DeviceRanges;
 use crate::limits::SessionLimits;
 
@@ -86,6 +87,8 @@ pub struct Tenant {
     /// The device memory its sessions may take, shared with the tenant's
     /// other processes; `None`: unlimited.
     budget: Option<Arc<dyn MemoryBudget>>,
+    /// The scheduler's grants for the tenant; `None`: unscheduled.
+    compute: Option<Arc<dyn ComputeGate>>,
 }
 
 /// A session the watchdog found waiting too long.
@@ -133,6 +136,23 @@ impl Tenant {
             budget: Some(budget),
             ..Self::default()
         })
+    }
+
+    /// A tenant whose sessions take device memory from `budget` (if any)
+    /// and GPU time as `compute` grants it (if any).
+    pub fn with_shares(
+        budget: Option<Arc<dyn MemoryBudget>>,
+        compute: Option<Arc<dyn ComputeGate>>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            budget,
+            compute,
+            ..Self::default()
+        })
+    }
+
+    pub(crate) fn compute_gate(&self) -> Option<&Arc<dyn ComputeGate>> {
+        self.compute.as_ref()
     }
 
     pub fn budget(&self) -> Option<&dyn MemoryBudget> {

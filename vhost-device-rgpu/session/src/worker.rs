@@ -17,6 +17,7 @@ use rgpu_proto::cuda_result::{
 use rgpu_proto::Command;
 
 use crate::channel::{Channel, RingEntry};
+use crate::compute::{Admission, Fences, PROBATION};
 use crate::handles::Handles;
 use crate::tenant::{Tenant, Usage};
 use crate::{Blob, Completion, Counters, ModuleCache};
@@ -42,6 +43,24 @@ fn may_synchronize(command: &Command) -> bool {
             | Command::EventSynchronize { .. }
     )
 }
+
+/// The guest stream a command puts work on, if it puts work on the GPU.
+fn submission_stream(command: &Command) -> Option<u32> {
+    match command {
+        Command::LaunchKernel(launch) => Some(launch.stream),
+        Command::MemcpyHtoD { stream, .. }
+        | Command::MemcpyDtoH { stream, .. }
+        | Command::MemcpyDtoD { stream, .. }
+        | Command::Memset { stream, .. } => Some(*stream),
+        _ => None,
+    }
+}
+
+/// How long a session waits for its tenant's grant between looks at its
+/// mailbox (a detach or a shutdown must not wait for a turn on the GPU).
+const GRANT_WAIT_SLICE: Duration = Duration::from_millis(5);
+/// How often an idle session with fences pending looks at them.
+const IDLE_POLL: Duration = Duration::from_micros(100);
 
 /// How long a command waits for a blob it names to be attached.
 const ATTACH_WAIT: Duration = Duration::from_secs(2);
@@ -159,6 +178,13 @@ pub struct Worker {
     pub(crate) tenant: Arc<Tenant>,
     /// This session's entry in its tenant.
     pub(crate) usage: Arc<Usage>,
+    /// What the session submitted that may still run (the scheduler's view).
+    fences: Fences,
+    /// What the tenant's scheduler was last told ([`Fences::busy`]).
+    busy_reported: bool,
+    /// Until then, submissions are fenced as if arbitrated (a burst the
+    /// scheduler has not seen yet: [`PROBATION`]).
+    probation_until: Option<Instant>,
     /// Declared last: dropped after everything that refers to its objects.
     pub(crate) context: DeviceContext,
 }
@@ -218,7 +244,113 @@ impl Worker {
             executor,
             tenant,
             usage,
+            fences: Fences::default(),
+            busy_reported: false,
+            probation_until: None,
             context: DeviceContext::NotCreated,
+        }
+    }
+
+    /// Tells the scheduler (and the worker's gauge, which whoever reaps a
+    /// killed worker gives back) whether work of this session may run.
+    fn report_busy(&mut self) {
+        let busy = self.fences.busy();
+        if busy == self.busy_reported {
+            return;
+        }
+        self.busy_reported = busy;
+        if let Some(gate) = self.tenant.compute_gate() {
+            gate.set_busy(busy);
+        }
+        if busy {
+            Counters::add(&self.counters.gpu_busy_sessions, 1);
+        } else {
+            Counters::sub(&self.counters.gpu_busy_sessions, 1);
+        }
+    }
+
+    /// Waits for the tenant's turn on the GPU before a command that puts
+    /// work there. `Err(())`: shut down meanwhile. `Ok(None)`: no scheduler.
+    fn admit(&mut self) -> Result<Option<Admission>, ()> {
+        let Some(gate) = self.tenant.compute_gate().cloned() else {
+            return Ok(None);
+        };
+        if gate.submitting() {
+            self.probation_until = Some(Instant::now() + PROBATION);
+        }
+        if let Some(ctx) = self.context.created() {
+            self.fences.poll(ctx, false);
+        }
+        self.report_busy();
+        if let Some(admission) = gate.admission() {
+            let on_probation = self.probation_until.is_some_and(|t| Instant::now() < t);
+            return Ok(Some(if on_probation {
+                Admission::Fenced
+            } else {
+                admission
+            }));
+        }
+        // The tenant's turn is over: what this session queued finishes
+        // first (its drain), then it waits for the next turn.
+        if let Some(ctx) = self.context.created() {
+            self.usage.begin_wait(0);
+            self.fences.drain(ctx);
+            self.usage.end_wait();
+        }
+        self.report_busy();
+        gate.set_waiting(true);
+        Counters::add(&self.counters.gpu_waiting_sessions, 1);
+        let admitted = loop {
+            if let Some(admission) = gate.wait_for_grant(GRANT_WAIT_SLICE) {
+                break Ok(Some(admission));
+            }
+            if !self.absorb_messages() {
+                break Err(());
+            }
+            let _ = gate.submitting();
+        };
+        gate.set_waiting(false);
+        Counters::sub(&self.counters.gpu_waiting_sessions, 1);
+        admitted
+    }
+
+    /// Notes what a command that ran put on the GPU.
+    fn track(&mut self, command: &Command, admission: Option<Admission>) {
+        let Some(admission) = admission else {
+            return;
+        };
+        let Some(ctx) = self.context.created() else {
+            return;
+        };
+        if matches!(command, Command::CtxSynchronize) {
+            self.fences.all_done();
+        } else if let Some(stream) = submission_stream(command) {
+            if let Ok(stream) = self.handles.stream(stream) {
+                if let Err(code) = self.fences.submitted(ctx, stream, admission) {
+                    self.remember(code);
+                }
+            }
+        }
+        self.report_busy();
+    }
+
+    /// Idle, with work of the session possibly still on the GPU: waits for
+    /// a message while looking at the fences now and then, so the
+    /// scheduler learns when the work is done. `None`: the fences are done
+    /// (or there is no context), go to sleep.
+    fn idle_with_fences(&mut self) -> Option<Result<Message, RecvTimeoutError>> {
+        loop {
+            let ctx = self.context.created()?;
+            self.fences.poll(ctx, true);
+            let pending = self.fences.pending();
+            self.report_busy();
+            if !pending {
+                return None;
+            }
+            match self.receiver.recv_timeout(IDLE_POLL) {
+                Err(RecvTimeoutError::Timeout) => {}
+                other => return Some(other),
+            }
         }
     }
 
@@ -296,7 +428,10 @@ impl Worker {
                     continue;
                 }
             }
-            let message = self.receiver.recv();
+            let message = match self.idle_with_fences() {
+                Some(received) => received.map_err(|_| ()),
+                None => self.receiver.recv().map_err(|_| ()),
+            };
             if let Some(channel) = &self.channel {
                 channel.set_host_idle(false);
             }
@@ -473,6 +608,14 @@ impl Worker {
                     self.advance(len);
                 }
                 RingEntry::Command(Ok(decoded)) => {
+                    let admission = if submission_stream(&decoded.command).is_some() {
+                        match self.admit() {
+                            Ok(admission) => admission,
+                            Err(()) => return Drained::ShutDown,
+                        }
+                    } else {
+                        None
+                    };
                     if !self.await_blobs_of(&decoded.command) {
                         return Drained::ShutDown;
                     }
@@ -486,6 +629,13 @@ impl Worker {
                         let result = self.execute(&decoded.command, decoded.reply_seq);
                         if may_wait {
                             self.usage.end_wait();
+                        }
+                        if result.is_ok() {
+                            let tracked = admission.or_else(|| {
+                                matches!(decoded.command, Command::CtxSynchronize)
+                                    .then_some(Admission::Free)
+                            });
+                            self.track(&decoded.command, tracked);
                         }
                         if matches!(decoded.command, Command::LaunchKernel(_)) {
                             self.kernels_since_collect = true;
@@ -645,9 +795,13 @@ impl Worker {
     fn finish(mut self) {
         self.complete_all();
         // Nothing may still be reading or writing guest memory we release.
-        if let Some(Err(code)) = self.context.created().map(|c| c.synchronize()) {
-            log::debug!("ctx {}: synchronize at shutdown: {code}", self.ctx_id);
+        if let Some(ctx) = self.context.created() {
+            if let Err(code) = ctx.synchronize() {
+                log::debug!("ctx {}: synchronize at shutdown: {code}", self.ctx_id);
+            }
+            self.fences.destroy(ctx);
         }
+        self.report_busy();
         self.channel = None;
         self.usage.set_reply_target(None);
         self.blobs.clear();

@@ -11,6 +11,7 @@ use std::time::Duration;
 use rgpu_session::{CounterKind, Counters, MemoryBudget};
 
 use crate::shared_counters::SharedCounters;
+use crate::tenant_page::TenantPage;
 
 /// How often the sum is refreshed while workers run (and at once whenever
 /// one starts or ends).
@@ -25,8 +26,9 @@ struct State {
 pub struct Accounting {
     /// Where the parent reads.
     published: Arc<Counters>,
-    /// The tenant's memory budget: what a killed worker held goes back.
-    budget: Option<Arc<dyn MemoryBudget>>,
+    /// The tenant's page: the memory a killed worker held goes back, and
+    /// its sessions stop counting as busy or waiting for the GPU.
+    tenant: Option<Arc<TenantPage>>,
     /// What this process counts (connections).
     own: Arc<Counters>,
     state: Mutex<State>,
@@ -36,11 +38,11 @@ impl Accounting {
     /// Publishes into `published`; starts the refresher thread.
     pub fn start(
         published: Arc<Counters>,
-        budget: Option<Arc<dyn MemoryBudget>>,
+        tenant: Option<Arc<TenantPage>>,
     ) -> std::io::Result<Arc<Accounting>> {
         let accounting = Arc::new(Accounting {
             published,
-            budget,
+            tenant,
             own: Arc::new(Counters::default()),
             state: Mutex::default(),
         });
@@ -61,7 +63,7 @@ impl Accounting {
     pub fn private() -> Arc<Accounting> {
         Arc::new(Accounting {
             published: Arc::new(Counters::default()),
-            budget: None,
+            tenant: None,
             own: Arc::new(Counters::default()),
             state: Mutex::default(),
         })
@@ -99,9 +101,14 @@ impl Accounting {
             };
             state.retired.add_from(page.page(), &[CounterKind::Total]);
             // Device memory a worker still counted when it ended was never
-            // given back (it was killed): its end frees it.
-            if let Some(budget) = &self.budget {
-                budget.release(Counters::get(&page.page().device_memory_bytes));
+            // given back (it was killed): its end frees it, and none of
+            // its sessions runs or waits any more.
+            if let Some(tenant) = &self.tenant {
+                let counted = page.page();
+                tenant.release(Counters::get(&counted.device_memory_bytes));
+                let sessions = |gauge| u32::try_from(Counters::get(gauge)).unwrap_or(u32::MAX);
+                tenant.end_busy(sessions(&counted.gpu_busy_sessions));
+                tenant.end_waiting(sessions(&counted.gpu_waiting_sessions));
             }
         }
         Counters::sub(&self.own.workers_active, 1);

@@ -15,7 +15,7 @@ use rgpu_executor::Executor;
 use rgpu_proto::batch::decode_batch;
 use rgpu_proto::cuda_result::CUDA_ERROR_LAUNCH_TIMEOUT;
 use rgpu_proto::Command;
-use rgpu_session::{Blob, Completion, Counters, MemoryBudget, Session, Tenant};
+use rgpu_session::{Blob, Completion, Counters, Session, Tenant};
 
 use super::blob_mapping::BlobMapping;
 use super::link::Link;
@@ -75,14 +75,10 @@ pub fn serve(
     executor: Arc<dyn Executor>,
     counters: Arc<Counters>,
     kernel_timeout: Option<Duration>,
-    budget: Option<Arc<dyn MemoryBudget>>,
+    tenant: Arc<Tenant>,
 ) -> io::Result<()> {
     info!("worker started ({})", super::containment::describe_self());
     let link = Arc::new(link);
-    let tenant = match budget {
-        Some(budget) => Tenant::with_budget(budget),
-        None => Tenant::new(),
-    };
     if let Some(limit) = kernel_timeout {
         let watched = Arc::clone(&tenant);
         std::thread::Builder::new()
