@@ -156,674 +156,463 @@ pub struct Launch {
     pub params: Vec<u8>,
 }
 
-macro_rules! opcodes {
-    ($($name:ident = $value:expr,)*) => {
+/// A value of a command body on the wire: how it is read (never trusting
+/// a length), written, and how long it is written, so a command's size is
+/// known without encoding it. [`commands!`] builds every command from these.
+pub trait Field: Sized {
+    fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError>;
+    fn write(&self, w: &mut WireWriter);
+    fn wire_len(&self) -> usize;
+    /// An arbitrary value drawn from `draw` (fuzzing and round trips are
+    /// generated from the command table with it).
+    fn draw(draw: &mut dyn FnMut() -> u64) -> Self;
+}
+
+impl Field for u32 {
+    fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError> {
+        r.u32()
+    }
+    fn write(&self, w: &mut WireWriter) {
+        w.u32(*self);
+    }
+    fn wire_len(&self) -> usize {
+        4
+    }
+    fn draw(draw: &mut dyn FnMut() -> u64) -> Self {
+        draw() as u32
+    }
+}
+
+impl Field for i32 {
+    fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError> {
+        r.i32()
+    }
+    fn write(&self, w: &mut WireWriter) {
+        w.i32(*self);
+    }
+    fn wire_len(&self) -> usize {
+        4
+    }
+    fn draw(draw: &mut dyn FnMut() -> u64) -> Self {
+        draw() as i32
+    }
+}
+
+impl Field for u64 {
+    fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError> {
+        r.u64()
+    }
+    fn write(&self, w: &mut WireWriter) {
+        w.u64(*self);
+    }
+    fn wire_len(&self) -> usize {
+        8
+    }
+    fn draw(draw: &mut dyn FnMut() -> u64) -> Self {
+        draw()
+    }
+}
+
+impl Field for [u32; 3] {
+    fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError> {
+        Ok([r.u32()?, r.u32()?, r.u32()?])
+    }
+    fn write(&self, w: &mut WireWriter) {
+        for v in self {
+            w.u32(*v);
+        }
+    }
+    fn wire_len(&self) -> usize {
+        12
+    }
+    fn draw(draw: &mut dyn FnMut() -> u64) -> Self {
+        [u32::draw(draw), u32::draw(draw), u32::draw(draw)]
+    }
+}
+
+/// A SHA-256 digest.
+impl Field for [u8; 32] {
+    fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError> {
+        let mut out = [0u8; 32];
+        out.copy_from_slice(r.take(32)?);
+        Ok(out)
+    }
+    fn write(&self, w: &mut WireWriter) {
+        w.raw(self);
+    }
+    fn wire_len(&self) -> usize {
+        32
+    }
+    fn draw(draw: &mut dyn FnMut() -> u64) -> Self {
+        let mut out = [0u8; 32];
+        for chunk in out.chunks_mut(8) {
+            chunk.copy_from_slice(&draw().to_le_bytes()[..chunk.len()]);
+        }
+        out
+    }
+}
+
+/// Bytes drawn for a variable-length field: at most `max` of them, each
+/// from `byte`.
+fn draw_bytes(draw: &mut dyn FnMut() -> u64, max: u64, byte: impl Fn(u64) -> u8) -> Vec<u8> {
+    let len = draw() % (max + 1);
+    (0..len).map(|_| byte(draw())).collect()
+}
+
+/// A symbol name (a `u32` length, then the bytes): at most
+/// [`MAX_NAME_BYTES`], no NUL byte.
+impl Field for Vec<u8> {
+    fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError> {
+        let bytes = r.bytes_with_len(MAX_NAME_BYTES)?;
+        if bytes.contains(&0) {
+            return Err(DecodeError::InvalidField {
+                field: "name",
+                value: 0,
+            });
+        }
+        Ok(bytes.to_vec())
+    }
+    fn write(&self, w: &mut WireWriter) {
+        w.bytes_with_len(self);
+    }
+    fn wire_len(&self) -> usize {
+        4 + self.len()
+    }
+    fn draw(draw: &mut dyn FnMut() -> u64) -> Self {
+        draw_bytes(draw, 64, |v| (v % 255) as u8 + 1)
+    }
+}
+
+impl Field for BlobRange {
+    fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError> {
+        BlobRange::decode(r)
+    }
+    fn write(&self, w: &mut WireWriter) {
+        self.encode(w);
+    }
+    fn wire_len(&self) -> usize {
+        BlobRange::WIRE_SIZE
+    }
+    fn draw(draw: &mut dyn FnMut() -> u64) -> Self {
+        BlobRange {
+            resource_id: u32::draw(draw),
+            offset: draw(),
+            length: draw(),
+        }
+    }
+}
+
+impl Field for ChannelLayout {
+    fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError> {
+        Ok(ChannelLayout {
+            resource_id: r.u32()?,
+            header_offset: r.u64()?,
+            ring_offset: r.u64()?,
+            ring_size: r.u64()?,
+            reply_offset: r.u64()?,
+            reply_size: r.u64()?,
+            bounce_offset: r.u64()?,
+            bounce_size: r.u64()?,
+        })
+    }
+    fn write(&self, w: &mut WireWriter) {
+        w.u32(self.resource_id)
+            .u64(self.header_offset)
+            .u64(self.ring_offset)
+            .u64(self.ring_size)
+            .u64(self.reply_offset)
+            .u64(self.reply_size)
+            .u64(self.bounce_offset)
+            .u64(self.bounce_size);
+    }
+    fn wire_len(&self) -> usize {
+        4 + 7 * 8
+    }
+    fn draw(draw: &mut dyn FnMut() -> u64) -> Self {
+        ChannelLayout {
+            resource_id: u32::draw(draw),
+            header_offset: draw(),
+            ring_offset: draw(),
+            ring_size: draw(),
+            reply_offset: draw(),
+            reply_size: draw(),
+            bounce_offset: draw(),
+            bounce_size: draw(),
+        }
+    }
+}
+
+impl Field for ClusterQuery {
+    fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError> {
+        Ok(ClusterQuery {
+            function: r.u32()?,
+            grid: Field::read(r)?,
+            block: Field::read(r)?,
+            shared_mem_bytes: r.u32()?,
+            cluster: Field::read(r)?,
+        })
+    }
+    fn write(&self, w: &mut WireWriter) {
+        w.u32(self.function);
+        self.grid.write(w);
+        self.block.write(w);
+        w.u32(self.shared_mem_bytes);
+        self.cluster.write(w);
+    }
+    fn wire_len(&self) -> usize {
+        4 + 12 + 12 + 4 + 12
+    }
+    fn draw(draw: &mut dyn FnMut() -> u64) -> Self {
+        ClusterQuery {
+            function: u32::draw(draw),
+            grid: Field::draw(draw),
+            block: Field::draw(draw),
+            shared_mem_bytes: u32::draw(draw),
+            cluster: Field::draw(draw),
+        }
+    }
+}
+
+impl Field for Launch {
+    fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError> {
+        Ok(Launch {
+            function: r.u32()?,
+            grid: Field::read(r)?,
+            block: Field::read(r)?,
+            shared_mem_bytes: r.u32()?,
+            stream: r.u32()?,
+            params: r.bytes_with_len(MAX_KERNEL_PARAMS_BYTES)?.to_vec(),
+        })
+    }
+    fn write(&self, w: &mut WireWriter) {
+        w.u32(self.function);
+        self.grid.write(w);
+        self.block.write(w);
+        w.u32(self.shared_mem_bytes)
+            .u32(self.stream)
+            .bytes_with_len(&self.params);
+    }
+    fn wire_len(&self) -> usize {
+        4 + 12 + 12 + 4 + 4 + 4 + self.params.len()
+    }
+    fn draw(draw: &mut dyn FnMut() -> u64) -> Self {
+        Launch {
+            function: u32::draw(draw),
+            grid: Field::draw(draw),
+            block: Field::draw(draw),
+            shared_mem_bytes: u32::draw(draw),
+            stream: u32::draw(draw),
+            params: draw_bytes(draw, 256, |v| v as u8),
+        }
+    }
+}
+
+/// The command table: each command is defined once, with its wire number
+/// and its fields in wire order. It generates [`Opcode`], [`Command`], and
+/// for every command its decoding (the whole body must be consumed, and a
+/// `check` function, if named, must accept it), encoding, encoded size and
+/// a drawn example (what the round-trip and fuzz tests run over, so a new
+/// command is tested as soon as it is in the table).
+macro_rules! commands {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident = $op:literal $({
+            $($(#[$field_doc:meta])* $field:ident : $ty:ty),* $(,)?
+        })? $(check $check:path)?;
+    )*) => {
         /// Command numbers on the wire.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(u16)]
-        pub enum Opcode { $($name = $value,)* }
+        pub enum Opcode { $($name = $op,)* }
 
         impl Opcode {
+            /// Every opcode, in table order.
+            pub const ALL: &'static [Opcode] = &[$(Opcode::$name,)*];
+
             pub fn from_u16(value: u16) -> Option<Self> {
                 match value {
-                    $($value => Some(Self::$name),)*
+                    $($op => Some(Self::$name),)*
                     _ => None,
+                }
+            }
+        }
+
+        /// One decoded command body. Which ones answer with data is
+        /// documented on [`crate::reply`].
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Command {
+            $(
+                $(#[$doc])*
+                $name $({ $($(#[$field_doc])* $field: $ty,)* })?,
+            )*
+        }
+
+        impl Command {
+            pub fn opcode(&self) -> Opcode {
+                match self {
+                    $(Command::$name { .. } => Opcode::$name,)*
+                }
+            }
+
+            /// Decodes a body of the given opcode. The whole body must be
+            /// consumed.
+            pub fn decode_body(opcode: u16, body: &[u8]) -> Result<Self, DecodeError> {
+                let op = Opcode::from_u16(opcode).ok_or(DecodeError::UnknownOpcode(opcode))?;
+                // Padding bodies are arbitrary filler (or inline data).
+                if op == Opcode::Padding {
+                    return Ok(Command::Padding);
+                }
+                let mut r = WireReader::new(body);
+                let command = match op {
+                    $(Opcode::$name => Command::$name $({
+                        $($field: <$ty as Field>::read(&mut r)?,)*
+                    })?,)*
+                };
+                r.finish()?;
+                command.validate()?;
+                Ok(command)
+            }
+
+            /// Appends the body (no header) to `w`.
+            pub fn encode_body(&self, w: &mut WireWriter) {
+                match self {
+                    $(Command::$name $({ $($field,)* })? => {
+                        $($( <$ty as Field>::write($field, w); )*)?
+                    })*
+                }
+            }
+
+            /// The length of the body [`Command::encode_body`] writes.
+            pub fn body_len(&self) -> usize {
+                match self {
+                    $(Command::$name $({ $($field,)* })? => {
+                        0 $($( + <$ty as Field>::wire_len($field) )*)?
+                    })*
+                }
+            }
+
+            /// The rules a command must meet beyond its fields' (the
+            /// table's `check` functions); decoding refuses one that fails.
+            pub fn validate(&self) -> Result<(), DecodeError> {
+                match self {
+                    $($(Command::$name { .. } => $check(self),)?)*
+                    #[allow(unreachable_patterns)]
+                    _ => Ok(()),
+                }
+            }
+
+            /// An arbitrary command of opcode `op`, its fields drawn from
+            /// `draw` (it may break a `check` rule).
+            pub fn draw(op: Opcode, draw: &mut dyn FnMut() -> u64) -> Command {
+                match op {
+                    $(Opcode::$name => Command::$name $({
+                        $($field: <$ty as Field>::draw(draw),)*
+                    })?,)*
                 }
             }
         }
     };
 }
 
-opcodes! {
-    Padding = 0x0000,
-    BindChannel = 0x0001,
-    Doorbell = 0x0002,
-    CtxSynchronize = 0x0100,
-    CtxGetLimit = 0x0101,
-    CtxSetLimit = 0x0102,
-    MemAlloc = 0x0200,
-    MemFree = 0x0201,
-    MemGetInfo = 0x0202,
-    MemcpyHtoD = 0x0203,
-    MemcpyDtoH = 0x0204,
-    MemcpyDtoD = 0x0205,
-    Memset = 0x0206,
-    ModuleLoad = 0x0300,
-    ModuleUnload = 0x0301,
-    ModuleGetFunction = 0x0302,
-    ModuleGetGlobal = 0x0303,
-    FuncGetAttribute = 0x0304,
-    LaunchKernel = 0x0305,
-    ModuleLoadCached = 0x0306,
-    ModuleLoadHashed = 0x0307,
-    FuncSetAttribute = 0x0308,
-    OccupancyMaxActiveBlocks = 0x0309,
-    OccupancyAvailableDynamicSmem = 0x030a,
-    OccupancyMaxActiveClusters = 0x030b,
-    StreamCreate = 0x0400,
-    StreamDestroy = 0x0401,
-    StreamSynchronize = 0x0402,
-    StreamQuery = 0x0403,
-    StreamWaitEvent = 0x0404,
-    EventCreate = 0x0500,
-    EventDestroy = 0x0501,
-    EventRecord = 0x0502,
-    EventSynchronize = 0x0503,
-    EventQuery = 0x0504,
-    EventElapsedTime = 0x0505,
-    DeviceStatus = 0x0600,
+/// `Memset` sets elements of 1, 2 or 4 bytes.
+fn memset_element_size(command: &Command) -> Result<(), DecodeError> {
+    match command {
+        Command::Memset { element_size, .. } if !matches!(element_size, 1 | 2 | 4) => {
+            Err(DecodeError::InvalidField {
+                field: "memset.element_size",
+                value: (*element_size).into(),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
-/// One decoded command body. Which ones answer with data is documented on
-/// [`crate::reply`].
-#[derive(Debug, Clone, PartialEq)]
-pub enum Command {
+commands! {
     /// Ring filler up to the ring's end; its body is ignored.
-    Padding,
+    Padding = 0x0000;
     /// Attach a command ring and reply area to the session (SUBMIT_3D only).
-    BindChannel(ChannelLayout),
-    /// The ring holds commands up to byte `until`; the fence of the SUBMIT_3D
-    /// that carries this, if any, signals once the host has executed them.
-    Doorbell {
-        until: u64,
-    },
-    CtxSynchronize,
-    CtxGetLimit {
-        limit: u32,
-    },
-    CtxSetLimit {
-        limit: u32,
-        value: u64,
-    },
-    MemAlloc {
-        size: u64,
-    },
-    MemFree {
-        device_ptr: u64,
-    },
-    MemGetInfo,
-    MemcpyHtoD {
-        stream: u32,
-        dst: u64,
-        src: BlobRange,
-    },
-    MemcpyDtoH {
-        stream: u32,
-        dst: BlobRange,
-        src: u64,
-    },
-    MemcpyDtoD {
-        stream: u32,
-        dst: u64,
-        src: u64,
-        size: u64,
-    },
+    BindChannel = 0x0001 { layout: ChannelLayout };
+    /// The ring holds commands up to byte `until`; the fence of the
+    /// SUBMIT_3D that carries this, if any, signals once the host has
+    /// executed them.
+    Doorbell = 0x0002 { until: u64 };
+    CtxSynchronize = 0x0100;
+    CtxGetLimit = 0x0101 { limit: u32 };
+    CtxSetLimit = 0x0102 { limit: u32, value: u64 };
+    MemAlloc = 0x0200 { size: u64 };
+    MemFree = 0x0201 { device_ptr: u64 };
+    MemGetInfo = 0x0202;
+    MemcpyHtoD = 0x0203 { stream: u32, dst: u64, src: BlobRange };
+    MemcpyDtoH = 0x0204 { stream: u32, dst: BlobRange, src: u64 };
+    MemcpyDtoD = 0x0205 { stream: u32, dst: u64, src: u64, size: u64 };
     /// `count` elements of `element_size` (1, 2 or 4) bytes set to `value`.
-    Memset {
-        stream: u32,
-        dst: u64,
-        value: u32,
-        element_size: u32,
-        count: u64,
-    },
-    ModuleLoad {
-        module: u32,
-        image: BlobRange,
-    },
-    ModuleUnload {
-        module: u32,
-    },
+    Memset = 0x0206 { stream: u32, value: u32, dst: u64, element_size: u32, count: u64 }
+        check memset_element_size;
+    ModuleLoad = 0x0300 { module: u32, image: BlobRange };
+    ModuleUnload = 0x0301 { module: u32 };
+    ModuleGetFunction = 0x0302 { module: u32, function: u32, name: Vec<u8> };
+    ModuleGetGlobal = 0x0303 { module: u32, name: Vec<u8> };
+    FuncGetAttribute = 0x0304 { function: u32, attribute: i32 };
+    LaunchKernel = 0x0305 { launch: Launch };
     /// Loads the image the daemon has cached under this SHA-256 (an earlier
     /// load by any guest); answers `CUDA_ERROR_NOT_FOUND` when it has none,
     /// and the guest then sends the image with `ModuleLoadHashed`.
-    ModuleLoadCached {
-        module: u32,
-        hash: [u8; 32],
-    },
+    ModuleLoadCached = 0x0306 { module: u32, hash: [u8; 32] };
     /// `ModuleLoad` of an image whose SHA-256 the guest computed: the host
     /// refuses it (`CUDA_ERROR_INVALID_VALUE`) unless its own hash agrees.
-    ModuleLoadHashed {
-        module: u32,
-        hash: [u8; 32],
-        image: BlobRange,
-    },
-    ModuleGetFunction {
-        module: u32,
-        function: u32,
-        name: Vec<u8>,
-    },
-    ModuleGetGlobal {
-        module: u32,
-        name: Vec<u8>,
-    },
-    FuncGetAttribute {
-        function: u32,
-        attribute: i32,
-    },
-    LaunchKernel(Launch),
+    ModuleLoadHashed = 0x0307 { module: u32, hash: [u8; 32], image: BlobRange };
     /// `cuFuncSetAttribute`; sent without a reply (the guest checks what it
     /// can first), so a failure surfaces at the next synchronising call.
-    FuncSetAttribute {
-        function: u32,
-        attribute: i32,
-        value: i32,
-    },
-    OccupancyMaxActiveBlocks {
+    FuncSetAttribute = 0x0308 { function: u32, attribute: i32, value: i32 };
+    OccupancyMaxActiveBlocks = 0x0309 {
         function: u32,
         block_size: i32,
         flags: u32,
         dynamic_smem_bytes: u64,
-    },
-    OccupancyAvailableDynamicSmem {
-        function: u32,
-        num_blocks: i32,
-        block_size: i32,
-    },
-    OccupancyMaxActiveClusters(ClusterQuery),
-    StreamCreate {
-        stream: u32,
-        flags: u32,
-        priority: i32,
-    },
-    StreamDestroy {
-        stream: u32,
-    },
-    StreamSynchronize {
-        stream: u32,
-    },
-    StreamQuery {
-        stream: u32,
-    },
-    StreamWaitEvent {
-        stream: u32,
-        event: u32,
-        flags: u32,
-    },
-    EventCreate {
-        event: u32,
-        flags: u32,
-    },
-    EventDestroy {
-        event: u32,
-    },
-    EventRecord {
-        event: u32,
-        stream: u32,
-    },
-    EventSynchronize {
-        event: u32,
-    },
-    EventQuery {
-        event: u32,
-    },
-    EventElapsedTime {
-        start: u32,
-        end: u32,
-    },
+    };
+    OccupancyAvailableDynamicSmem = 0x030a { function: u32, num_blocks: i32, block_size: i32 };
+    OccupancyMaxActiveClusters = 0x030b { query: ClusterQuery };
+    StreamCreate = 0x0400 { stream: u32, flags: u32, priority: i32 };
+    StreamDestroy = 0x0401 { stream: u32 };
+    StreamSynchronize = 0x0402 { stream: u32 };
+    StreamQuery = 0x0403 { stream: u32 };
+    StreamWaitEvent = 0x0404 { stream: u32, event: u32, flags: u32 };
+    EventCreate = 0x0500 { event: u32, flags: u32 };
+    EventDestroy = 0x0501 { event: u32 };
+    EventRecord = 0x0502 { event: u32, stream: u32 };
+    EventSynchronize = 0x0503 { event: u32 };
+    EventQuery = 0x0504 { event: u32 };
+    EventElapsedTime = 0x0505 { start: u32, end: u32 };
     /// Live state of guest device `device` (NVML): answered without the
     /// session's device context, so it never creates one.
-    DeviceStatus {
-        device: u32,
-    },
-}
-
-fn name(r: &mut WireReader<'_>) -> Result<Vec<u8>, DecodeError> {
-    let bytes = r.bytes_with_len(MAX_NAME_BYTES)?;
-    if bytes.contains(&0) {
-        return Err(DecodeError::InvalidField {
-            field: "name",
-            value: 0,
-        });
-    }
-    Ok(bytes.to_vec())
-}
-
-/// A SHA-256 digest.
-fn hash(r: &mut WireReader<'_>) -> Result<[u8; 32], DecodeError> {
-    let mut out = [0u8; 32];
-    out.copy_from_slice(r.take(32)?);
-    Ok(out)
+    DeviceStatus = 0x0600 { device: u32 };
 }
 
 impl Command {
-    pub fn opcode(&self) -> Opcode {
-        match self {
-            Command::Padding => Opcode::Padding,
-            Command::BindChannel(_) => Opcode::BindChannel,
-            Command::Doorbell { .. } => Opcode::Doorbell,
-            Command::CtxSynchronize => Opcode::CtxSynchronize,
-            Command::CtxGetLimit { .. } => Opcode::CtxGetLimit,
-            Command::CtxSetLimit { .. } => Opcode::CtxSetLimit,
-            Command::MemAlloc { .. } => Opcode::MemAlloc,
-            Command::MemFree { .. } => Opcode::MemFree,
-            Command::MemGetInfo => Opcode::MemGetInfo,
-            Command::MemcpyHtoD { .. } => Opcode::MemcpyHtoD,
-            Command::MemcpyDtoH { .. } => Opcode::MemcpyDtoH,
-            Command::MemcpyDtoD { .. } => Opcode::MemcpyDtoD,
-            Command::Memset { .. } => Opcode::Memset,
-            Command::ModuleLoad { .. } => Opcode::ModuleLoad,
-            Command::ModuleUnload { .. } => Opcode::ModuleUnload,
-            Command::ModuleLoadCached { .. } => Opcode::ModuleLoadCached,
-            Command::ModuleLoadHashed { .. } => Opcode::ModuleLoadHashed,
-            Command::ModuleGetFunction { .. } => Opcode::ModuleGetFunction,
-            Command::ModuleGetGlobal { .. } => Opcode::ModuleGetGlobal,
-            Command::FuncGetAttribute { .. } => Opcode::FuncGetAttribute,
-            Command::LaunchKernel(_) => Opcode::LaunchKernel,
-            Command::FuncSetAttribute { .. } => Opcode::FuncSetAttribute,
-            Command::OccupancyMaxActiveBlocks { .. } => Opcode::OccupancyMaxActiveBlocks,
-            Command::OccupancyAvailableDynamicSmem { .. } => Opcode::OccupancyAvailableDynamicSmem,
-            Command::OccupancyMaxActiveClusters(_) => Opcode::OccupancyMaxActiveClusters,
-            Command::StreamCreate { .. } => Opcode::StreamCreate,
-            Command::StreamDestroy { .. } => Opcode::StreamDestroy,
-            Command::StreamSynchronize { .. } => Opcode::StreamSynchronize,
-            Command::StreamQuery { .. } => Opcode::StreamQuery,
-            Command::StreamWaitEvent { .. } => Opcode::StreamWaitEvent,
-            Command::EventCreate { .. } => Opcode::EventCreate,
-            Command::EventDestroy { .. } => Opcode::EventDestroy,
-            Command::EventRecord { .. } => Opcode::EventRecord,
-            Command::EventSynchronize { .. } => Opcode::EventSynchronize,
-            Command::EventQuery { .. } => Opcode::EventQuery,
-            Command::EventElapsedTime { .. } => Opcode::EventElapsedTime,
-            Command::DeviceStatus { .. } => Opcode::DeviceStatus,
-        }
-    }
-
-    /// Decodes a body of the given opcode. The whole body must be consumed.
-    pub fn decode_body(opcode: u16, body: &[u8]) -> Result<Self, DecodeError> {
-        let op = Opcode::from_u16(opcode).ok_or(DecodeError::UnknownOpcode(opcode))?;
-        let mut r = WireReader::new(body);
-        let command = match op {
-            // Padding bodies are arbitrary filler.
-            Opcode::Padding => return Ok(Command::Padding),
-            Opcode::BindChannel => {
-                let resource_id = r.u32()?;
-                let _reserved = r.u32()?;
-                Command::BindChannel(ChannelLayout {
-                    resource_id,
-                    header_offset: r.u64()?,
-                    ring_offset: r.u64()?,
-                    ring_size: r.u64()?,
-                    reply_offset: r.u64()?,
-                    reply_size: r.u64()?,
-                    bounce_offset: r.u64()?,
-                    bounce_size: r.u64()?,
-                })
-            }
-            Opcode::Doorbell => Command::Doorbell { until: r.u64()? },
-            Opcode::CtxSynchronize => Command::CtxSynchronize,
-            Opcode::CtxGetLimit => Command::CtxGetLimit { limit: r.u32()? },
-            Opcode::CtxSetLimit => {
-                let limit = r.u32()?;
-                let _reserved = r.u32()?;
-                Command::CtxSetLimit {
-                    limit,
-                    value: r.u64()?,
-                }
-            }
-            Opcode::MemAlloc => Command::MemAlloc { size: r.u64()? },
-            Opcode::MemFree => Command::MemFree {
-                device_ptr: r.u64()?,
-            },
-            Opcode::MemGetInfo => Command::MemGetInfo,
-            Opcode::MemcpyHtoD => {
-                let stream = r.u32()?;
-                let _reserved = r.u32()?;
-                Command::MemcpyHtoD {
-                    stream,
-                    dst: r.u64()?,
-                    src: BlobRange::decode(&mut r)?,
-                }
-            }
-            Opcode::MemcpyDtoH => {
-                let stream = r.u32()?;
-                let _reserved = r.u32()?;
-                Command::MemcpyDtoH {
-                    stream,
-                    dst: BlobRange::decode(&mut r)?,
-                    src: r.u64()?,
-                }
-            }
-            Opcode::MemcpyDtoD => {
-                let stream = r.u32()?;
-                let _reserved = r.u32()?;
-                Command::MemcpyDtoD {
-                    stream,
-                    dst: r.u64()?,
-                    src: r.u64()?,
-                    size: r.u64()?,
-                }
-            }
-            Opcode::Memset => {
-                let stream = r.u32()?;
-                let value = r.u32()?;
-                let dst = r.u64()?;
-                let element_size = r.u32()?;
-                if !matches!(element_size, 1 | 2 | 4) {
-                    return Err(DecodeError::InvalidField {
-                        field: "memset.element_size",
-                        value: element_size.into(),
-                    });
-                }
-                let _reserved = r.u32()?;
-                Command::Memset {
-                    stream,
-                    dst,
-                    value,
-                    element_size,
-                    count: r.u64()?,
-                }
-            }
-            Opcode::ModuleLoad => {
-                let module = r.u32()?;
-                let _reserved = r.u32()?;
-                Command::ModuleLoad {
-                    module,
-                    image: BlobRange::decode(&mut r)?,
-                }
-            }
-            Opcode::ModuleUnload => Command::ModuleUnload { module: r.u32()? },
-            Opcode::ModuleLoadCached => Command::ModuleLoadCached {
-                module: r.u32()?,
-                hash: hash(&mut r)?,
-            },
-            Opcode::ModuleLoadHashed => Command::ModuleLoadHashed {
-                module: r.u32()?,
-                hash: hash(&mut r)?,
-                image: BlobRange::decode(&mut r)?,
-            },
-            Opcode::ModuleGetFunction => Command::ModuleGetFunction {
-                module: r.u32()?,
-                function: r.u32()?,
-                name: name(&mut r)?,
-            },
-            Opcode::ModuleGetGlobal => Command::ModuleGetGlobal {
-                module: r.u32()?,
-                name: name(&mut r)?,
-            },
-            Opcode::FuncGetAttribute => Command::FuncGetAttribute {
-                function: r.u32()?,
-                attribute: r.i32()?,
-            },
-            Opcode::LaunchKernel => {
-                let function = r.u32()?;
-                let grid = [r.u32()?, r.u32()?, r.u32()?];
-                let block = [r.u32()?, r.u32()?, r.u32()?];
-                let shared_mem_bytes = r.u32()?;
-                let stream = r.u32()?;
-                let params = r.bytes_with_len(MAX_KERNEL_PARAMS_BYTES)?.to_vec();
-                Command::LaunchKernel(Launch {
-                    function,
-                    grid,
-                    block,
-                    shared_mem_bytes,
-                    stream,
-                    params,
-                })
-            }
-            Opcode::FuncSetAttribute => Command::FuncSetAttribute {
-                function: r.u32()?,
-                attribute: r.i32()?,
-                value: r.i32()?,
-            },
-            Opcode::OccupancyMaxActiveBlocks => {
-                let function = r.u32()?;
-                let block_size = r.i32()?;
-                let flags = r.u32()?;
-                let _reserved = r.u32()?;
-                Command::OccupancyMaxActiveBlocks {
-                    function,
-                    block_size,
-                    flags,
-                    dynamic_smem_bytes: r.u64()?,
-                }
-            }
-            Opcode::OccupancyAvailableDynamicSmem => Command::OccupancyAvailableDynamicSmem {
-                function: r.u32()?,
-                num_blocks: r.i32()?,
-                block_size: r.i32()?,
-            },
-            Opcode::OccupancyMaxActiveClusters => {
-                Command::OccupancyMaxActiveClusters(ClusterQuery {
-                    function: r.u32()?,
-                    grid: [r.u32()?, r.u32()?, r.u32()?],
-                    block: [r.u32()?, r.u32()?, r.u32()?],
-                    shared_mem_bytes: r.u32()?,
-                    cluster: [r.u32()?, r.u32()?, r.u32()?],
-                })
-            }
-            Opcode::StreamCreate => Command::StreamCreate {
-                stream: r.u32()?,
-                flags: r.u32()?,
-                priority: r.i32()?,
-            },
-            Opcode::StreamDestroy => Command::StreamDestroy { stream: r.u32()? },
-            Opcode::StreamSynchronize => Command::StreamSynchronize { stream: r.u32()? },
-            Opcode::StreamQuery => Command::StreamQuery { stream: r.u32()? },
-            Opcode::StreamWaitEvent => Command::StreamWaitEvent {
-                stream: r.u32()?,
-                event: r.u32()?,
-                flags: r.u32()?,
-            },
-            Opcode::EventCreate => Command::EventCreate {
-                event: r.u32()?,
-                flags: r.u32()?,
-            },
-            Opcode::EventDestroy => Command::EventDestroy { event: r.u32()? },
-            Opcode::EventRecord => Command::EventRecord {
-                event: r.u32()?,
-                stream: r.u32()?,
-            },
-            Opcode::EventSynchronize => Command::EventSynchronize { event: r.u32()? },
-            Opcode::EventQuery => Command::EventQuery { event: r.u32()? },
-            Opcode::EventElapsedTime => Command::EventElapsedTime {
-                start: r.u32()?,
-                end: r.u32()?,
-            },
-            Opcode::DeviceStatus => Command::DeviceStatus { device: r.u32()? },
-        };
-        r.finish()?;
-        Ok(command)
-    }
-
-    /// Appends the body (no header) to `w`.
-    pub fn encode_body(&self, w: &mut WireWriter) {
-        match self {
-            Command::Padding | Command::CtxSynchronize | Command::MemGetInfo => {}
-            Command::BindChannel(l) => {
-                w.u32(l.resource_id)
-                    .u32(0)
-                    .u64(l.header_offset)
-                    .u64(l.ring_offset)
-                    .u64(l.ring_size)
-                    .u64(l.reply_offset)
-                    .u64(l.reply_size)
-                    .u64(l.bounce_offset)
-                    .u64(l.bounce_size);
-            }
-            Command::Doorbell { until } => {
-                w.u64(*until);
-            }
-            Command::CtxGetLimit { limit } => {
-                w.u32(*limit);
-            }
-            Command::CtxSetLimit { limit, value } => {
-                w.u32(*limit).u32(0).u64(*value);
-            }
-            Command::MemAlloc { size } => {
-                w.u64(*size);
-            }
-            Command::MemFree { device_ptr } => {
-                w.u64(*device_ptr);
-            }
-            Command::MemcpyHtoD { stream, dst, src } => {
-                w.u32(*stream).u32(0).u64(*dst);
-                src.encode(w);
-            }
-            Command::MemcpyDtoH { stream, dst, src } => {
-                w.u32(*stream).u32(0);
-                dst.encode(w);
-                w.u64(*src);
-            }
-            Command::MemcpyDtoD {
-                stream,
-                dst,
-                src,
-                size,
-            } => {
-                w.u32(*stream).u32(0).u64(*dst).u64(*src).u64(*size);
-            }
-            Command::Memset {
-                stream,
-                dst,
-                value,
-                element_size,
-                count,
-            } => {
-                w.u32(*stream)
-                    .u32(*value)
-                    .u64(*dst)
-                    .u32(*element_size)
-                    .u32(0)
-                    .u64(*count);
-            }
-            Command::ModuleLoad { module, image } => {
-                w.u32(*module).u32(0);
-                image.encode(w);
-            }
-            Command::ModuleUnload { module } => {
-                w.u32(*module);
-            }
-            Command::ModuleLoadCached { module, hash } => {
-                w.u32(*module).raw(hash);
-            }
-            Command::ModuleLoadHashed {
-                module,
-                hash,
-                image,
-            } => {
-                w.u32(*module).raw(hash);
-                image.encode(w);
-            }
-            Command::ModuleGetFunction {
-                module,
-                function,
-                name,
-            } => {
-                w.u32(*module).u32(*function).bytes_with_len(name);
-            }
-            Command::ModuleGetGlobal { module, name } => {
-                w.u32(*module).bytes_with_len(name);
-            }
-            Command::FuncGetAttribute {
-                function,
-                attribute,
-            } => {
-                w.u32(*function).i32(*attribute);
-            }
-            Command::LaunchKernel(l) => {
-                w.u32(l.function);
-                for v in l.grid.iter().chain(l.block.iter()) {
-                    w.u32(*v);
-                }
-                w.u32(l.shared_mem_bytes)
-                    .u32(l.stream)
-                    .bytes_with_len(&l.params);
-            }
-            Command::FuncSetAttribute {
-                function,
-                attribute,
-                value,
-            } => {
-                w.u32(*function).i32(*attribute).i32(*value);
-            }
-            Command::OccupancyMaxActiveBlocks {
-                function,
-                block_size,
-                flags,
-                dynamic_smem_bytes,
-            } => {
-                w.u32(*function)
-                    .i32(*block_size)
-                    .u32(*flags)
-                    .u32(0)
-                    .u64(*dynamic_smem_bytes);
-            }
-            Command::OccupancyAvailableDynamicSmem {
-                function,
-                num_blocks,
-                block_size,
-            } => {
-                w.u32(*function).i32(*num_blocks).i32(*block_size);
-            }
-            Command::OccupancyMaxActiveClusters(q) => {
-                w.u32(q.function);
-                for v in q.grid.iter().chain(q.block.iter()) {
-                    w.u32(*v);
-                }
-                w.u32(q.shared_mem_bytes);
-                for v in &q.cluster {
-                    w.u32(*v);
-                }
-            }
-            Command::StreamCreate {
-                stream,
-                flags,
-                priority,
-            } => {
-                w.u32(*stream).u32(*flags).i32(*priority);
-            }
-            Command::StreamDestroy { stream }
-            | Command::StreamSynchronize { stream }
-            | Command::StreamQuery { stream } => {
-                w.u32(*stream);
-            }
-            Command::StreamWaitEvent {
-                stream,
-                event,
-                flags,
-            } => {
-                w.u32(*stream).u32(*event).u32(*flags);
-            }
-            Command::EventCreate { event, flags } => {
-                w.u32(*event).u32(*flags);
-            }
-            Command::EventDestroy { event }
-            | Command::EventSynchronize { event }
-            | Command::EventQuery { event } => {
-                w.u32(*event);
-            }
-            Command::EventRecord { event, stream } => {
-                w.u32(*event).u32(*stream);
-            }
-            Command::EventElapsedTime { start, end } => {
-                w.u32(*start).u32(*end);
-            }
-            Command::DeviceStatus { device } => {
-                w.u32(*device);
-            }
-        }
+    /// Bytes the command takes on the wire: header, body and padding.
+    pub fn encoded_len(&self) -> usize {
+        padded(COMMAND_HEADER_SIZE + self.body_len())
     }
 
     /// Appends header, body and alignment padding to `w`; returns the number
     /// of bytes written.
     pub fn encode(&self, reply_seq: u64, w: &mut WireWriter) -> usize {
         let start = w.len();
-        let mut body = WireWriter::new();
-        self.encode_body(&mut body);
         CommandHeader {
             opcode: self.opcode() as u16,
             flags: 0,
-            body_len: body.len() as u32,
+            body_len: self.body_len() as u32,
             reply_seq,
         }
         .encode(w);
-        w.raw(body.as_bytes()).pad_to(COMMAND_ALIGN);
+        self.encode_body(w);
+        w.pad_to(COMMAND_ALIGN);
         w.len() - start
     }
 
     /// Encodes into a fresh vector.
     pub fn to_bytes(&self, reply_seq: u64) -> Vec<u8> {
-        let mut w = WireWriter::new();
+        let mut w = WireWriter::with_capacity(self.encoded_len());
         self.encode(reply_seq, &mut w);
         w.into_bytes()
     }

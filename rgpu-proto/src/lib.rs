@@ -24,8 +24,9 @@ pub use wire::DecodeError;
 
 /// Version of the command stream. The guest refuses a host whose capset
 /// carries another major version. Version 2 added console output to the
-/// reply record (`channel::REPLY_OFFSET_CONSOLE_LEN`).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// reply record (`channel::REPLY_OFFSET_CONSOLE_LEN`); version 3 dropped the
+/// reserved words from command bodies (one table defines every command).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The virtio-gpu capability-set id of the rgpu CUDA context type.
 ///

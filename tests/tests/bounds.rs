@@ -152,14 +152,16 @@ fn busy_channel(carrier: Arc<dyn Carrier>, spin: Duration) -> Channel {
     assert_eq!(reply.result, CUDA_SUCCESS);
     let nanos = u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX);
     channel
-        .send(&Command::LaunchKernel(Launch {
-            function: 1,
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-            shared_mem_bytes: 0,
-            stream: 0,
-            params: nanos.to_le_bytes().to_vec(),
-        }))
+        .send(&Command::LaunchKernel {
+            launch: Launch {
+                function: 1,
+                grid: [1, 1, 1],
+                block: [1, 1, 1],
+                shared_mem_bytes: 0,
+                stream: 0,
+                params: nanos.to_le_bytes().to_vec(),
+            },
+        })
         .expect("launch");
     channel.send(&Command::CtxSynchronize).expect("synchronize");
     channel

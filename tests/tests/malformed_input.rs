@@ -321,7 +321,7 @@ impl HandChannel {
         channel.write(0, &vec![0u8; HEADER_SIZE as usize]);
         channel.write(OFFSET_MAGIC, &CHANNEL_MAGIC.to_le_bytes());
         channel.write(OFFSET_VERSION, &PROTOCOL_VERSION.to_le_bytes());
-        channel.submit_and_wait(&Command::BindChannel(layout));
+        channel.submit_and_wait(&Command::BindChannel { layout });
         channel
     }
 
@@ -554,14 +554,16 @@ fn channel_rejects_malformed_commands() {
         ),
         (
             "launch an unknown function",
-            Command::LaunchKernel(Launch {
-                function: unknown,
-                grid: [1, 1, 1],
-                block: [1, 1, 1],
-                shared_mem_bytes: 0,
-                stream: 0,
-                params: Vec::new(),
-            }),
+            Command::LaunchKernel {
+                launch: Launch {
+                    function: unknown,
+                    grid: [1, 1, 1],
+                    block: [1, 1, 1],
+                    shared_mem_bytes: 0,
+                    stream: 0,
+                    params: Vec::new(),
+                },
+            },
             CUDA_ERROR_INVALID_HANDLE,
         ),
         (
@@ -673,8 +675,8 @@ fn channel_rejects_malformed_commands() {
         src: ch.range(bounce, 64),
     }
     .to_bytes(1);
-    // BlobRange.reserved (after header, stream, reserved, dst, resource id).
-    bad_blob_range[COMMAND_HEADER_SIZE + 20..COMMAND_HEADER_SIZE + 24]
+    // BlobRange.reserved (after header, stream, dst, resource id).
+    bad_blob_range[COMMAND_HEADER_SIZE + 16..COMMAND_HEADER_SIZE + 20]
         .copy_from_slice(&1u32.to_le_bytes());
     let reply = ch.run_raw(bad_blob_range);
     assert_ne!(

@@ -758,7 +758,7 @@ fn fenced_doorbell_waits_for_the_ring() {
     create_context(&mut guest, 1);
     let attach = request(hdr(CMD_CTX_ATTACH_RESOURCE, 1), &u32s(&[resource, 0]));
     assert_eq!(response_type(&guest.request(&attach)), RESP_OK_NODATA);
-    let bind = encode_batch(&[(0, Command::BindChannel(layout))]);
+    let bind = encode_batch(&[(0, Command::BindChannel { layout })]);
     let response = guest.request(&request(hdr(CMD_SUBMIT_3D, 1), &submit_body(&bind)));
     assert_eq!(response_type(&response), RESP_OK_NODATA);
 

@@ -156,14 +156,16 @@ fn launch(
     same_context(&ctx, &function.context)?;
     // SAFETY: the API contract on kernelParams / extra (see `marshal`).
     let params = unsafe { marshal(&function.info, kernel_params.cast(), extra.cast()) }?;
-    ctx.send(&Command::LaunchKernel(Launch {
-        function: function.handle,
-        grid,
-        block,
-        shared_mem_bytes,
-        stream,
-        params,
-    }))
+    ctx.send(&Command::LaunchKernel {
+        launch: Launch {
+            function: function.handle,
+            grid,
+            block,
+            shared_mem_bytes,
+            stream,
+            params,
+        },
+    })
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -149,15 +149,15 @@ pub(crate) fn max_active_clusters(
     };
     let query = OccupancyQuery::MaxActiveClusters(grid, block, shared_mem_bytes, cluster);
     let count = cached(&f, query, || {
-        let payload = f
-            .context
-            .call(&Command::OccupancyMaxActiveClusters(ClusterQuery {
+        let payload = f.context.call(&Command::OccupancyMaxActiveClusters {
+            query: ClusterQuery {
                 function: f.handle,
                 grid,
                 block,
                 shared_mem_bytes,
                 cluster,
-            }))?;
+            },
+        })?;
         i32_payload(&payload).map(i64::from)
     })?;
     write_out(

@@ -195,7 +195,12 @@ impl Channel {
                 .write_volatile(PROTOCOL_VERSION.to_le());
         }
         std::sync::atomic::fence(Ordering::SeqCst);
-        let batch = encode_batch(&[(0, Command::BindChannel(self.layout))]);
+        let batch = encode_batch(&[(
+            0,
+            Command::BindChannel {
+                layout: self.layout,
+            },
+        )]);
         let fence = self
             .carrier
             .submit(self.ctx_id, &batch, true)?
@@ -534,7 +539,7 @@ impl Channel {
     ) -> Result<(), CarrierError> {
         let staged = padded(COMMAND_HEADER_SIZE + data.len()) as u64;
         // The encoded size does not depend on the range's values.
-        let command_len = make_command(BlobRange::default()).to_bytes(seq).len() as u64;
+        let command_len = make_command(BlobRange::default()).encoded_len() as u64;
         let pos = self.reserve(state, staged + command_len)?;
         let range = BlobRange {
             resource_id: self.blob.resource_id,

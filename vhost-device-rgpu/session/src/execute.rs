@@ -156,7 +156,7 @@ impl Worker {
         match command {
             Command::Padding => return Ok(Vec::new()),
             // Channel control travels only in SUBMIT_3D.
-            Command::BindChannel(_) | Command::Doorbell { .. } => {
+            Command::BindChannel { .. } | Command::Doorbell { .. } => {
                 return Err(CUDA_ERROR_INVALID_VALUE)
             }
             Command::DeviceStatus { device } => return self.device_status(*device),
@@ -191,7 +191,7 @@ impl Worker {
         match command {
             // Answered above, before the context.
             Command::Padding
-            | Command::BindChannel(_)
+            | Command::BindChannel { .. }
             | Command::Doorbell { .. }
             | Command::DeviceStatus { .. } => Err(CUDA_ERROR_INVALID_VALUE),
             Command::CtxSynchronize => ctx.synchronize().map(empty),
@@ -432,12 +432,12 @@ impl Worker {
                 ctx.occupancy_available_dynamic_smem(handle, *num_blocks, *block_size)
                     .map(|v| u64_payload(&[v]))
             }
-            Command::OccupancyMaxActiveClusters(query) => {
+            Command::OccupancyMaxActiveClusters { query } => {
                 let handle = handles.function(query.function)?.handle;
                 ctx.occupancy_max_active_clusters(handle, query)
                     .map(|v| v.to_le_bytes().to_vec())
             }
-            Command::LaunchKernel(launch) => {
+            Command::LaunchKernel { launch } => {
                 let Launch {
                     function,
                     grid,

@@ -47,7 +47,7 @@ fn may_synchronize(command: &Command) -> bool {
 /// The guest stream a command puts work on, if it puts work on the GPU.
 fn submission_stream(command: &Command) -> Option<u32> {
     match command {
-        Command::LaunchKernel(launch) => Some(launch.stream),
+        Command::LaunchKernel { launch } => Some(launch.stream),
         Command::MemcpyHtoD { stream, .. }
         | Command::MemcpyDtoH { stream, .. }
         | Command::MemcpyDtoD { stream, .. }
@@ -504,7 +504,7 @@ impl Worker {
         let mut until: Option<u64> = None;
         for decoded in commands {
             match decoded.command {
-                Command::BindChannel(layout) => self.bind(layout),
+                Command::BindChannel { layout } => self.bind(layout),
                 Command::Doorbell { until: u } => until = Some(until.map_or(u, |v| v.max(u))),
                 other => {
                     crate::warn_limited!(
@@ -637,7 +637,7 @@ impl Worker {
                             });
                             self.track(&decoded.command, tracked);
                         }
-                        if matches!(decoded.command, Command::LaunchKernel(_)) {
+                        if matches!(decoded.command, Command::LaunchKernel { .. }) {
                             self.kernels_since_collect = true;
                         }
                         // Only a kernel prints: a session that launched none

@@ -157,10 +157,12 @@ fn unknown_handles_and_bad_ranges() {
             function: 9,
             attribute: 0,
         },
-        Command::LaunchKernel(Launch {
-            function: 9,
-            ..Launch::default()
-        }),
+        Command::LaunchKernel {
+            launch: Launch {
+                function: 9,
+                ..Launch::default()
+            },
+        },
         Command::MemcpyHtoD {
             stream: 12,
             dst: ptr,
@@ -286,15 +288,15 @@ fn modules_functions_launches_and_events() {
     let mut params = out.to_le_bytes().to_vec();
     params.extend_from_slice(&500u32.to_le_bytes());
     params.extend_from_slice(&64u32.to_le_bytes());
-    let launch = |params: Vec<u8>| {
-        Command::LaunchKernel(Launch {
+    let launch = |params: Vec<u8>| Command::LaunchKernel {
+        launch: Launch {
             function: 10,
             grid: [2, 1, 1],
             block: [32, 1, 1],
             shared_mem_bytes: 0,
             stream: 0,
             params,
-        })
+        },
     };
     let (result, _) = guest.call(&session, launch(params[..12].to_vec()));
     assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
@@ -531,7 +533,10 @@ fn submit_rejects_bad_channels_and_ring_commands() {
     assert_eq!(session.debug_name(), "bad");
     // Not attached yet.
     let (done, rx) = signal();
-    session.submit(vec![decoded(Command::BindChannel(layout()))], Some(done));
+    session.submit(
+        vec![decoded(Command::BindChannel { layout: layout() })],
+        Some(done),
+    );
     rx.recv_timeout(WAIT).unwrap();
     assert_eq!(Counters::get(&counters.command_errors), 1);
     // Attached, but the guest did not write the magic.
@@ -551,7 +556,7 @@ fn submit_rejects_bad_channels_and_ring_commands() {
     let (done, rx) = signal();
     session.submit(
         vec![
-            decoded(Command::BindChannel(layout())),
+            decoded(Command::BindChannel { layout: layout() }),
             decoded(Command::CtxSynchronize),
             decoded(Command::Doorbell { until: 64 }),
         ],
@@ -602,7 +607,10 @@ fn a_command_waits_for_the_attach_of_the_blob_it_names() {
         .unwrap(),
     ));
     let (done, rx) = signal();
-    session.submit(vec![decoded(Command::BindChannel(layout()))], Some(done));
+    session.submit(
+        vec![decoded(Command::BindChannel { layout: layout() })],
+        Some(done),
+    );
     rx.recv_timeout(WAIT).unwrap();
 
     let ptr = guest.alloc(&session, 4096);

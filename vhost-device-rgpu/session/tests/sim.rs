@@ -82,14 +82,16 @@ fn load(guest: &mut Guest, session: &rgpu_session::Session) -> (FunctionInfo, Fu
 }
 
 fn launch(function: u32, threads: u32, params: Vec<u8>) -> Command {
-    Command::LaunchKernel(Launch {
-        function,
-        grid: [threads.div_ceil(128), 1, 1],
-        block: [128, 1, 1],
-        shared_mem_bytes: 0,
-        stream: 0,
-        params,
-    })
+    Command::LaunchKernel {
+        launch: Launch {
+            function,
+            grid: [threads.div_ceil(128), 1, 1],
+            block: [128, 1, 1],
+            shared_mem_bytes: 0,
+            stream: 0,
+            params,
+        },
+    }
 }
 
 #[test]
@@ -295,14 +297,16 @@ fn a_detach_is_answered_after_the_queued_work() {
     let nanos = u64::try_from(spin.as_nanos()).unwrap();
     guest.send(
         &session,
-        Command::LaunchKernel(Launch {
-            function: 9,
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-            shared_mem_bytes: 0,
-            stream: 0,
-            params: nanos.to_le_bytes().to_vec(),
-        }),
+        Command::LaunchKernel {
+            launch: Launch {
+                function: 9,
+                grid: [1, 1, 1],
+                block: [1, 1, 1],
+                shared_mem_bytes: 0,
+                stream: 0,
+                params: nanos.to_le_bytes().to_vec(),
+            },
+        },
     );
     guest.kick(&session);
     let started = std::time::Instant::now();

@@ -438,7 +438,7 @@ impl Carrier for FakeHost {
         }
         for decoded in commands {
             match decoded.command {
-                Command::BindChannel(layout) => {
+                Command::BindChannel { layout } => {
                     drop(state);
                     self.bind(layout)?;
                     state = self.state();

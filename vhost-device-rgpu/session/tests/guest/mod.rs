@@ -137,7 +137,10 @@ impl Guest {
             Blob::new(DATA_BLOB, DATA_SIZE, &data_entries(), &self.memory).unwrap(),
         ));
         let (done, rx) = signal();
-        session.submit(vec![decoded(Command::BindChannel(layout()))], Some(done));
+        session.submit(
+            vec![decoded(Command::BindChannel { layout: layout() })],
+            Some(done),
+        );
         rx.recv_timeout(WAIT).unwrap();
         session
     }
