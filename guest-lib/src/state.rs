@@ -9,10 +9,11 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use rgpu_proto::capset::{Capset, DeviceInfo};
+use rgpu_proto::channel::CompletionKind;
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::reply::FunctionInfo;
 use rgpu_proto::Command;
-use rgpu_transport::{Carrier, CarrierError, Channel, Reply};
+use rgpu_transport::{Carrier, CarrierError, Channel, Completion, Reply};
 
 use crate::abi::{CUdevice, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 
@@ -224,6 +225,23 @@ impl Context {
         }
         let channel = guard.as_ref().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
         f(channel).map_err(carrier_error)
+    }
+
+    /// Whether event or stream `handle` is complete, from the host's
+    /// completion table; asks the host (through the ring, behind what is
+    /// queued) only when the table cannot tell. Never waits otherwise.
+    pub fn query(&self, kind: CompletionKind, handle: u32) -> Result<(), u32> {
+        match self.with_channel(|c| Ok(c.completion(kind, handle)))? {
+            Completion::Done => Ok(()),
+            Completion::Pending => Err(CUDA_ERROR_NOT_READY),
+            Completion::Ask => {
+                let command = match kind {
+                    CompletionKind::Event => Command::EventQuery { event: handle },
+                    CompletionKind::Stream => Command::StreamQuery { stream: handle },
+                };
+                self.call(&command).map(|_| ())
+            }
+        }
     }
 
     /// Queues a command without waiting (errors surface later).

@@ -18,6 +18,18 @@
 //!
 //! A command never wraps around the ring's end: the guest fills the tail with
 //! a `Padding` command instead. Ring size is a power of two.
+//!
+//! The rest of the control header, from [`OFFSET_COMPLETIONS`], is the
+//! completion table (queries that never wait): the host publishes there
+//! which events and streams it has seen complete, so `cuEventQuery` and
+//! `cuStreamQuery` are answered in the guest without a round trip. A slot
+//! is a tag (what it describes: [`completion_tag`], 0 for none) and a
+//! position: everything the item had been given up to that ring position
+//! (the host's `consumed` when it looked) is complete. The host writes the
+//! position before the tag; the guest reads tag, position, tag, and trusts
+//! the position only if both tags are its item's. Items hash to slots
+//! ([`completion_slot`]); one that finds its slot taken by another item is
+//! asked about through the ring, as before.
 
 /// "RGCH" little-endian, at the start of the control header.
 pub const CHANNEL_MAGIC: u32 = 0x4843_4752;
@@ -27,6 +39,40 @@ pub const OFFSET_VERSION: u64 = 4;
 pub const OFFSET_PRODUCED: u64 = 64;
 pub const OFFSET_CONSUMED: u64 = 128;
 pub const OFFSET_HOST_IDLE: u64 = 192;
+
+/// Where the completion table starts in the control header.
+pub const OFFSET_COMPLETIONS: u64 = 512;
+/// A slot: tag `u64`, then position `u64`.
+pub const COMPLETION_SLOT_SIZE: u64 = 16;
+/// Slots in the table.
+pub const COMPLETION_SLOTS: u64 = (HEADER_SIZE - OFFSET_COMPLETIONS) / COMPLETION_SLOT_SIZE;
+/// A position meaning "the host could not tell (an error): ask it".
+pub const COMPLETION_FAILED: u64 = u64::MAX;
+
+/// What a completion slot describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u64)]
+pub enum CompletionKind {
+    Event = 1,
+    Stream = 2,
+}
+
+/// The tag of an event's or a stream's slot (never 0).
+pub const fn completion_tag(kind: CompletionKind, handle: u32) -> u64 {
+    ((kind as u64) << 32) | handle as u64
+}
+
+/// The slot of `tag`, below [`COMPLETION_SLOTS`]: the handle's, modulo the
+/// table (the guest hands out handles one after another, events and streams
+/// alike, so live ones seldom share a slot).
+pub const fn completion_slot(tag: u64) -> u64 {
+    (tag & 0xffff_ffff) % COMPLETION_SLOTS
+}
+
+/// The byte offset of `tag`'s slot from the header's start.
+pub const fn completion_offset(tag: u64) -> u64 {
+    OFFSET_COMPLETIONS + completion_slot(tag) * COMPLETION_SLOT_SIZE
+}
 
 /// The reply record at the start of the reply area: the sequence number is
 /// written last (release), so a guest that reads it (acquire) sees the rest.
@@ -111,6 +157,29 @@ mod tests {
             bounce_offset: HEADER_SIZE + (1 << 20) + 65536,
             bounce_size: 1 << 20,
         }
+    }
+
+    #[test]
+    fn completion_slots_fill_the_rest_of_the_header() {
+        assert_eq!(COMPLETION_SLOTS, 224);
+        const { assert!(OFFSET_COMPLETIONS >= OFFSET_HOST_IDLE + 64) };
+        let mut used = std::collections::HashSet::new();
+        for handle in 1..=64 {
+            let kind = if handle % 2 == 0 {
+                CompletionKind::Event
+            } else {
+                CompletionKind::Stream
+            };
+            let tag = completion_tag(kind, handle);
+            assert_ne!(tag, 0);
+            let offset = completion_offset(tag);
+            assert!(offset + COMPLETION_SLOT_SIZE <= HEADER_SIZE);
+            assert_eq!(offset % 8, 0);
+            used.insert(offset);
+        }
+        // Sequential handles (an event and a stream never share one) take a
+        // slot each.
+        assert_eq!(used.len(), 64);
     }
 
     #[test]

@@ -589,6 +589,30 @@ commands! {
 }
 
 impl Command {
+    /// The stream a command puts work on the GPU on (a kernel, a copy, a
+    /// memset), if it does.
+    pub fn work_stream(&self) -> Option<u32> {
+        match self {
+            Command::LaunchKernel { launch } => Some(launch.stream),
+            Command::MemcpyHtoD { stream, .. }
+            | Command::MemcpyDtoH { stream, .. }
+            | Command::MemcpyDtoD { stream, .. }
+            | Command::Memset { stream, .. } => Some(*stream),
+            _ => None,
+        }
+    }
+
+    /// The stream whose queue a command extends: its work stream, and the
+    /// stream an event is recorded on or made to wait.
+    pub fn queued_on(&self) -> Option<u32> {
+        match self {
+            Command::EventRecord { stream, .. } | Command::StreamWaitEvent { stream, .. } => {
+                Some(*stream)
+            }
+            other => other.work_stream(),
+        }
+    }
+
     /// Bytes the command takes on the wire: header, body and padding.
     pub fn encoded_len(&self) -> usize {
         padded(COMMAND_HEADER_SIZE + self.body_len())

@@ -15,9 +15,11 @@
  *   - launch throughput: --launches launches of rgpu_empty, then one
  *     cuCtxSynchronize;
  *   - host-to-device and device-to-host bandwidth: --mib MiB from
- *     cuMemAllocHost memory, best of --repeats.
+ *     cuMemAllocHost memory, best of --repeats;
+ *   - queries (median of 200): cuEventRecord + cuEventQuery, and
+ *     cuStreamQuery, on an idle queue and behind 200 queued empty launches.
  * Targets: sync within 5 us of native, launches >= 90% of native,
- * bandwidth >= 95% of native. */
+ * bandwidth >= 95% of native, queries behind queued work <= 1.5x native. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <dlfcn.h>
@@ -49,6 +51,11 @@ struct api {
     CUresult (*module_get_function)(CUfunction *, CUmodule, const char *);
     CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                               unsigned, unsigned, CUstream, void **, void **);
+    CUresult (*event_create)(CUevent *, unsigned);
+    CUresult (*event_destroy)(CUevent);
+    CUresult (*event_record)(CUevent, CUstream);
+    CUresult (*event_query)(CUevent);
+    CUresult (*stream_query)(CUstream);
 };
 
 struct results {
@@ -59,6 +66,10 @@ struct results {
     double launches_per_s;
     double htod_gbps;
     double dtoh_gbps;
+    double event_idle_us;
+    double event_queued_us;
+    double stream_idle_us;
+    double stream_queued_us;
 };
 
 struct config {
@@ -116,6 +127,11 @@ static int load_api(struct api *a, const char *label, const char *path) {
     RESOLVE(module_unload, "cuModuleUnload");
     RESOLVE(module_get_function, "cuModuleGetFunction");
     RESOLVE(launch_kernel, "cuLaunchKernel");
+    RESOLVE(event_create, "cuEventCreate");
+    RESOLVE(event_destroy, "cuEventDestroy_v2");
+    RESOLVE(event_record, "cuEventRecord");
+    RESOLVE(event_query, "cuEventQuery");
+    RESOLVE(stream_query, "cuStreamQuery");
     return 0;
 }
 
@@ -128,6 +144,31 @@ static int load_api(struct api *a, const char *label, const char *path) {
         }                                                                            \
     } while (0)
 
+#define QUERY_SAMPLES 200
+#define QUEUED_LAUNCHES 200
+
+/* Median time (us) of one query (an event record + query, or a stream
+ * query) after `queued` empty launches, each sample after a synchronize.
+ * A query may answer NOT_READY: only its time counts. -1 on an error. */
+static double query_median(struct api *a, CUfunction empty, CUevent event, int use_event,
+                           int queued) {
+    double samples[QUERY_SAMPLES];
+    for (int i = 0; i < QUERY_SAMPLES; i++) {
+        if (a->ctx_synchronize() != CUDA_SUCCESS) return -1;
+        for (int k = 0; k < queued; k++)
+            if (a->launch_kernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS)
+                return -1;
+        double t0 = now_s();
+        CUresult rc = use_event ? a->event_record(event, NULL) : CUDA_SUCCESS;
+        if (rc == CUDA_SUCCESS) rc = use_event ? a->event_query(event) : a->stream_query(NULL);
+        samples[i] = (now_s() - t0) * 1e6;
+        if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_NOT_READY) return -1;
+    }
+    if (a->ctx_synchronize() != CUDA_SUCCESS) return -1;
+    qsort(samples, QUERY_SAMPLES, sizeof *samples, compare_doubles);
+    return samples[QUERY_SAMPLES / 2];
+}
+
 static int measure(struct api *a, const struct config *c, const char *ptx, struct results *r) {
     CUdevice dev = 0;
     CUcontext ctx = NULL;
@@ -135,6 +176,7 @@ static int measure(struct api *a, const struct config *c, const char *ptx, struc
     CUfunction empty = NULL;
     CUdeviceptr d = 0;
     void *pinned = NULL;
+    CUevent event = NULL;
     double *samples = NULL;
     const size_t bytes = (size_t)c->mib << 20;
     int status = -1;
@@ -176,6 +218,18 @@ static int measure(struct api *a, const struct config *c, const char *ptx, struc
         r->launches_per_s = (double)c->launches / (now_s() - t0);
     }
 
+    /* Queries, idle and behind queued launches. */
+    CALL(a->event_create(&event, 0x2 /* CU_EVENT_DISABLE_TIMING */));
+    r->event_idle_us = query_median(a, empty, event, 1, 0);
+    r->event_queued_us = query_median(a, empty, event, 1, QUEUED_LAUNCHES);
+    r->stream_idle_us = query_median(a, empty, event, 0, 0);
+    r->stream_queued_us = query_median(a, empty, event, 0, QUEUED_LAUNCHES);
+    if (r->event_idle_us < 0 || r->event_queued_us < 0 || r->stream_idle_us < 0 ||
+        r->stream_queued_us < 0) {
+        fprintf(stderr, "%s: a query failed\n", a->label);
+        goto out;
+    }
+
     /* Bandwidth from and into pinned host memory. */
     CALL(a->mem_alloc(&d, bytes));
     CALL(a->mem_alloc_host(&pinned, bytes));
@@ -200,6 +254,7 @@ static int measure(struct api *a, const struct config *c, const char *ptx, struc
     status = 0;
 
 out:
+    if (event) a->event_destroy(event);
     if (pinned) a->mem_free_host(pinned);
     if (d) a->mem_free(d);
     if (module) a->module_unload(module);
@@ -231,17 +286,22 @@ static void print_value(double v, int valid, const char *format) {
     else printf(" %13s", "-");
 }
 
+/* How a row's relation is judged. */
+enum relation { HIGHER_RATIO, DIFFERENCE, LOWER_RATIO };
+
 /* One row: native, rgpu, their relation, the target and whether it is met.
- * `difference` rows compare rgpu - native against `limit` (lower is better);
- * the others compare rgpu / native against `limit` (higher is better). */
+ * DIFFERENCE rows compare rgpu - native against `limit` (lower is better);
+ * HIGHER_RATIO rows rgpu / native against `limit` (higher is better),
+ * LOWER_RATIO rows rgpu / native (lower is better). */
 static void row(const char *metric, double native, double rgpu, const struct results *n,
-                const struct results *g, int difference, double limit, const char *target) {
+                const struct results *g, enum relation kind, double limit, const char *target) {
     printf("%-34s", metric);
     print_value(native, n->valid, " %13.2f");
     print_value(rgpu, g->valid, " %13.2f");
     if (n->valid && g->valid) {
+        int difference = kind == DIFFERENCE;
         double relation = difference ? rgpu - native : rgpu / native;
-        int met = difference ? relation <= limit : relation >= limit;
+        int met = kind == HIGHER_RATIO ? relation >= limit : relation <= limit;
         printf(difference ? " %+11.2fus" : " %13.3f", relation);
         printf("   %-26s %s\n", target, met ? "met" : "NOT MET");
     } else {
@@ -308,14 +368,22 @@ int main(int argc, char **argv) {
     printf("%-34s %13s %13s %13s   %-26s %s\n", "metric", "native", "rgpu", "rgpu vs nat",
            "target", "verdict");
     row("sync round trip, median (us)", native.sync_median_us, rgpu.sync_median_us, &native, &rgpu,
-        1, 5.0, "within 5 us of native");
-    row("sync round trip, mean (us)", native.sync_mean_us, rgpu.sync_mean_us, &native, &rgpu, 1,
-        5.0, "within 5 us of native");
+        DIFFERENCE, 5.0, "within 5 us of native");
+    row("sync round trip, mean (us)", native.sync_mean_us, rgpu.sync_mean_us, &native, &rgpu,
+        DIFFERENCE, 5.0, "within 5 us of native");
     row("empty-kernel launches (1/s)", native.launches_per_s, rgpu.launches_per_s, &native, &rgpu,
-        0, 0.90, ">= 90% of native");
-    row("HtoD from pinned (GB/s)", native.htod_gbps, rgpu.htod_gbps, &native, &rgpu, 0, 0.95,
-        ">= 95% of native");
-    row("DtoH into pinned (GB/s)", native.dtoh_gbps, rgpu.dtoh_gbps, &native, &rgpu, 0, 0.95,
-        ">= 95% of native");
+        HIGHER_RATIO, 0.90, ">= 90% of native");
+    row("HtoD from pinned (GB/s)", native.htod_gbps, rgpu.htod_gbps, &native, &rgpu, HIGHER_RATIO,
+        0.95, ">= 95% of native");
+    row("DtoH into pinned (GB/s)", native.dtoh_gbps, rgpu.dtoh_gbps, &native, &rgpu, HIGHER_RATIO,
+        0.95, ">= 95% of native");
+    row("event record+query, idle (us)", native.event_idle_us, rgpu.event_idle_us, &native, &rgpu,
+        LOWER_RATIO, 1.5, "<= 1.5x native");
+    row("event record+query, queued (us)", native.event_queued_us, rgpu.event_queued_us, &native,
+        &rgpu, LOWER_RATIO, 1.5, "<= 1.5x native");
+    row("stream query, idle (us)", native.stream_idle_us, rgpu.stream_idle_us, &native, &rgpu,
+        LOWER_RATIO, 1.5, "<= 1.5x native");
+    row("stream query, queued (us)", native.stream_queued_us, rgpu.stream_queued_us, &native,
+        &rgpu, LOWER_RATIO, 1.5, "<= 1.5x native");
     return failed;
 }

@@ -1,9 +1,11 @@
 //! Events: guest-chosen handles; create, record and destroy are queued,
-//! synchronize, query and elapsed time wait for the host.
+//! synchronize and elapsed time wait for the host, a query is answered from
+//! the host's completion table.
 
 use std::ffi::c_uint;
 use std::sync::Arc;
 
+use rgpu_proto::channel::CompletionKind;
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::Command;
 
@@ -60,11 +62,11 @@ pub(crate) fn synchronize(hevent: CUevent) -> Result<(), u32> {
         .map(|_| ())
 }
 
+/// Answered from the host's completion table: never waits behind queued
+/// commands.
 pub(crate) fn query(hevent: CUevent) -> Result<(), u32> {
     let e = event(hevent)?;
-    e.context
-        .call(&Command::EventQuery { event: e.handle })
-        .map(|_| ())
+    e.context.query(CompletionKind::Event, e.handle)
 }
 
 pub(crate) fn elapsed_time(ms: *mut f32, start: CUevent, end: CUevent) -> Result<(), u32> {

@@ -4,6 +4,7 @@
 use std::ffi::{c_int, c_uint};
 use std::sync::Arc;
 
+use rgpu_proto::channel::CompletionKind;
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::Command;
 
@@ -71,10 +72,11 @@ pub(crate) fn synchronize_ptsz(stream: CUstream) -> Result<(), u32> {
     synchronize_on(stream, true)
 }
 
+/// Answered from the host's completion table: never waits behind queued
+/// commands.
 fn query_on(stream: CUstream, per_thread: bool) -> Result<(), u32> {
     let (ctx, handle) = resolve_stream(stream, per_thread)?;
-    ctx.call(&Command::StreamQuery { stream: handle })
-        .map(|_| ())
+    ctx.query(CompletionKind::Stream, handle)
 }
 
 pub(crate) fn query(stream: CUstream) -> Result<(), u32> {

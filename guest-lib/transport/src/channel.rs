@@ -11,14 +11,20 @@
 //! default 8 MiB, a power of two), reply area (64 KiB), bounce area (8 MiB).
 //! `produced` and `consumed` count bytes since the channel was bound; the
 //! ring position is the count modulo the ring size.
+//!
+//! Event and stream queries never wait: the channel remembers where in the
+//! ring each event was last recorded and each stream last given work, and
+//! answers from the host's completion table ([`Channel::completion`]).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rgpu_proto::batch::encode_batch;
 use rgpu_proto::channel::{
-    self as proto, CHANNEL_MAGIC, HEADER_SIZE, OFFSET_CONSUMED, OFFSET_HOST_IDLE, OFFSET_MAGIC,
+    self as proto, completion_offset, completion_tag, CompletionKind, CHANNEL_MAGIC,
+    COMPLETION_FAILED, HEADER_SIZE, OFFSET_CONSUMED, OFFSET_HOST_IDLE, OFFSET_MAGIC,
     OFFSET_PRODUCED, OFFSET_VERSION, REPLY_OFFSET_CONSOLE_LEN, REPLY_OFFSET_LEN,
     REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
 };
@@ -121,11 +127,54 @@ impl ChannelConfig {
     }
 }
 
-/// What the channel's mutex guards.
+/// What the completion table says of an event or a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// Everything it was given is complete (or it was never given any).
+    Done,
+    /// Work it was given is not complete yet.
+    Pending,
+    /// The table cannot tell (its slot holds another item, the host met an
+    /// error, or the channel never gave it work): ask the host.
+    Ask,
+}
+
+/// What the channel's mutex guards (held while a call waits for its reply).
 struct State {
     /// Bytes published so far (the last value stored in `produced`).
     produced: u64,
     next_seq: u64,
+}
+
+/// Where events and streams were last given work, for queries (a mutex of
+/// its own: a query must not wait for another thread's call).
+#[derive(Default)]
+struct QueryNotes {
+    /// Ring position after each event's latest record.
+    recorded: HashMap<u32, u64>,
+    /// Ring position after each stream's latest work.
+    queued: HashMap<u32, u64>,
+}
+
+impl QueryNotes {
+    /// Notes what a command written up to `end` changes for queries.
+    fn note(&mut self, command: &Command, end: u64) {
+        match command {
+            Command::EventRecord { event, .. } => {
+                self.recorded.insert(*event, end);
+            }
+            Command::EventDestroy { event } => {
+                self.recorded.remove(event);
+            }
+            Command::StreamDestroy { stream } => {
+                self.queued.remove(stream);
+            }
+            _ => {}
+        }
+        if let Some(stream) = command.queued_on() {
+            self.queued.insert(stream, end);
+        }
+    }
 }
 
 pub struct Channel {
@@ -135,6 +184,7 @@ pub struct Channel {
     layout: ChannelLayout,
     spin: Duration,
     state: Mutex<State>,
+    notes: Mutex<QueryNotes>,
 }
 
 impl Channel {
@@ -168,6 +218,7 @@ impl Channel {
                 produced: 0,
                 next_seq: 1,
             }),
+            notes: Mutex::default(),
         };
         if let Err(e) = channel.bind() {
             let _ = channel.close();
@@ -360,6 +411,13 @@ impl Channel {
         blob.and(context)
     }
 
+    fn note(&self, command: &Command, end: u64) {
+        self.notes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .note(command, end);
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -383,10 +441,12 @@ impl Channel {
         unsafe { self.blob.ptr.add(offset as usize) }
     }
 
+    /// A word of the control header: a counter or a completion slot's.
     fn counter(&self, offset: u64) -> &AtomicU64 {
-        // SAFETY: header counters are 8-aligned (the blob is page aligned,
-        // the offsets are multiples of 64) inside the blob, and both sides
-        // access them only atomically.
+        // SAFETY: header counters and completion slots are 8-aligned (the
+        // blob is page aligned, the offsets are multiples of 8) inside the
+        // header, which lies inside the blob, and both sides access them
+        // only atomically.
         unsafe { AtomicU64::from_ptr(self.at(self.layout.header_offset + offset).cast()) }
     }
 
@@ -525,6 +585,7 @@ impl Channel {
         let pos = self.reserve(state, bytes.len() as u64)?;
         self.write_bytes(pos, &bytes);
         state.produced += bytes.len() as u64;
+        self.note(command, state.produced);
         self.publish(state)
     }
 
@@ -546,7 +607,8 @@ impl Channel {
             offset: self.layout.ring_offset + pos + COMMAND_HEADER_SIZE as u64,
             length: data.len() as u64,
         };
-        let command = make_command(range).to_bytes(seq);
+        let made = make_command(range);
+        let command = made.to_bytes(seq);
         if command.len() as u64 != command_len {
             return Err(CarrierError::Protocol(
                 "command size changed with its data range".into(),
@@ -565,7 +627,51 @@ impl Channel {
         self.write_bytes(pos + COMMAND_HEADER_SIZE as u64, data);
         self.write_bytes(pos + staged, &command);
         state.produced += staged + command_len;
+        self.note(&made, state.produced);
         self.publish(state)
+    }
+
+    /// What the host's completion table says of event `event` (`kind`
+    /// Event) or stream `stream` (Stream), without asking the host.
+    pub fn completion(&self, kind: CompletionKind, handle: u32) -> Completion {
+        let given = {
+            let notes = self.notes.lock().unwrap_or_else(PoisonError::into_inner);
+            match kind {
+                CompletionKind::Event => notes.recorded.get(&handle).copied(),
+                CompletionKind::Stream => notes.queued.get(&handle).copied(),
+            }
+        };
+        let Some(given_until) = given else {
+            return match kind {
+                // Never recorded: complete, as CUDA says.
+                CompletionKind::Event => Completion::Done,
+                // Work this channel never saw (the legacy stream's ties to
+                // the others are the driver's to judge).
+                CompletionKind::Stream => Completion::Ask,
+            };
+        };
+        let tag = completion_tag(kind, handle);
+        let slot = completion_offset(tag);
+        let (tag_word, position_word) = (self.counter(slot), self.counter(slot + 8));
+        let before = tag_word.load(Ordering::Acquire);
+        let position = position_word.load(Ordering::Acquire);
+        let after = tag_word.load(Ordering::Acquire);
+        if before == tag && after == tag {
+            return match position {
+                COMPLETION_FAILED => Completion::Ask,
+                done if done >= given_until => Completion::Done,
+                _ => Completion::Pending,
+            };
+        }
+        let consumed = self.counter(OFFSET_CONSUMED).load(Ordering::Acquire);
+        match before {
+            // Nothing published for it yet: still pending, for sure while
+            // the host has not even run the command that gave it the work.
+            0 => Completion::Pending,
+            _ if consumed < given_until => Completion::Pending,
+            // Another item holds the slot.
+            _ => Completion::Ask,
+        }
     }
 
     fn reply_seq(&self) -> u64 {

@@ -9,4 +9,4 @@ pub mod guest_memory;
 pub mod process_tag;
 
 pub use carrier::{BlobMapping, Carrier, CarrierError, FenceToken};
-pub use channel::{Channel, Reply};
+pub use channel::{Channel, Completion, Reply};

@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rgpu_proto::channel::{
-    validate_layout, CHANNEL_MAGIC, OFFSET_CONSUMED, OFFSET_HOST_IDLE, OFFSET_MAGIC,
-    OFFSET_PRODUCED, OFFSET_VERSION, REPLY_OFFSET_CONSOLE_LEN, REPLY_OFFSET_LEN,
+    completion_offset, validate_layout, CHANNEL_MAGIC, OFFSET_CONSUMED, OFFSET_HOST_IDLE,
+    OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_VERSION, REPLY_OFFSET_CONSOLE_LEN, REPLY_OFFSET_LEN,
     REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
 };
 use rgpu_proto::command::{
@@ -223,6 +223,25 @@ impl Channel {
         {
             a.store(self.consumed, Ordering::Release);
         }
+    }
+
+    /// Publishes in the completion table that the item of `tag` had
+    /// completed everything it was given up to ring position `position`
+    /// (rgpu_proto::channel: position first, then the tag, so a guest that
+    /// reads the tag twice around the position never pairs an item with
+    /// another's position).
+    pub fn publish_completion(&self, tag: u64, position: u64) {
+        let slot = self.layout.header_offset + completion_offset(tag);
+        let (Ok(tag_word), Ok(position_word)) =
+            (self.blob.atomic_u64(slot), self.blob.atomic_u64(slot + 8))
+        else {
+            return;
+        };
+        if tag_word.load(Ordering::Acquire) != tag {
+            tag_word.store(0, Ordering::Release);
+        }
+        position_word.store(position, Ordering::Release);
+        tag_word.store(tag, Ordering::Release);
     }
 
     /// Writes a reply record; the sequence number last, with release. A

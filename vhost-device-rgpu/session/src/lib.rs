@@ -11,6 +11,7 @@
 pub mod blob;
 pub mod budget;
 pub mod channel;
+mod completions;
 pub mod compute;
 pub mod console;
 pub mod counters;

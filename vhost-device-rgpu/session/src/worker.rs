@@ -17,6 +17,7 @@ use rgpu_proto::cuda_result::{
 use rgpu_proto::Command;
 
 use crate::channel::{Channel, RingEntry};
+use crate::completions::{Completions, LOOK_EVERY};
 use crate::compute::{Admission, Fences, PROBATION};
 use crate::handles::Handles;
 use crate::tenant::{Tenant, Usage};
@@ -44,21 +45,11 @@ fn may_synchronize(command: &Command) -> bool {
     )
 }
 
-/// The guest stream a command puts work on, if it puts work on the GPU.
-fn submission_stream(command: &Command) -> Option<u32> {
-    match command {
-        Command::LaunchKernel { launch } => Some(launch.stream),
-        Command::MemcpyHtoD { stream, .. }
-        | Command::MemcpyDtoH { stream, .. }
-        | Command::MemcpyDtoD { stream, .. }
-        | Command::Memset { stream, .. } => Some(*stream),
-        _ => None,
-    }
-}
-
 /// How long a session waits for its tenant's grant between looks at its
 /// mailbox (a detach or a shutdown must not wait for a turn on the GPU).
 const GRANT_WAIT_SLICE: Duration = Duration::from_millis(5);
+/// How often a spinning session looks at what the guest may query.
+const SPIN_LOOK: Duration = Duration::from_micros(5);
 /// How often an idle session with fences pending looks at them.
 const IDLE_POLL: Duration = Duration::from_micros(100);
 
@@ -180,6 +171,8 @@ pub struct Worker {
     pub(crate) usage: Arc<Usage>,
     /// What the session submitted that may still run (the scheduler's view).
     fences: Fences,
+    /// Events and streams the guest may query, until seen complete.
+    completions: Completions,
     /// What the tenant's scheduler was last told ([`Fences::busy`]).
     busy_reported: bool,
     /// Until then, submissions are fenced as if arbitrated (a burst the
@@ -245,6 +238,7 @@ impl Worker {
             tenant,
             usage,
             fences: Fences::default(),
+            completions: Completions::default(),
             busy_reported: false,
             probation_until: None,
             context: DeviceContext::NotCreated,
@@ -324,7 +318,7 @@ impl Worker {
         };
         if matches!(command, Command::CtxSynchronize) {
             self.fences.all_done();
-        } else if let Some(stream) = submission_stream(command) {
+        } else if let Some(stream) = command.work_stream() {
             if let Ok(stream) = self.handles.stream(stream) {
                 if let Err(code) = self.fences.submitted(ctx, stream, admission) {
                     self.remember(code);
@@ -335,22 +329,37 @@ impl Worker {
     }
 
     /// Idle, with work of the session possibly still on the GPU: waits for
-    /// a message while looking at the fences now and then, so the
-    /// scheduler learns when the work is done. `None`: the fences are done
-    /// (or there is no context), go to sleep.
+    /// a message while looking at the fences (so the scheduler learns when
+    /// the work is done) and at the events and streams the guest may query
+    /// (so it can answer them itself) now and then. `None`: nothing is left
+    /// to look at (or there is no context), go to sleep.
     fn idle_with_fences(&mut self) -> Option<Result<Message, RecvTimeoutError>> {
         loop {
             let ctx = self.context.created()?;
             self.fences.poll(ctx, true);
-            let pending = self.fences.pending();
-            self.report_busy();
-            if !pending {
-                return None;
+            if let Some(channel) = &self.channel {
+                self.completions
+                    .look(ctx, &self.handles, channel, channel.consumed());
             }
-            match self.receiver.recv_timeout(IDLE_POLL) {
+            let fences = self.fences.pending();
+            self.report_busy();
+            let wait = match (fences, self.completions.watching()) {
+                (false, false) => return None,
+                (true, false) => IDLE_POLL,
+                (_, true) => LOOK_EVERY,
+            };
+            match self.receiver.recv_timeout(wait) {
                 Err(RecvTimeoutError::Timeout) => {}
                 other => return Some(other),
             }
+        }
+    }
+
+    /// Publishes the events and streams found complete, `position` being
+    /// the end of the last command run.
+    fn look_at_completions(&mut self, position: u64) {
+        if let (Some(ctx), Some(channel)) = (self.context.created(), &self.channel) {
+            self.completions.look(ctx, &self.handles, channel, position);
         }
     }
 
@@ -608,7 +617,7 @@ impl Worker {
                     self.advance(len);
                 }
                 RingEntry::Command(Ok(decoded)) => {
-                    let admission = if submission_stream(&decoded.command).is_some() {
+                    let admission = if decoded.command.work_stream().is_some() {
                         match self.admit() {
                             Ok(admission) => admission,
                             Err(()) => return Drained::ShutDown,
@@ -629,6 +638,19 @@ impl Worker {
                         let result = self.execute(&decoded.command, decoded.reply_seq);
                         if may_wait {
                             self.usage.end_wait();
+                        }
+                        if result.is_ok() {
+                            self.completions
+                                .ran(&decoded.command, self.channel.as_ref());
+                        }
+                        // Before the answer: a guest that synchronized finds
+                        // what completed meanwhile in the table at once.
+                        if may_wait && self.completions.watching() {
+                            let end = self
+                                .channel
+                                .as_ref()
+                                .map_or(0, |c| c.consumed().saturating_add(len));
+                            self.look_at_completions(end);
                         }
                         if result.is_ok() {
                             let tracked = admission.or_else(|| {
@@ -666,6 +688,10 @@ impl Worker {
                         );
                         self.finish_command(decoded.reply_seq, result, failed);
                         self.advance(len);
+                        if self.completions.due() {
+                            let position = self.channel.as_ref().map_or(0, Channel::consumed);
+                            self.look_at_completions(position);
+                        }
                     } else {
                         // A Padding body may carry the data of the command
                         // after it: that space stays the host's until the
@@ -744,15 +770,25 @@ impl Worker {
         self.sticky.get_or_insert(code);
     }
 
-    /// Spins a bounded time for new ring entries or messages.
+    /// Spins a bounded time for new ring entries or messages, looking at
+    /// the events and streams the guest may query meanwhile (a guest that
+    /// spins on a query sees the answer as soon as the GPU is done).
     fn spin_for_work(&mut self) -> Wake {
         let Some(channel) = &self.channel else {
             return Wake::Idle;
         };
         let deadline = Instant::now() + self.spin;
+        let mut last_look: Option<Instant> = None;
         while Instant::now() < deadline {
             if channel.has_work() {
                 return Wake::Work;
+            }
+            if self.completions.watching() && last_look.is_none_or(|t| t.elapsed() >= SPIN_LOOK) {
+                if let Some(ctx) = self.context.created() {
+                    self.completions
+                        .look(ctx, &self.handles, channel, channel.consumed());
+                }
+                last_look = Some(Instant::now());
             }
             match self.receiver.try_recv() {
                 Ok(message) => return Wake::Message(message),

@@ -1,0 +1,165 @@
+/* query_test: cuEventQuery and cuStreamQuery never wait (issue 9).
+ *
+ * Usage: query_test --ptx reference_kernels.ptx [--host-busy-ms N]
+ *
+ * 1. Behind 2000 queued launches of rgpu_spin (10 us each): an event
+ *    recorded after them and their stream are NOT_READY, and each query
+ *    returns within microseconds; after cuEventSynchronize both are
+ *    SUCCESS. An event never recorded is SUCCESS.
+ * 2. While another thread of the process waits in cuStreamSynchronize for
+ *    a kernel of N ms (default 300) on a second stream: an event recorded
+ *    behind that kernel and the stream are NOT_READY, an event that
+ *    completed before is SUCCESS, and the answers come at once (natively,
+ *    too: the driver never waits in a query; through rgpu a query sent to
+ *    the host would wait for the synchronize).
+ *
+ * Prints "MEASURED <what> <us>" lines and "query_test: N checks passed"
+ * (exit 0) or every failed check (exit 1). */
+#define _POSIX_C_SOURCE 200809L
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rgpu_cuda.h"
+#include "checks.h"
+
+CUresult cuCtxSetCurrent(CUcontext ctx);
+
+#define QUEUED 2000
+/* A query answered without waiting takes far less; one sent behind the
+ * queue, or behind the other thread's synchronize, takes longer. */
+#define QUICK_US 5000.0
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static CUfunction spin;
+static CUcontext ctx;
+
+static CUresult launch_spin(uint64_t ns, CUstream stream) {
+    void *params[] = {&ns};
+    return cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL);
+}
+
+/* The timed query: its result, and its time in `us`. */
+static CUresult timed(CUresult (*query)(void *), void *what, double *us) {
+    double t0 = now_us();
+    CUresult rc = query(what);
+    *us = now_us() - t0;
+    return rc;
+}
+
+static CUresult query_event(void *e) { return cuEventQuery((CUevent)e); }
+static CUresult query_stream(void *s) { return cuStreamQuery((CUstream)s); }
+
+struct waiter {
+    CUstream stream;
+    CUresult rc;
+};
+
+static void *synchronize_stream(void *arg) {
+    struct waiter *w = arg;
+    w->rc = cuCtxSetCurrent(ctx);
+    if (w->rc == CUDA_SUCCESS) w->rc = cuStreamSynchronize(w->stream);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    const char *ptx_path = NULL;
+    long busy_ms = 300;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--ptx")) ptx_path = argv[i + 1];
+        else if (!strcmp(argv[i], "--host-busy-ms")) busy_ms = atol(argv[i + 1]);
+    }
+    char *ptx = ptx_path ? read_file(ptx_path) : NULL;
+    CUdevice dev;
+    CUmodule module;
+    if (!ptx || cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) ||
+        cuCtxSetCurrent(ctx) || cuModuleLoadData(&module, ptx) ||
+        cuModuleGetFunction(&spin, module, "rgpu_spin")) {
+        printf("FAIL: no CUDA context or rgpu_spin (usage: query_test --ptx PTX)\n");
+        return 1;
+    }
+
+    /* 1. Behind queued launches. */
+    CUstream stream;
+    CUevent after, never;
+    CHECK_CU(cuStreamCreate(&stream, 0));
+    CHECK_CU(cuEventCreate(&after, 0));
+    CHECK_CU(cuEventCreate(&never, 0));
+    CHECK_CU(cuEventQuery(never));
+    for (int i = 0; i < QUEUED; i++) launch_spin(10000, stream);
+    CHECK_CU(cuEventRecord(after, stream));
+    double us;
+    CHECK_RC(timed(query_event, after, &us), CUDA_ERROR_NOT_READY);
+    printf("MEASURED event query behind %d queued launches %.1f\n", QUEUED, us);
+    CHECK_TRUE(us < QUICK_US);
+    CHECK_RC(timed(query_stream, stream, &us), CUDA_ERROR_NOT_READY);
+    printf("MEASURED stream query behind %d queued launches %.1f\n", QUEUED, us);
+    CHECK_TRUE(us < QUICK_US);
+    CHECK_CU(cuEventSynchronize(after));
+    CHECK_CU(cuEventQuery(after));
+    CHECK_CU(cuStreamQuery(stream));
+    /* Recorded again behind new work: pending again. */
+    launch_spin(50000000, stream);
+    CHECK_CU(cuEventRecord(after, stream));
+    CHECK_RC(cuEventQuery(after), CUDA_ERROR_NOT_READY);
+    CHECK_CU(cuStreamSynchronize(stream));
+    CHECK_CU(cuEventQuery(after));
+
+    /* 2. While another thread waits for a long kernel. */
+    CUstream other;
+    CUevent done_before, behind;
+    CHECK_CU(cuStreamCreate(&other, 0));
+    CHECK_CU(cuEventCreate(&done_before, 0));
+    CHECK_CU(cuEventCreate(&behind, 0));
+    launch_spin(1000, stream);
+    CHECK_CU(cuEventRecord(done_before, stream));
+    CHECK_CU(cuEventSynchronize(done_before));
+    /* The long kernel, then an event behind it, then another thread waits
+     * for the stream. */
+    CHECK_CU(launch_spin((uint64_t)busy_ms * 1000000ull, other));
+    CHECK_CU(cuEventRecord(behind, other));
+    struct waiter w = {.stream = other, .rc = CUDA_SUCCESS};
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, synchronize_stream, &w) != 0) {
+        fail(__LINE__, "pthread_create");
+        return 1;
+    }
+    struct timespec settle = {0, 20000000};
+    nanosleep(&settle, NULL); /* the other thread is in its synchronize */
+    double t_start = now_us();
+    CHECK_RC(timed(query_event, behind, &us), CUDA_ERROR_NOT_READY);
+    printf("MEASURED event query during another thread's synchronize %.1f\n", us);
+    CHECK_TRUE(us < QUICK_US);
+    CHECK_RC(timed(query_event, done_before, &us), CUDA_SUCCESS);
+    printf("MEASURED completed event query during another thread's synchronize %.1f\n", us);
+    CHECK_TRUE(us < QUICK_US);
+    CHECK_RC(timed(query_stream, other, &us), CUDA_ERROR_NOT_READY);
+    CHECK_TRUE(us < QUICK_US);
+    /* All of it happened while the long kernel ran. */
+    CHECK_TRUE(now_us() - t_start < busy_ms * 1000.0 / 2);
+    pthread_join(thread, NULL);
+    CHECK_CU(w.rc);
+    CHECK_CU(cuEventSynchronize(behind));
+    CHECK_CU(cuEventQuery(behind));
+    CHECK_CU(cuStreamQuery(other));
+
+    CHECK_CU(cuEventDestroy(after));
+    CHECK_CU(cuEventDestroy(never));
+    CHECK_CU(cuEventDestroy(done_before));
+    CHECK_CU(cuEventDestroy(behind));
+    CHECK_CU(cuStreamDestroy(stream));
+    CHECK_CU(cuStreamDestroy(other));
+    cuDevicePrimaryCtxRelease(dev);
+    if (checks_failed) return 1;
+    printf("query_test: %ld checks passed\n", checks_passed);
+    return 0;
+}
