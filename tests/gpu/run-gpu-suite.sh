@@ -241,6 +241,13 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
         env RGPU_SOCKET="$socket" "$work/rgpu_bench" --native "$native_lib" \
         --rgpu "$work/rgpu-lib/libcuda.so.1" --ptx "$ptx"
     cat "$logs/benchmark.log" 2>/dev/null
+    # The same with rgpu's blobs (channel, pinned buffers) laid out as
+    # shuffled runs of 1-8 pages, as a VM that has run a while hands them
+    # out: the copy rows against the contiguous ones above (issue 9).
+    step "scattered-blob benchmark" "rgpu_bench: device" \
+        env RGPU_SOCKET="$socket" RGPU_LOCAL_SCATTER_BLOBS=1 "$work/rgpu_bench" \
+        --rgpu "$work/rgpu-lib/libcuda.so.1" --ptx "$ptx" --sync-iters 1000 --launches 10000
+    cat "$logs/scattered-blob-benchmark.log" 2>/dev/null
 fi
 
 if command -v python3 >/dev/null; then

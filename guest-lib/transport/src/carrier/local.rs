@@ -26,7 +26,7 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use vmm_sys_util::eventfd::{EventFd, EFD_CLOEXEC, EFD_NONBLOCK};
 
 use super::virtqueue::{SplitQueue, VirtqueueError, QUEUE_SIZE};
-use super::{BlobMapping, Carrier, CarrierError, FenceToken};
+use super::{scattered, BlobMapping, Carrier, CarrierError, FenceToken};
 use crate::guest_memory::{GuestMemory, GuestMemoryError};
 
 const CONTROL_QUEUE: usize = 0;
@@ -89,9 +89,22 @@ pub struct LocalCarrier {
     next_ctx: AtomicU32,
     next_resource: AtomicU32,
     next_fence: AtomicU64,
-    /// Blob resource id -> guest address of its memory.
-    blobs: Mutex<HashMap<u32, u64>>,
+    /// Blob resource id -> where its memory is.
+    blobs: Mutex<HashMap<u32, LocalBlob>>,
+    /// `RGPU_LOCAL_SCATTER_BLOBS`: large blobs are scattered page runs.
+    scatter: bool,
 }
+
+/// A blob's memory: a contiguous range of guest memory at `gpa`, and, for
+/// a scattered blob, the process's own view of its runs in blob order.
+struct LocalBlob {
+    gpa: u64,
+    scattered_view: Option<(*mut u8, u64)>,
+}
+
+// SAFETY: the view pointer is only an address of a mapping this carrier
+// owns and unmaps once, under the `blobs` mutex.
+unsafe impl Send for LocalBlob {}
 
 fn handshake(step: &'static str) -> impl Fn(vhost::Error) -> CarrierError {
     move |e| CarrierError::Handshake(format!("{step}: {e}"))
@@ -282,6 +295,7 @@ impl LocalCarrier {
             next_resource: AtomicU32::new(1),
             next_fence: AtomicU64::new(1),
             blobs: Mutex::new(HashMap::new()),
+            scatter: super::scattered::enabled_from_env(),
         };
         carrier.capset = carrier.read_capset(num_capsets)?;
         log::info!(
@@ -628,12 +642,23 @@ impl Carrier for LocalCarrier {
     }
 
     fn create_blob(&self, ctx_id: u32, size: u64) -> Result<BlobMapping, CarrierError> {
-        let (gpa, ptr) = self.memory.alloc(size).map_err(memory_error)?;
+        let (gpa, mut ptr) = self.memory.alloc(size).map_err(memory_error)?;
         let size = size.max(1).next_multiple_of(crate::guest_memory::PAGE_SIZE);
         let resource_id = self.next_resource.fetch_add(1, Ordering::Relaxed);
         let mut entries = Vec::new();
+        let mut scattered_view = None;
+        if self.scatter && size >= scattered::SCATTER_MIN_BYTES {
+            let runs = scattered::layout(size / crate::guest_memory::PAGE_SIZE, resource_id.into());
+            let view = scattered::map(&runs, self.memory.fd(), gpa).map_err(|e| {
+                let _ = self.memory.free(gpa);
+                CarrierError::Io(e)
+            })?;
+            entries = scattered::entries(&runs, gpa);
+            scattered_view = Some((view, size));
+            ptr = view;
+        }
         let mut offset = 0;
-        while offset < size {
+        while scattered_view.is_none() && offset < size {
             let length = (size - offset).min(MAX_ENTRY_BYTES);
             entries.push(MemEntry {
                 addr: gpa + offset,
@@ -641,6 +666,11 @@ impl Carrier for LocalCarrier {
             });
             offset += length;
         }
+        let forget_view = |view: Option<(*mut u8, u64)>| {
+            if let Some((base, len)) = view {
+                scattered::unmap(base, len);
+            }
+        };
         let blob = ResourceCreateBlob {
             resource_id,
             blob_mem: gpu::BLOB_MEM_GUEST,
@@ -653,16 +683,24 @@ impl Carrier for LocalCarrier {
         header(gpu::CMD_RESOURCE_CREATE_BLOB, ctx_id).encode(&mut w);
         blob.encode(&mut w);
         if let Err(e) = self.command(w.as_bytes(), "RESOURCE_CREATE_BLOB") {
+            forget_view(scattered_view);
             let _ = self.memory.free(gpa);
             return Err(e);
         }
         if let Err(e) = self.attach_blob(ctx_id, resource_id) {
             let _ =
                 self.resource_command(gpu::CMD_RESOURCE_UNREF, 0, resource_id, "RESOURCE_UNREF");
+            forget_view(scattered_view);
             let _ = self.memory.free(gpa);
             return Err(e);
         }
-        lock(&self.blobs).insert(resource_id, gpa);
+        lock(&self.blobs).insert(
+            resource_id,
+            LocalBlob {
+                gpa,
+                scattered_view,
+            },
+        );
         Ok(BlobMapping {
             resource_id,
             ptr,
@@ -680,12 +718,19 @@ impl Carrier for LocalCarrier {
     }
 
     fn destroy_blob(&self, ctx_id: u32, resource_id: u32) -> Result<(), CarrierError> {
-        let gpa = lock(&self.blobs)
+        let LocalBlob {
+            gpa,
+            scattered_view,
+        } = lock(&self.blobs)
             .remove(&resource_id)
             .ok_or(CarrierError::DeviceError {
                 command: "RESOURCE_UNREF",
                 response: gpu::RESP_ERR_INVALID_RESOURCE_ID,
             })?;
+        // The process is done with the blob: its own view goes at once.
+        if let Some((base, len)) = scattered_view {
+            scattered::unmap(base, len);
+        }
         let detached = self.resource_command(
             gpu::CMD_CTX_DETACH_RESOURCE,
             ctx_id,

@@ -10,6 +10,7 @@
 
 pub mod drm;
 pub mod local;
+pub mod scattered;
 pub mod virtqueue;
 
 use std::ffi::OsStr;
