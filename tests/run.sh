@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The one test command (CI runs it through .ci/run): builds the whole
+# The one test command (CI runs it through .ci/run): checks formatting and
+# the workspace's lints (clippy, warnings denied), builds the whole
 # workspace, so that the daemon binary and guest-lib's libcuda.so exist for
 # the end-to-end tests, then runs every test. Fails on any failure.
 set -euo pipefail
@@ -16,5 +17,7 @@ fi
 # reruns take a second). Its test fails, never skips, when this is missing.
 bash tests/vm/setup-host.sh
 
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace
 cargo test --workspace

@@ -335,9 +335,7 @@ mod tests {
     #[test]
     fn null_is_rejected() {
         // SAFETY: NULL is checked before anything is read.
-        assert_eq!(
-            unsafe { image_bytes(std::ptr::null()) },
-            Err(ImageError::Null)
-        );
+        let result = unsafe { image_bytes(std::ptr::null()) };
+        assert_eq!(result, Err(ImageError::Null));
     }
 }

@@ -9,6 +9,9 @@ pub(crate) fn init() {
     INIT.call_once(|| {
         let env = env_logger::Env::new().filter_or("RGPU_LOG", "warn");
         // The application may have installed a logger of its own: keep it.
-        let _ = env_logger::Builder::from_env(env).try_init();
+        // Unit tests capture what they log (shown when one fails).
+        let _ = env_logger::Builder::from_env(env)
+            .is_test(cfg!(test))
+            .try_init();
     });
 }

@@ -162,10 +162,8 @@ mod tests {
         let f = info(&[(0, 4)]);
         let args = [null::<c_void>()];
         // SAFETY: the one pointer is NULL, which is checked.
-        assert_eq!(
-            unsafe { marshal(&f, args.as_ptr(), null()) },
-            Err(CUDA_ERROR_INVALID_VALUE)
-        );
+        let result = unsafe { marshal(&f, args.as_ptr(), null()) };
+        assert_eq!(result, Err(CUDA_ERROR_INVALID_VALUE));
     }
 
     #[test]
@@ -190,24 +188,18 @@ mod tests {
         let f = info(&[]);
         let extra = [7usize as *const c_void, null(), null()];
         // SAFETY: the unknown key is followed by a value.
-        assert_eq!(
-            unsafe { marshal(&f, null(), extra.as_ptr()) },
-            Err(CUDA_ERROR_INVALID_VALUE)
-        );
+        let result = unsafe { marshal(&f, null(), extra.as_ptr()) };
+        assert_eq!(result, Err(CUDA_ERROR_INVALID_VALUE));
     }
 
     #[test]
     fn no_parameters_need_no_arrays() {
         // SAFETY: nothing is read.
-        assert_eq!(
-            unsafe { marshal(&info(&[]), null(), null()) },
-            Ok(Vec::new())
-        );
-        assert_eq!(
-            // SAFETY: nothing is read.
-            unsafe { marshal(&info(&[(0, 4)]), null(), null()) },
-            Err(CUDA_ERROR_INVALID_VALUE)
-        );
+        let result = unsafe { marshal(&info(&[]), null(), null()) };
+        assert_eq!(result, Ok(Vec::new()));
+        // SAFETY: nothing is read.
+        let result = unsafe { marshal(&info(&[(0, 4)]), null(), null()) };
+        assert_eq!(result, Err(CUDA_ERROR_INVALID_VALUE));
     }
 
     #[test]
@@ -216,9 +208,7 @@ mod tests {
         let big = vec![0u8; MAX_KERNEL_PARAMS_BYTES + 1];
         let args = [big.as_ptr().cast::<c_void>()];
         // SAFETY: the size check comes first.
-        assert_eq!(
-            unsafe { marshal(&f, args.as_ptr(), null()) },
-            Err(CUDA_ERROR_INVALID_VALUE)
-        );
+        let result = unsafe { marshal(&f, args.as_ptr(), null()) };
+        assert_eq!(result, Err(CUDA_ERROR_INVALID_VALUE));
     }
 }

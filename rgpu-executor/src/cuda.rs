@@ -575,28 +575,34 @@ impl Drop for CudaContext {
         // The primary context stays (registrations live in it): free what
         // this session made, after its work is done. Failures (a poisoned
         // context) change nothing: the process's end frees everything.
-        // SAFETY (all calls below): objects this session created in this
-        // context, current on this thread, each freed once.
+        // Every call below frees an object this session created in this
+        // context, current on this thread, once.
+        // SAFETY: as above; no arguments.
         let _ = check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() });
         for ptr in self.allocations.drain() {
+            // SAFETY: as above.
             let _ = check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(ptr) });
         }
         for (_, event) in self.events.drain() {
+            // SAFETY: as above.
             let _ = check("cuEventDestroy_v2", unsafe {
                 sys::cuEventDestroy_v2(event)
             });
         }
         for (_, stream) in self.streams.drain() {
+            // SAFETY: as above.
             let _ = check("cuStreamDestroy_v2", unsafe {
                 sys::cuStreamDestroy_v2(stream)
             });
         }
         self.functions.clear();
         for (_, loaded) in self.modules.drain() {
+            // SAFETY: as above.
             let _ = check("cuModuleUnload", unsafe {
                 sys::cuModuleUnload(loaded.module)
             });
         }
+        // SAFETY: makes no context current on this thread.
         let _ = check("cuCtxSetCurrent", unsafe {
             sys::cuCtxSetCurrent(null_mut())
         });
@@ -727,14 +733,16 @@ impl ContextExecutor for CudaContext {
     ) -> CuResult<()> {
         let stream = self.stream(stream)?;
         let count = usize::try_from(count).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-        // SAFETY (all three): device addresses are checked by the driver.
         match element_size {
+            // SAFETY: the driver checks the device address; plain integers.
             1 => check("cuMemsetD8Async", unsafe {
                 sys::cuMemsetD8Async(dst, value as u8, count, stream)
             }),
+            // SAFETY: as above.
             2 => check("cuMemsetD16Async", unsafe {
                 sys::cuMemsetD16Async(dst, value as u16, count, stream)
             }),
+            // SAFETY: as above.
             4 => check("cuMemsetD32Async", unsafe {
                 sys::cuMemsetD32Async(dst, value, count, stream)
             }),
@@ -862,9 +870,9 @@ impl ContextExecutor for CudaContext {
         let function = self.function(function)?;
         let dynamic = usize::try_from(dynamic_smem_bytes).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
         let mut blocks: c_int = 0;
-        // SAFETY: live function, valid out-pointer; plain integers.
         check(
             "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+            // SAFETY: live function, valid out-pointer; plain integers.
             unsafe {
                 sys::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
                     &mut blocks,

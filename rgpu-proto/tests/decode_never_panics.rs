@@ -3,6 +3,9 @@
 //! length fields overwritten with edge values) go through every decoder the
 //! host and guest run on untrusted bytes. Valid encodings round-trip.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use proptest::prelude::*;
 use rgpu_proto::batch::{decode_batch, encode_batch};
 use rgpu_proto::capset::{Capset, DeviceInfo, ATTRIBUTE_SLOTS};

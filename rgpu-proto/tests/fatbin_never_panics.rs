@@ -3,6 +3,9 @@
 //! give a result or an error, never a panic, and every range it returns lies
 //! inside the input. Valid fatbins read back what they were built from.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use proptest::prelude::*;
 use rgpu_proto::fatbin::{
     container_size, parse, Compression, Wrapper, FATBIN_MAGIC, FLAG_COMPRESSED_LZ4,

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{profile_dir, Stats, TempDir};
+use crate::{built_profile_dir, Stats, TempDir};
 
 /// How long the daemon may take to create its sockets.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -36,7 +36,7 @@ enum Tenants<'a> {
 impl Daemon {
     /// The daemon binary of this build.
     pub fn binary() -> PathBuf {
-        profile_dir().join("vhost-device-rgpu")
+        built_profile_dir().join("vhost-device-rgpu")
     }
 
     /// Starts `vhost-device-rgpu --executor <executor>` and waits until both
@@ -74,7 +74,7 @@ impl Daemon {
         let binary = Self::binary();
         assert!(
             binary.exists(),
-            "{} does not exist: run `cargo build --workspace` before the tests",
+            "{} does not exist after building it",
             binary.display()
         );
         let dir = TempDir::new("rgpu-daemon").expect("create a temp dir for the daemon");

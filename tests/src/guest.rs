@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::{profile_dir, programs_dir, Daemon, TempDir};
+use crate::{built_profile_dir, programs_dir, Daemon, TempDir};
 
 /// A directory holding `libcuda.so.1` and `libcuda.so`, both links to this
 /// build's guest-lib, `libnvidia-ml.so.1` and `libnvidia-ml.so`, links to
@@ -21,20 +21,20 @@ pub struct GuestLib {
 
 impl GuestLib {
     pub fn new() -> Self {
-        let library = profile_dir().join("libcuda.so");
+        let library = built_profile_dir().join("libcuda.so");
         assert!(
             library.exists(),
-            "{} does not exist: run `cargo build --workspace` before the tests",
+            "{} does not exist after building it",
             library.display()
         );
         let dir = TempDir::new("rgpu-guest").expect("create a temp dir for the guest");
         for name in ["libcuda.so.1", "libcuda.so"] {
             std::os::unix::fs::symlink(&library, dir.join(name)).expect("link libcuda");
         }
-        let nvml = profile_dir().join("libnvidia_ml.so");
+        let nvml = built_profile_dir().join("libnvidia_ml.so");
         assert!(
             nvml.exists(),
-            "{} does not exist: run `cargo build --workspace` before the tests",
+            "{} does not exist after building it",
             nvml.display()
         );
         for name in ["libnvidia-ml.so.1", "libnvidia-ml.so"] {

@@ -12,7 +12,7 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::{profile_dir, workspace_root, Daemon};
+use crate::{built_profile_dir, workspace_root, Daemon};
 
 /// The QEMU command line the tests run as is.
 pub const QEMU_CONFIG: &str = "qemu-configs/qemu-vhost-user-test-device.sh";
@@ -94,7 +94,7 @@ impl VmHost {
             .arg(&script)
             .arg(out)
             .env("RGPU_CACHE", Self::cache_dir())
-            .env("RGPU_PROFILE_DIR", profile_dir());
+            .env("RGPU_PROFILE_DIR", built_profile_dir());
         for (source, dest) in files {
             let mut spec = source.as_os_str().to_owned();
             spec.push("=");

@@ -4,6 +4,9 @@
 //! the synchronisation, in order with the program's own output, and leave
 //! nothing of it in the daemon's output.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use rgpu_tests::{reference_ptx, Daemon, GuestLib, GuestProcess};

@@ -3,6 +3,9 @@
 //! function attributes, cache configuration) end to end through a sim
 //! daemon: tests/programs/framework_queries_test.c checks every value.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use rgpu_tests::{reference_ptx, Daemon, GuestLib, GuestProcess};

@@ -4,6 +4,9 @@
 //! that when RGPU_SIM_FAULT_POISONS_PROCESS=1 and a kernel named
 //! `rgpu_fault` is launched.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use rgpu_tests::{reference_ptx, Daemon, GuestLib, GuestProcess};

@@ -4,6 +4,9 @@
 //! module cache: an image crosses from the guest once, later loads in any
 //! context or process come from the cache.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::time::Duration;
 

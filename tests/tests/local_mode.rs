@@ -1,6 +1,9 @@
 //! Local mode end to end with the sim executor: the C driver-API test program,
 //! linked against guest-lib's libcuda.so.1, runs through a real daemon.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use rgpu_tests::{reference_ptx, DriverApiFixture, GuestProcess};

@@ -2,6 +2,9 @@
 //! control requests, and bad commands written by hand into a channel's ring.
 //! Each gets an error response, and the daemon keeps serving.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;

@@ -4,6 +4,9 @@
 //! a killed process held comes back, and a tenant without a limit is not
 //! held by it.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use rgpu_tests::{Daemon, GuestLib, GuestProcess};

@@ -6,6 +6,9 @@
 //! its time). Before the table, each of those queries waited in the ring
 //! behind the queued commands or the other thread's synchronize.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use rgpu_tests::{reference_ptx, Daemon, GuestLib, GuestProcess};

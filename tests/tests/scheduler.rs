@@ -8,6 +8,9 @@
 //! - the daemon's measure of GPU time (`ctl list`, the metrics' busy
 //!   seconds) follows the work.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -4,6 +4,9 @@
 //! whose frontend says nothing cost no process and do not hold up the
 //! others, and are closed after `--handshake-timeout-s`.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

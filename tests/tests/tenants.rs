@@ -4,6 +4,9 @@
 //! one tenant, "default"; a bad config or a tenant that cannot start fails
 //! the daemon at once, saying why.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};

@@ -6,6 +6,9 @@
 //! Needs `tests/vm/setup-host.sh` (tests/run.sh runs it); without its chroot
 //! and QEMU these tests fail saying what is missing, never skip.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

@@ -3,6 +3,9 @@
 //! least attach the device exactly as the QEMU script that the VM test does
 //! boot: same device, same queues, shared guest memory.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::PathBuf;
 use std::process::Command;
 

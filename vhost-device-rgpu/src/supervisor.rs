@@ -591,7 +591,6 @@ impl Supervisor {
         status
     }
 
-    /// The counters of every child, ended or alive; gauges of live ones only.
     /// Whether a guest holds a CUDA context in one of its children now
     /// (reads the children's pages; no sum is made).
     pub fn has_sessions(&self) -> bool {
@@ -601,6 +600,7 @@ impl Supervisor {
             .any(|child| Counters::get(&child.counters.page().sessions_active) > 0)
     }
 
+    /// The counters of every child, ended or alive; gauges of live ones only.
     pub fn totals(&self) -> Counters {
         let state = self.lock();
         let sum = Counters::default();

@@ -1,5 +1,8 @@
 //! The daemon binary's command line.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -107,6 +110,8 @@ fn sim_daemon_serves_stats_and_cleans_up_on_sigterm() {
             .arg(&stats)
             .env("RGPU_LOG", "warn")
             .stdout(Stdio::null())
+            // The sim's fixture warning is not what this test looks at.
+            .stderr(std::fs::File::create(dir.join("daemon.log")).unwrap())
             .spawn()
             .unwrap(),
         dir: dir.clone(),
@@ -171,7 +176,8 @@ fn inherited_listening_socket_is_served() {
     command
         .args(["--executor", "sim", "--fd", &fd.to_string()])
         .env("RGPU_LOG", "warn")
-        .stdout(Stdio::null());
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("daemon.log")).unwrap());
     // SAFETY: the closure only calls fcntl, which is async-signal-safe, to
     // let the child inherit the listening socket.
     unsafe {

@@ -3,6 +3,9 @@
 //! first command that needs one creates it (or fails with its error); a
 //! tenant's sessions with a context are listed with their memory.
 
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod fake_executor;
 mod guest;
 

@@ -30,6 +30,8 @@ pub struct WorkerLauncher {
     /// The tenant's memory budget, which the workers take from.
     tenant: Option<Arc<TenantPage>>,
     limits: WorkerLimits,
+    /// `RGPU_LOG` for the workers; `None`: they inherit this process's.
+    log_filter: Option<String>,
 }
 
 impl WorkerLauncher {
@@ -49,7 +51,14 @@ impl WorkerLauncher {
             accounting,
             tenant,
             limits,
+            log_filter: None,
         }
+    }
+
+    /// Workers log with `RGPU_LOG=filter` (tests keep their output quiet).
+    pub fn with_log_filter(mut self, filter: &str) -> Self {
+        self.log_filter = Some(filter.to_owned());
+        self
     }
 
     pub fn accounting(&self) -> &Arc<Accounting> {
@@ -79,6 +88,9 @@ impl WorkerLauncher {
             .stdin(Stdio::null());
         if let Some(fd) = tenant_fd {
             command.arg("--tenant-fd").arg(fd.to_string());
+        }
+        if let Some(filter) = &self.log_filter {
+            command.env("RGPU_LOG", filter);
         }
         let limits = self.limits;
         // SAFETY: getpid has no preconditions.

@@ -79,9 +79,10 @@ impl Link {
             iov_len: buf.len(),
         }];
         let mut raw = [-1 as RawFd; MAX_FDS];
-        // SAFETY: the iovec describes `buf`, which is ours to write.
         let (len, count) = loop {
-            match unsafe { self.socket.recv_with_fds(&mut iov, &mut raw) } {
+            // SAFETY: the iovec describes `buf`, which is ours to write.
+            let received = unsafe { self.socket.recv_with_fds(&mut iov, &mut raw) };
+            match received {
                 Ok(got) => break got,
                 Err(e) if e.errno() == libc::EINTR => continue,
                 Err(e) => return Err(io::Error::from_raw_os_error(e.errno())),

@@ -160,10 +160,8 @@ mod tests {
         let fd = unsafe { libc::memfd_create(c"rgpu-scatter-test".as_ptr(), libc::MFD_CLOEXEC) };
         assert!(fd >= 0);
         // SAFETY: sizes our own memfd.
-        assert_eq!(
-            unsafe { libc::ftruncate(fd, (size + PAGE_SIZE) as libc::off_t) },
-            0
-        );
+        let result = unsafe { libc::ftruncate(fd, (size + PAGE_SIZE) as libc::off_t) };
+        assert_eq!(result, 0);
         // Page p of the file (after one page of offset) holds p.
         for p in 0..pages {
             let byte = [p as u8];
