@@ -12,6 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use rgpu_tests::{workspace_root, Daemon, GuestLib, GuestProcess};
@@ -38,6 +39,14 @@ name = "capped"
 socket = "capped.sock"
 compute_max = "30%"
 "#;
+
+/// The tests measure time shares: one at a time, so that neither's
+/// processes take the CPU the other's scheduler and guests need.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 struct Tenants {
     guest: GuestLib,
@@ -127,6 +136,7 @@ fn share(a: f64, b: f64) -> f64 {
 
 #[test]
 fn contended_gpu_time_follows_the_weights() {
+    let _alone = one_at_a_time();
     let tenants = Tenants::start();
     let kernels = tenants.spin_together(&["w3", "w1"]);
     let (w3, w1) = (kernels[0] as f64, kernels[1] as f64);
@@ -137,13 +147,15 @@ fn contended_gpu_time_follows_the_weights() {
         "w3 {w3} kernels, w1 {w1}: w3's share {by_kernels:.3}; GPU seconds {g3} and {g1}: \
          {by_time:.3}"
     );
-    // Side by side, each would run about SECONDS / 1 ms kernels (0.5).
+    // Side by side, each would run about SECONDS / 1 ms kernels (0.5). The
+    // band is wider than the GPU benchmark's 75 +-5: a loaded CI machine
+    // delays the guests between their kernels.
     assert!(
-        (0.65..=0.85).contains(&by_kernels),
+        (0.62..=0.88).contains(&by_kernels),
         "w3's share {by_kernels}"
     );
     assert!(
-        (0.65..=0.85).contains(&by_time),
+        (0.62..=0.88).contains(&by_time),
         "w3's share of GPU time {by_time}"
     );
     // One tenant at a time: GPU time adds up to at most the wall time.
@@ -158,6 +170,7 @@ fn contended_gpu_time_follows_the_weights() {
 
 #[test]
 fn compute_max_caps_a_lone_tenant() {
+    let _alone = one_at_a_time();
     let tenants = Tenants::start();
     let kernels = tenants.spin_together(&["capped"])[0] as f64;
     let gpu = tenants.gpu_seconds("capped");

@@ -342,6 +342,7 @@ pub fn run(tenants: Weak<Tenants>) {
         let now = monotonic_ns();
         let mut next = IDLE_TICK;
         let mut drains = Vec::new();
+        let mut any_sessions = false;
         let mut gpus: Vec<u32> = list.iter().map(|t| t.gpu).collect();
         gpus.sort_unstable();
         gpus.dedup();
@@ -361,6 +362,16 @@ pub fn run(tenants: Weak<Tenants>) {
                     }
                 })
                 .collect();
+            let with_sessions: Vec<bool> =
+                on_gpu.iter().map(|t| t.supervisor.has_sessions()).collect();
+            for (i, tenant) in on_gpu.iter().enumerate() {
+                let others = with_sessions
+                    .iter()
+                    .enumerate()
+                    .any(|(j, has)| j != i && *has);
+                tenant.budget.set_neighbours(others);
+            }
+            any_sessions |= with_sessions.iter().any(|has| *has);
             let decision = policies.entry(gpu).or_default().step(now, &views);
             log::trace!("scheduler: at {now}: {views:?} -> {decision:?}");
             for (tenant, grant) in on_gpu.iter().zip(&decision.grants) {
@@ -379,7 +390,7 @@ pub fn run(tenants: Weak<Tenants>) {
                 );
             }
         }
-        if list.iter().any(|t| t.supervisor.has_sessions()) {
+        if any_sessions {
             next = next.min(TICK);
         }
         match drains.as_slice() {

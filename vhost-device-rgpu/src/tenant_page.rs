@@ -41,7 +41,9 @@ struct Layout {
     /// on while the tenant drains.
     busy_sessions: AtomicU32,
     waiting_sessions: AtomicU32,
-    _reserved: AtomicU32,
+    /// 1 while another tenant on the same GPU holds a context (the
+    /// scheduler's note): a burst of this one may have to be arbitrated.
+    neighbours: AtomicU32,
     /// When a session last asked to submit ([`monotonic_ns`]).
     last_submit_ns: AtomicU64,
     /// Since when `busy_sessions` is above zero.
@@ -177,6 +179,14 @@ impl TenantPage {
         }
     }
 
+    /// The scheduler notes whether another tenant on this one's GPU holds
+    /// a context.
+    pub fn set_neighbours(&self, present: bool) {
+        self.layout()
+            .neighbours
+            .store(u32::from(present), Ordering::Relaxed);
+    }
+
     pub fn grant(&self) -> u32 {
         self.layout().grant.load(Ordering::Acquire)
     }
@@ -271,6 +281,7 @@ impl ComputeGate for TenantPage {
         let now = monotonic_ns();
         let before = self.layout().last_submit_ns.swap(now, Ordering::Relaxed);
         now.saturating_sub(before) > BURST_GAP_NS
+            && self.layout().neighbours.load(Ordering::Relaxed) != 0
     }
 
     fn set_busy(&self, busy: bool) {
@@ -376,6 +387,17 @@ mod tests {
         parent.set_grant(GRANT_FENCED);
         assert_eq!(waiter.join().expect("waiter"), Some(Admission::Fenced));
         assert_eq!(parent.compute_use().waiting_sessions, 0);
+    }
+
+    #[test]
+    fn a_burst_after_idle_starts_fenced_only_beside_other_tenants() {
+        let page = TenantPage::create(UNLIMITED).expect("a page");
+        assert!(!page.submitting(), "alone on its GPU: never");
+        page.set_neighbours(true);
+        assert!(!page.submitting(), "it submitted a moment ago");
+        page.layout().last_submit_ns.store(0, Ordering::Relaxed);
+        assert!(page.submitting(), "idle, beside others: a new burst");
+        assert!(!page.submitting(), "the burst goes on");
     }
 
     #[test]

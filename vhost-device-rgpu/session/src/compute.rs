@@ -15,9 +15,10 @@
 //!   gets a fence and at most [`FENCES_AHEAD`] may be pending, so a tenant
 //!   whose turn ends drains in a few kernels, not in a queue of hundreds.
 //! - The first [`PROBATION`] of a burst after the tenant was idle is fenced
-//!   as if arbitrated, even when unarbitrated: until the scheduler has seen
-//!   the tenant, what it queues is beyond the scheduler's reach (several
-//!   tenants starting at once would each queue freely).
+//!   as if arbitrated, even when unarbitrated, if other tenants share the
+//!   GPU: until the scheduler has seen the tenant, what it queues is beyond
+//!   the scheduler's reach (several tenants starting at once would each
+//!   queue freely). A tenant alone on its GPU pays nothing for this.
 //! - When the tenant's turn has ended, the session waits for its own fences
 //!   (that is its drain) and then for the next grant.
 
@@ -45,8 +46,9 @@ pub trait ComputeGate: Send + Sync + std::fmt::Debug {
     /// no work of its own pending on the GPU.
     fn wait_for_grant(&self, timeout: Duration) -> Option<Admission>;
     /// The session is about to submit (priority looks at how recently).
-    /// True when the tenant had not submitted for a while: a burst starts,
-    /// which the scheduler has not seen yet.
+    /// True when the tenant had not submitted for a while and other tenants
+    /// share its GPU: a burst starts that the scheduler has not seen yet
+    /// and may have to arbitrate.
     fn submitting(&self) -> bool;
     /// The session has work that may be on the GPU (`true`) or none now.
     fn set_busy(&self, busy: bool);

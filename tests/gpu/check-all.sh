@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Every GPU-host check of the open issues, in two parts that each fit one
+# device command (10 minutes), run from the repository root on the GPU host:
+#
+#   tests/gpu/check-all.sh BUNDLE 1     sharing benchmark (issue 8), GPU
+#                                       suite with both benchmarks (issue 9:
+#                                       queries, scattered blobs), isolation
+#                                       suite (issue 7)
+#   tests/gpu/check-all.sh BUNDLE 2     compatibility suite (PyTorch, CuPy,
+#                                       Triton, nvcc programs)
+#
+# BUNDLE is a folder from tests/gpu/make-bundle.sh. Logs go under $OUT
+# (default a temp folder); each step prints its summary lines and its time.
+set -uo pipefail
+bundle=$(cd "${1:?usage: check-all.sh BUNDLE 1|2}" && pwd)
+part=${2:?usage: check-all.sh BUNDLE 1|2}
+cd "$(dirname "$0")/../.."
+out=${OUT:-$(mktemp -d /tmp/rgpu-check.XXXXXX)}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader 2>&1 | head -1
+
+# step NAME SECONDS SUMMARY-REGEX COMMAND...: runs COMMAND (log in
+# $out/NAME.txt) for at most SECONDS, then prints the lines matching REGEX.
+step() {
+    local name=$1 seconds=$2 summary=$3
+    shift 3
+    local start
+    start=$(date +%s)
+    echo "== $name"
+    timeout "$seconds" env OUT="$out/$name" "$@" >"$out/$name.txt" 2>&1
+    local rc=$?
+    grep -E "$summary" "$out/$name.txt" | head -60
+    echo "   ($name: exit $rc, $(($(date +%s) - start)) s)"
+}
+
+case $part in
+1)
+    step sharing 170 '^(native|rgpu|w3|GPU|alone)|^\||memory_limit_torch' \
+        bash tests/bench/sharing_bench.sh "$bundle"
+    step suite 230 '^FAIL|gpu suite:|^(sync|empty|HtoD|DtoH|event|stream) ' \
+        bash "$bundle/run-gpu-suite.sh" "$bundle"
+    step isolation 150 '^(PASS|FAIL)|suite:' bash "$bundle/run-isolation-suite.sh" "$bundle"
+    ;;
+2)
+    step compat 540 '^\||FAIL|compat' env RGPU_BUNDLE="$bundle" bash tests/compat/run-compat.sh
+    ;;
+*)
+    echo "check-all.sh: part 1 or 2" >&2
+    exit 2
+    ;;
+esac
+echo "logs in $out"
