@@ -6,19 +6,20 @@
 //! behind `cuGetProcAddress` points here for these names. Adding a line here
 //! is all it takes to implement a symbol everywhere.
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 
 use crate::abi::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule, CUstream};
 use crate::api::context::CtxCreateParams;
 use crate::api::copy_2d::Memcpy2D;
+use crate::api::graph::{CUgraph, CUgraphExec};
 use crate::api::launch::LaunchConfig;
 use crate::api::library::{CUkernel, CUlibrary};
 use crate::api::occupancy::BlockToDynamicSmem;
 use crate::api::stream_ordered::HostFn;
 use crate::api::{
-    context, copy_2d, device, error, event, export_table, host_register, init, launch, library,
-    memory, module, occupancy, pointer, primary_context, proc_address, stream, stream_ordered,
-    unified_copy,
+    context, copy_2d, device, error, event, export_table, graph, host_register, init, launch,
+    library, memory, module, occupancy, pointer, primary_context, proc_address, stream,
+    stream_ordered, unified_copy,
 };
 
 crate::entry::cuda_api! {
@@ -187,6 +188,20 @@ crate::entry::cuda_api! {
     fn cuStreamGetPriority_ptsz(hstream: CUstream, priority: *mut c_int) => stream::get_priority_ptsz;
     fn cuStreamGetFlags(hstream: CUstream, flags: *mut c_uint) => stream::get_flags;
     fn cuStreamGetFlags_ptsz(hstream: CUstream, flags: *mut c_uint) => stream::get_flags_ptsz;
+    fn cuStreamBeginCapture(hstream: CUstream) => graph::begin_capture;
+    fn cuStreamBeginCapture_ptsz(hstream: CUstream) => graph::begin_capture_ptsz;
+    fn cuStreamBeginCapture_v2(hstream: CUstream, mode: c_int) => graph::begin_capture_v2;
+    fn cuStreamBeginCapture_v2_ptsz(hstream: CUstream, mode: c_int) => graph::begin_capture_v2_ptsz;
+    fn cuStreamEndCapture(hstream: CUstream, phgraph: *mut CUgraph) => graph::end_capture;
+    fn cuStreamEndCapture_ptsz(hstream: CUstream, phgraph: *mut CUgraph) => graph::end_capture_ptsz;
+    fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) => graph::exchange_capture_mode;
+    fn cuGraphInstantiate(phexec: *mut CUgraphExec, hgraph: CUgraph, pherror_node: *mut *mut c_void, log_buffer: *mut c_char, buffer_size: usize) => graph::instantiate;
+    fn cuGraphInstantiate_v2(phexec: *mut CUgraphExec, hgraph: CUgraph, pherror_node: *mut *mut c_void, log_buffer: *mut c_char, buffer_size: usize) => graph::instantiate;
+    fn cuGraphInstantiateWithFlags(phexec: *mut CUgraphExec, hgraph: CUgraph, flags: c_ulonglong) => graph::instantiate_with_flags;
+    fn cuGraphLaunch(hexec: CUgraphExec, hstream: CUstream) => graph::launch;
+    fn cuGraphLaunch_ptsz(hexec: CUgraphExec, hstream: CUstream) => graph::launch_ptsz;
+    fn cuGraphExecDestroy(hexec: CUgraphExec) => graph::exec_destroy;
+    fn cuGraphDestroy(hgraph: CUgraph) => graph::destroy;
     fn cuStreamIsCapturing(hstream: CUstream, capture_status: *mut c_int) => stream::is_capturing;
     fn cuStreamIsCapturing_ptsz(hstream: CUstream, capture_status: *mut c_int) => stream::is_capturing_ptsz;
     fn cuStreamGetCaptureInfo(hstream: CUstream, capture_status: *mut c_int, id: *mut u64) => stream::capture_info;

@@ -396,6 +396,8 @@ impl Executor for CudaExecutor {
             functions: HashMap::new(),
             streams: HashMap::new(),
             events: HashMap::new(),
+            graphs: HashMap::new(),
+            graph_execs: HashMap::new(),
         }))
     }
 
@@ -496,6 +498,8 @@ pub struct CudaContext {
     functions: HashMap<u64, (u64, sys::CUfunction)>,
     streams: HashMap<u64, sys::CUstream>,
     events: HashMap<u64, sys::CUevent>,
+    graphs: HashMap<u64, sys::CUgraph>,
+    graph_execs: HashMap<u64, sys::CUgraphExec>,
 }
 
 impl CudaContext {
@@ -594,6 +598,16 @@ impl Drop for CudaContext {
             let _ = check("cuStreamDestroy_v2", unsafe {
                 sys::cuStreamDestroy_v2(stream)
             });
+        }
+        for (_, exec) in self.graph_execs.drain() {
+            // SAFETY: as above.
+            let _ = check("cuGraphExecDestroy", unsafe {
+                sys::cuGraphExecDestroy(exec)
+            });
+        }
+        for (_, graph) in self.graphs.drain() {
+            // SAFETY: as above.
+            let _ = check("cuGraphDestroy", unsafe { sys::cuGraphDestroy(graph) });
         }
         self.functions.clear();
         for (_, loaded) in self.modules.drain() {
@@ -1018,6 +1032,77 @@ impl ContextExecutor for CudaContext {
         check("cuStreamWaitEvent", unsafe {
             sys::cuStreamWaitEvent(stream, event, flags)
         })
+    }
+
+    fn stream_begin_capture(&mut self, stream: StreamRef, mode: u32) -> CuResult<()> {
+        use sys::CUstreamCaptureMode_enum as Mode;
+        let mode = match mode {
+            0 => Mode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            1 => Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            2 => Mode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        let stream = self.stream(stream)?;
+        // SAFETY: a live stream of this context and a valid mode.
+        check("cuStreamBeginCapture_v2", unsafe {
+            sys::cuStreamBeginCapture_v2(stream, mode)
+        })
+    }
+
+    fn stream_end_capture(&mut self, stream: StreamRef) -> CuResult<u64> {
+        let stream = self.stream(stream)?;
+        let mut graph: sys::CUgraph = null_mut();
+        // SAFETY: a live stream, a valid out-pointer.
+        check("cuStreamEndCapture", unsafe {
+            sys::cuStreamEndCapture(stream, &mut graph)
+        })?;
+        let handle = self.new_handle();
+        self.graphs.insert(handle, graph);
+        Ok(handle)
+    }
+
+    fn graph_instantiate(&mut self, graph: u64, flags: u64) -> CuResult<u64> {
+        let graph = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let mut exec: sys::CUgraphExec = null_mut();
+        // SAFETY: a live graph of this context, a valid out-pointer; bad
+        // flags are answered with an error.
+        check("cuGraphInstantiateWithFlags", unsafe {
+            sys::cuGraphInstantiateWithFlags(&mut exec, graph, flags)
+        })?;
+        let handle = self.new_handle();
+        self.graph_execs.insert(handle, exec);
+        Ok(handle)
+    }
+
+    fn graph_launch(&mut self, exec: u64, stream: StreamRef) -> CuResult<()> {
+        let exec = *self
+            .graph_execs
+            .get(&exec)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let stream = self.stream(stream)?;
+        // SAFETY: a live executable graph and stream of this context.
+        check("cuGraphLaunch", unsafe { sys::cuGraphLaunch(exec, stream) })
+    }
+
+    fn graph_exec_destroy(&mut self, exec: u64) -> CuResult<()> {
+        let handle = *self
+            .graph_execs
+            .get(&exec)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        // SAFETY: a live executable graph of this context, destroyed once.
+        check("cuGraphExecDestroy", unsafe {
+            sys::cuGraphExecDestroy(handle)
+        })?;
+        self.graph_execs.remove(&exec);
+        Ok(())
+    }
+
+    fn graph_destroy(&mut self, graph: u64) -> CuResult<()> {
+        let handle = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        // SAFETY: a live graph of this context, destroyed once.
+        check("cuGraphDestroy", unsafe { sys::cuGraphDestroy(handle) })?;
+        self.graphs.remove(&graph);
+        Ok(())
     }
 
     fn event_create(&mut self, flags: u32) -> CuResult<u64> {

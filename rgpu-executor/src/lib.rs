@@ -25,6 +25,7 @@ pub mod sim;
 
 use rgpu_proto::capset::DeviceInfo;
 use rgpu_proto::command::ClusterQuery;
+use rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED;
 use rgpu_proto::reply::FunctionInfo;
 use thiserror::Error;
 
@@ -115,7 +116,7 @@ pub trait Executor: Send + Sync {
     /// Live state of guest device `device`, without any session's context
     /// (NVML asks before CUDA is used, and must not cost a context).
     fn device_status(&self, _device: u32) -> CuResult<DeviceStatus> {
-        Err(rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED)
+        Err(CUDA_ERROR_NOT_SUPPORTED)
     }
 }
 
@@ -172,7 +173,7 @@ pub trait ContextExecutor {
     fn func_get_attribute(&mut self, function: u64, attribute: i32) -> CuResult<i32>;
     /// `cuFuncSetAttribute` (`attribute` is a `CUfunction_attribute` number).
     fn func_set_attribute(&mut self, _function: u64, _attribute: i32, _value: i32) -> CuResult<()> {
-        Err(rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED)
+        Err(CUDA_ERROR_NOT_SUPPORTED)
     }
     /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`.
     fn occupancy_max_active_blocks(
@@ -182,7 +183,7 @@ pub trait ContextExecutor {
         _dynamic_smem_bytes: u64,
         _flags: u32,
     ) -> CuResult<i32> {
-        Err(rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED)
+        Err(CUDA_ERROR_NOT_SUPPORTED)
     }
     /// `cuOccupancyAvailableDynamicSMemPerBlock`: bytes.
     fn occupancy_available_dynamic_smem(
@@ -191,7 +192,7 @@ pub trait ContextExecutor {
         _num_blocks: i32,
         _block_size: i32,
     ) -> CuResult<u64> {
-        Err(rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED)
+        Err(CUDA_ERROR_NOT_SUPPORTED)
     }
     /// `cuOccupancyMaxActiveClusters` of `function` (the executor's handle;
     /// `query.function` is the guest's and is ignored).
@@ -200,7 +201,7 @@ pub trait ContextExecutor {
         _function: u64,
         _query: &ClusterQuery,
     ) -> CuResult<i32> {
-        Err(rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED)
+        Err(CUDA_ERROR_NOT_SUPPORTED)
     }
     /// `params` is the parameter buffer laid out as the function's
     /// [`FunctionInfo`] says.
@@ -229,4 +230,26 @@ pub trait ContextExecutor {
     fn event_query(&mut self, event: u64) -> CuResult<()>;
     /// Milliseconds between two recorded events.
     fn event_elapsed_time(&mut self, start: u64, end: u64) -> CuResult<f32>;
+
+    /// `stream` records what it is given into a graph instead of running
+    /// it (`mode`: `CUstreamCaptureMode`).
+    fn stream_begin_capture(&mut self, _stream: StreamRef, _mode: u32) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// Ends a capture: the graph recorded.
+    fn stream_end_capture(&mut self, _stream: StreamRef) -> CuResult<u64> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    fn graph_instantiate(&mut self, _graph: u64, _flags: u64) -> CuResult<u64> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    fn graph_launch(&mut self, _exec: u64, _stream: StreamRef) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    fn graph_exec_destroy(&mut self, _exec: u64) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    fn graph_destroy(&mut self, _graph: u64) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
 }

@@ -369,6 +369,42 @@ pub struct SimContext {
     printf_buffer: Vec<u8>,
     /// Work launched by `rgpu_spin` runs until then.
     busy_until: Option<Instant>,
+    /// Streams being captured (by [`stream_key`]) and what they recorded.
+    capturing: HashMap<u64, Vec<GraphOp>>,
+    graphs: HashMap<u64, Vec<GraphOp>>,
+    graph_execs: HashMap<u64, Vec<GraphOp>>,
+}
+
+/// What a captured stream recorded, replayed by a graph launch.
+#[derive(Debug, Clone)]
+enum GraphOp {
+    Launch {
+        function: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        params: Vec<u8>,
+    },
+    Memset {
+        dst: u64,
+        value: u32,
+        element_size: u32,
+        count: u64,
+    },
+    CopyDtoD {
+        dst: u64,
+        src: u64,
+        size: u64,
+    },
+}
+
+/// A stream's key among the captures.
+fn stream_key(stream: StreamRef) -> u64 {
+    match stream {
+        StreamRef::Legacy => 0,
+        StreamRef::PerThread => u64::MAX,
+        StreamRef::Created(handle) => handle,
+    }
 }
 
 impl SimContext {
@@ -388,6 +424,9 @@ impl SimContext {
             warned: HashSet::new(),
             printf_buffer: Vec::new(),
             busy_until: None,
+            capturing: HashMap::new(),
+            graphs: HashMap::new(),
+            graph_execs: HashMap::new(),
         }
     }
 
@@ -744,6 +783,10 @@ impl ContextExecutor for SimContext {
     ) -> CuResult<()> {
         check_poisoned()?;
         self.check_stream(stream)?;
+        // Host memory in a graph is not modelled.
+        if self.capturing.contains_key(&stream_key(stream)) {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
         let total = src
             .iter()
             .try_fold(0u64, |sum, run| sum.checked_add(run.len as u64))
@@ -777,6 +820,9 @@ impl ContextExecutor for SimContext {
     ) -> CuResult<()> {
         check_poisoned()?;
         self.check_stream(stream)?;
+        if self.capturing.contains_key(&stream_key(stream)) {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
         if wait {
             // A synchronous copy waits for the kernels before it.
             self.print_device_output();
@@ -803,6 +849,10 @@ impl ContextExecutor for SimContext {
 
     fn memcpy_dtod(&mut self, stream: StreamRef, dst: u64, src: u64, size: u64) -> CuResult<()> {
         self.check_stream(stream)?;
+        if let Some(ops) = self.capturing.get_mut(&stream_key(stream)) {
+            ops.push(GraphOp::CopyDtoD { dst, src, size });
+            return Ok(());
+        }
         if size == 0 {
             return Ok(());
         }
@@ -829,6 +879,15 @@ impl ContextExecutor for SimContext {
         self.check_stream(stream)?;
         if !matches!(element_size, 1 | 2 | 4) || !dst.is_multiple_of(u64::from(element_size)) {
             return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if let Some(ops) = self.capturing.get_mut(&stream_key(stream)) {
+            ops.push(GraphOp::Memset {
+                dst,
+                value,
+                element_size,
+                count,
+            });
+            return Ok(());
         }
         let len = count
             .checked_mul(element_size.into())
@@ -1087,6 +1146,16 @@ impl ContextExecutor for SimContext {
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         self.check_stream(stream)?;
         let threads = launch_threads(grid, block)?;
+        if let Some(ops) = self.capturing.get_mut(&stream_key(stream)) {
+            ops.push(GraphOp::Launch {
+                function,
+                grid,
+                block,
+                shared_mem_bytes: _shared_mem_bytes,
+                params: params.to_vec(),
+            });
+            return Ok(());
+        }
         check_poisoned()?;
         if f.name == "rgpu_fault" {
             if std::env::var_os("RGPU_SIM_FAULT_POISONS_PROCESS").is_some_and(|v| v == "1") {
@@ -1218,6 +1287,84 @@ impl ContextExecutor for SimContext {
             -(t0.duration_since(t1).as_secs_f64() * 1e3)
         };
         Ok(ms as f32)
+    }
+
+    fn stream_begin_capture(&mut self, stream: StreamRef, mode: u32) -> CuResult<()> {
+        self.check_stream(stream)?;
+        if mode > 2 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let key = stream_key(stream);
+        if self.capturing.contains_key(&key) {
+            return Err(CUDA_ERROR_ILLEGAL_STATE);
+        }
+        self.capturing.insert(key, Vec::new());
+        Ok(())
+    }
+
+    fn stream_end_capture(&mut self, stream: StreamRef) -> CuResult<u64> {
+        self.check_stream(stream)?;
+        let ops = self
+            .capturing
+            .remove(&stream_key(stream))
+            .ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+        let handle = self.new_handle();
+        self.graphs.insert(handle, ops);
+        Ok(handle)
+    }
+
+    fn graph_instantiate(&mut self, graph: u64, _flags: u64) -> CuResult<u64> {
+        let ops = self
+            .graphs
+            .get(&graph)
+            .cloned()
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let handle = self.new_handle();
+        self.graph_execs.insert(handle, ops);
+        Ok(handle)
+    }
+
+    fn graph_launch(&mut self, exec: u64, stream: StreamRef) -> CuResult<()> {
+        let ops = self
+            .graph_execs
+            .get(&exec)
+            .cloned()
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        for op in ops {
+            match op {
+                GraphOp::Launch {
+                    function,
+                    grid,
+                    block,
+                    shared_mem_bytes,
+                    params,
+                } => {
+                    self.launch_kernel(function, grid, block, shared_mem_bytes, stream, &params)?
+                }
+                GraphOp::Memset {
+                    dst,
+                    value,
+                    element_size,
+                    count,
+                } => self.memset(stream, dst, value, element_size, count)?,
+                GraphOp::CopyDtoD { dst, src, size } => self.memcpy_dtod(stream, dst, src, size)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn graph_exec_destroy(&mut self, exec: u64) -> CuResult<()> {
+        self.graph_execs
+            .remove(&exec)
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    fn graph_destroy(&mut self, graph: u64) -> CuResult<()> {
+        self.graphs
+            .remove(&graph)
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
     }
 }
 

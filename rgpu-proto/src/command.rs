@@ -577,6 +577,11 @@ commands! {
     StreamSynchronize = 0x0402 { stream: u32 };
     StreamQuery = 0x0403 { stream: u32 };
     StreamWaitEvent = 0x0404 { stream: u32, event: u32, flags: u32 };
+    /// `cuStreamBeginCapture_v2`: the host's stream records instead of
+    /// running until `StreamEndCapture`.
+    StreamBeginCapture = 0x0405 { stream: u32, mode: u32 };
+    /// Ends the capture; the graph gets guest handle `graph`.
+    StreamEndCapture = 0x0406 { stream: u32, graph: u32 };
     EventCreate = 0x0500 { event: u32, flags: u32 };
     EventDestroy = 0x0501 { event: u32 };
     EventRecord = 0x0502 { event: u32, stream: u32 };
@@ -586,6 +591,11 @@ commands! {
     /// Live state of guest device `device` (NVML): answered without the
     /// session's device context, so it never creates one.
     DeviceStatus = 0x0600 { device: u32 };
+    /// `cuGraphInstantiateWithFlags`: executable graph `exec` of `graph`.
+    GraphInstantiate = 0x0700 { graph: u32, exec: u32, flags: u64 };
+    GraphLaunch = 0x0701 { exec: u32, stream: u32 };
+    GraphExecDestroy = 0x0702 { exec: u32 };
+    GraphDestroy = 0x0703 { graph: u32 };
 }
 
 impl Command {
@@ -594,6 +604,7 @@ impl Command {
     pub fn work_stream(&self) -> Option<u32> {
         match self {
             Command::LaunchKernel { launch } => Some(launch.stream),
+            Command::GraphLaunch { stream, .. } => Some(*stream),
             Command::MemcpyHtoD { stream, .. }
             | Command::MemcpyDtoH { stream, .. }
             | Command::MemcpyDtoD { stream, .. }

@@ -26,12 +26,24 @@ pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: u32 = 709;
 pub const CUDA_ERROR_LAUNCH_FAILED: u32 = 719;
 pub const CUDA_ERROR_NOT_PERMITTED: u32 = 800;
 pub const CUDA_ERROR_NOT_SUPPORTED: u32 = 801;
+pub const CUDA_ERROR_ILLEGAL_STATE: u32 = 401;
+pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: u32 = 900;
 pub const CUDA_ERROR_UNKNOWN: u32 = 999;
 
 /// `(code, name, description)` for the codes this crate names; the guest
 /// library answers `cuGetErrorName`/`cuGetErrorString` from it.
 pub const KNOWN_RESULTS: &[(u32, &str, &str)] = &[
     (CUDA_SUCCESS, "CUDA_SUCCESS", "no error"),
+    (
+        CUDA_ERROR_ILLEGAL_STATE,
+        "CUDA_ERROR_ILLEGAL_STATE",
+        "the operation cannot be performed in the present state",
+    ),
+    (
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+        "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+        "operation not permitted when stream is capturing",
+    ),
     (
         CUDA_ERROR_INVALID_VALUE,
         "CUDA_ERROR_INVALID_VALUE",

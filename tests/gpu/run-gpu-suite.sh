@@ -213,6 +213,20 @@ if [ -e "$bundle/framework_queries_test.c" ]; then
         "${through_rgpu[@]}" "$work/framework_queries_test-rgpu" --image "$ptx"
 fi
 
+# Graphs by stream capture (issue 10) and queries that never wait (issue 9),
+# natively and through rgpu.
+for program in graph_test query_test; do
+    [ -e "$bundle/$program.c" ] || continue
+    for side in native rgpu; do
+        build "$program-$side" gcc -O2 -std=c11 -Wall -I "$bundle" \
+            -o "$work/$program-$side" "$bundle/$program.c" -L "$work/$side-lib" -lcuda -lpthread
+    done
+    step "$program native" "checks passed" "${native[@]}" "$work/$program-native" --ptx "$ptx"
+    step "$program through rgpu" "checks passed" \
+        "${through_rgpu[@]}" "$work/$program-rgpu" --ptx "$ptx"
+    grep -h '^MEASURED' "$logs/$program-native.log" "$logs/$program-through-rgpu.log" 2>/dev/null
+done
+
 # NVML: rgpu's libnvidia-ml.so.1 must report what NVIDIA's reports.
 if [ -e "$bundle/libnvidia_ml.so" ]; then
     ln -s "$bundle/libnvidia_ml.so" "$work/rgpu-lib/libnvidia-ml.so.1"

@@ -38,3 +38,28 @@ fn framework_queries_answer_like_the_driver() {
     assert_eq!(stats.get("command_errors"), 0, "{stats:?}");
     assert_eq!(stats.get("device_memory_bytes"), 0, "{stats:?}");
 }
+
+/// CUDA graphs by stream capture (issue 10): captured work is recorded,
+/// not run; launching the instantiated graph runs it, as often as asked,
+/// on any stream (tests/programs/graph_test.c checks the values).
+#[test]
+fn stream_capture_records_a_graph_that_launches_replay() {
+    let guest = GuestLib::new();
+    let program = guest.build_program("graph_test.c");
+    let daemon = Daemon::start("sim");
+    let mut command = guest.command(&program, &daemon);
+    command.arg("--ptx").arg(reference_ptx());
+    let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
+    assert!(
+        outcome.passed("graph_test"),
+        "graph_test failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        outcome.status,
+        outcome.stdout,
+        outcome.stderr
+    );
+    daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
+    let stats = daemon.stats();
+    // The launch of the destroyed graph failed in the guest, not on the host.
+    assert_eq!(stats.get("command_errors"), 0, "{stats:?}");
+    assert_eq!(stats.get("device_memory_bytes"), 0, "{stats:?}");
+}

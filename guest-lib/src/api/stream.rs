@@ -12,14 +12,11 @@ use std::ffi::c_void;
 
 use crate::abi::{write_optional, write_out, CUcontext, CUdevice, CUevent, CUstream};
 use crate::api::context::same_context;
+use crate::api::graph;
 use crate::state::{
     current, driver, resolve_stream, Stream, EVENTS, LEGACY_STREAM_ID, PER_THREAD_STREAM_ID,
     STREAMS,
 };
-
-/// `CU_STREAM_CAPTURE_STATUS_NONE`: rgpu has no graph capture, so no
-/// stream is ever capturing.
-const CAPTURE_STATUS_NONE: c_int = 0;
 
 pub(crate) fn create(stream: *mut CUstream, flags: c_uint) -> Result<(), u32> {
     create_with_priority(stream, flags, 0)
@@ -159,12 +156,13 @@ fn is_capturing_on(stream: CUstream, status: *mut c_int, per_thread: bool) -> Re
     if status.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    resolve_stream(stream, per_thread)?;
-    write_out(status, CAPTURE_STATUS_NONE)
+    let (ctx, handle) = resolve_stream(stream, per_thread)?;
+    write_out(status, graph::status_of(graph::capture_of(&ctx, handle)))
 }
 
-/// Every form of `cuStreamGetCaptureInfo`: not capturing, so the other
-/// outputs (id, graph, dependencies, edge data, count) are all zero.
+/// Every form of `cuStreamGetCaptureInfo`: the status and capture id the
+/// guest tracks (`api::graph`); the graph and its dependencies are the
+/// host's and not handed out (NULL, none).
 #[allow(clippy::too_many_arguments)]
 fn capture_info_on(
     stream: CUstream,
@@ -179,13 +177,14 @@ fn capture_info_on(
     if status.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    resolve_stream(stream, per_thread)?;
-    write_optional(id, 0);
+    let (ctx, handle) = resolve_stream(stream, per_thread)?;
+    let capture = graph::capture_of(&ctx, handle);
+    write_optional(id, capture.unwrap_or(0));
     write_optional(graph, std::ptr::null_mut());
     write_optional(dependencies, std::ptr::null());
     write_optional(edge_data, std::ptr::null());
     write_optional(count, 0);
-    write_out(status, CAPTURE_STATUS_NONE)
+    write_out(status, graph::status_of(capture))
 }
 
 pub(crate) fn capture_info(stream: CUstream, status: *mut c_int, id: *mut u64) -> Result<(), u32> {

@@ -534,6 +534,49 @@ impl Worker {
                 ctx.event_elapsed_time(start, end)
                     .map(|ms| ms.to_le_bytes().to_vec())
             }
+            Command::StreamBeginCapture { stream, mode } => {
+                let stream = handles.stream(*stream)?;
+                ctx.stream_begin_capture(stream, *mode).map(empty)
+            }
+            Command::StreamEndCapture { stream, graph } => {
+                let stream = handles.stream(*stream)?;
+                // The capture ends whatever happens to its graph: the
+                // stream runs its work again.
+                let created = ctx.stream_end_capture(stream)?;
+                let kept = check_new(&handles.graphs, *graph)
+                    .and_then(|()| check_room(handles.graphs.len(), limits.graphs));
+                if let Err(code) = kept {
+                    let _ = ctx.graph_destroy(created);
+                    return Err(code);
+                }
+                handles.graphs.insert(*graph, created);
+                Ok(Vec::new())
+            }
+            Command::GraphInstantiate { graph, exec, flags } => {
+                check_new(&handles.graph_execs, *exec)?;
+                check_room(handles.graph_execs.len(), limits.graphs)?;
+                let graph = handles.graph(*graph)?;
+                let created = ctx.graph_instantiate(graph, *flags)?;
+                handles.graph_execs.insert(*exec, created);
+                Ok(Vec::new())
+            }
+            Command::GraphLaunch { exec, stream } => {
+                let exec = handles.graph_exec(*exec)?;
+                let stream = handles.stream(*stream)?;
+                ctx.graph_launch(exec, stream).map(empty)
+            }
+            Command::GraphExecDestroy { exec } => {
+                let created = handles.graph_exec(*exec)?;
+                ctx.graph_exec_destroy(created)?;
+                handles.graph_execs.remove(exec);
+                Ok(Vec::new())
+            }
+            Command::GraphDestroy { graph } => {
+                let created = handles.graph(*graph)?;
+                ctx.graph_destroy(created)?;
+                handles.graphs.remove(graph);
+                Ok(Vec::new())
+            }
         }
     }
 }

@@ -23,6 +23,9 @@ pub struct Handles {
     pub events: HashMap<u32, u64>,
     pub modules: HashMap<u32, u64>,
     pub functions: HashMap<u32, FunctionEntry>,
+    /// Captured graphs and their executable forms.
+    pub graphs: HashMap<u32, u64>,
+    pub graph_execs: HashMap<u32, u64>,
     /// Device pointer -> size of every live allocation.
     pub allocations: HashMap<u64, u64>,
     /// Device pointer -> (guest module handle, size) of every global looked
@@ -56,6 +59,14 @@ impl Handles {
 
     pub fn event(&self, handle: u32) -> CuResult<u64> {
         lookup(&self.events, handle)
+    }
+
+    pub fn graph(&self, handle: u32) -> CuResult<u64> {
+        lookup(&self.graphs, handle)
+    }
+
+    pub fn graph_exec(&self, handle: u32) -> CuResult<u64> {
+        lookup(&self.graph_execs, handle)
     }
 
     pub fn module(&self, handle: u32) -> CuResult<u64> {

@@ -35,6 +35,11 @@ pub const MAX_ALLOCATIONS_PER_SESSION: usize = 1_000_000;
 /// nothing); beyond it `cuModuleGetGlobal` fails with [`LIMIT_ERROR`].
 pub const MAX_GLOBALS_PER_SESSION: usize = 1_000_000;
 
+/// Graphs and executable graphs one session may hold, each kind (a
+/// captured graph keeps its kernels' parameters in the driver); beyond it
+/// `cuStreamEndCapture` or `cuGraphInstantiate` fails with [`LIMIT_ERROR`].
+pub const MAX_GRAPHS_PER_SESSION: usize = 16384;
+
 /// Largest module image the daemon copies out of guest memory (it must
 /// hold the whole image to hand it to the driver and to cache it); a
 /// larger one fails with [`LIMIT_ERROR`] before anything is allocated.
@@ -60,6 +65,7 @@ pub struct SessionLimits {
     pub functions: usize,
     pub allocations: usize,
     pub globals: usize,
+    pub graphs: usize,
     pub module_image_bytes: u64,
 }
 
@@ -72,6 +78,7 @@ impl Default for SessionLimits {
             functions: MAX_FUNCTIONS_PER_SESSION,
             allocations: MAX_ALLOCATIONS_PER_SESSION,
             globals: MAX_GLOBALS_PER_SESSION,
+            graphs: MAX_GRAPHS_PER_SESSION,
             module_image_bytes: MAX_MODULE_IMAGE_BYTES,
         }
     }

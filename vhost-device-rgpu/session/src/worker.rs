@@ -173,6 +173,10 @@ pub struct Worker {
     fences: Fences,
     /// Events and streams the guest may query, until seen complete.
     completions: Completions,
+    /// Stream captures begun and not ended: while one runs, the session
+    /// makes no CUDA call of its own (a fence recorded on a capturing
+    /// stream would join the graph, and a query can invalidate a capture).
+    captures: usize,
     /// What the tenant's scheduler was last told ([`Fences::busy`]).
     busy_reported: bool,
     /// Until then, submissions are fenced as if arbitrated (a burst the
@@ -239,6 +243,7 @@ impl Worker {
             usage,
             fences: Fences::default(),
             completions: Completions::default(),
+            captures: 0,
             busy_reported: false,
             probation_until: None,
             context: DeviceContext::NotCreated,
@@ -272,7 +277,7 @@ impl Worker {
         if gate.submitting() {
             self.probation_until = Some(Instant::now() + PROBATION);
         }
-        if let Some(ctx) = self.context.created() {
+        if let (Some(ctx), 0) = (self.context.created(), self.captures) {
             self.fences.poll(ctx, false);
         }
         self.report_busy();
@@ -286,7 +291,7 @@ impl Worker {
         }
         // The tenant's turn is over: what this session queued finishes
         // first (its drain), then it waits for the next turn.
-        if let Some(ctx) = self.context.created() {
+        if let (Some(ctx), 0) = (self.context.created(), self.captures) {
             self.usage.begin_wait(0);
             self.fences.drain(ctx);
             self.usage.end_wait();
@@ -313,6 +318,9 @@ impl Worker {
         let Some(admission) = admission else {
             return;
         };
+        if self.captures > 0 {
+            return;
+        }
         let Some(ctx) = self.context.created() else {
             return;
         };
@@ -334,6 +342,9 @@ impl Worker {
     /// (so it can answer them itself) now and then. `None`: nothing is left
     /// to look at (or there is no context), go to sleep.
     fn idle_with_fences(&mut self) -> Option<Result<Message, RecvTimeoutError>> {
+        if self.captures > 0 {
+            return None;
+        }
         loop {
             let ctx = self.context.created()?;
             self.fences.poll(ctx, true);
@@ -358,6 +369,9 @@ impl Worker {
     /// Publishes the events and streams found complete, `position` being
     /// the end of the last command run.
     fn look_at_completions(&mut self, position: u64) {
+        if self.captures > 0 {
+            return;
+        }
         if let (Some(ctx), Some(channel)) = (self.context.created(), &self.channel) {
             self.completions.look(ctx, &self.handles, channel, position);
         }
@@ -639,6 +653,14 @@ impl Worker {
                         if may_wait {
                             self.usage.end_wait();
                         }
+                        match (&decoded.command, &result) {
+                            (Command::StreamBeginCapture { .. }, Ok(_)) => self.captures += 1,
+                            (Command::StreamEndCapture { .. }, _) => {
+                                self.captures = self.captures.saturating_sub(1);
+                            }
+                            _ => {}
+                        }
+                        // Watched during a capture too, looked at after it.
                         if result.is_ok() {
                             self.completions
                                 .ran(&decoded.command, self.channel.as_ref());
@@ -783,7 +805,10 @@ impl Worker {
             if channel.has_work() {
                 return Wake::Work;
             }
-            if self.completions.watching() && last_look.is_none_or(|t| t.elapsed() >= SPIN_LOOK) {
+            if self.completions.watching()
+                && self.captures == 0
+                && last_look.is_none_or(|t| t.elapsed() >= SPIN_LOOK)
+            {
                 if let Some(ctx) = self.context.created() {
                     self.completions
                         .look(ctx, &self.handles, channel, channel.consumed());

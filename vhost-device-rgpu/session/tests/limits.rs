@@ -65,17 +65,25 @@ const TINY: SessionLimits = SessionLimits {
     functions: 2,
     allocations: 2,
     globals: 1,
+    graphs: 1,
     module_image_bytes: 64,
 };
 
 fn start(limits: SessionLimits) -> (Guest, Session, Arc<Counters>) {
+    start_on(Arc::new(FakeExecutor::new()), limits)
+}
+
+fn start_on(
+    executor: Arc<dyn rgpu_executor::Executor>,
+    limits: SessionLimits,
+) -> (Guest, Session, Arc<Counters>) {
     let guest = Guest::new();
     let counters = Arc::new(Counters::default());
     let session = Session::spawn_in_tenant(
         1,
         "limits".into(),
         0,
-        Arc::new(FakeExecutor::new()),
+        executor,
         counters.clone(),
         Tenant::with_limits(limits),
     )
@@ -185,6 +193,42 @@ fn the_object_past_each_cap_is_refused_and_the_session_goes_on() {
     assert_eq!(&back, b"still working");
     assert_eq!(Counters::get(&counters.command_errors), errors + 1);
     session.shutdown();
+}
+
+/// Captured graphs and executable graphs have a cap each (the sim
+/// executor captures).
+#[test]
+fn graphs_past_the_cap_are_refused() {
+    let (mut guest, session, _) = start_on(Arc::new(rgpu_executor::sim::SimExecutor::new()), TINY);
+    let mut call = |command: Command| guest.call(&session, command).0;
+    assert_eq!(call(stream_create(1)), CUDA_SUCCESS);
+    let capture = |graph| {
+        [
+            Command::StreamBeginCapture { stream: 1, mode: 1 },
+            Command::StreamEndCapture { stream: 1, graph },
+        ]
+    };
+    for command in capture(20) {
+        assert_eq!(call(command), CUDA_SUCCESS);
+    }
+    let [begin, end] = capture(21);
+    assert_eq!(call(begin), CUDA_SUCCESS);
+    assert_eq!(call(end), CUDA_ERROR_OUT_OF_MEMORY);
+    // The refused graph's capture ended all the same: the stream captures
+    // again from scratch.
+    let [begin, end] = capture(21);
+    assert_eq!(call(begin), CUDA_SUCCESS);
+    assert_eq!(call(end), CUDA_ERROR_OUT_OF_MEMORY);
+    let instantiate = |exec| Command::GraphInstantiate {
+        graph: 20,
+        exec,
+        flags: 0,
+    };
+    assert_eq!(call(instantiate(30)), CUDA_SUCCESS);
+    assert_eq!(call(instantiate(31)), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(call(Command::GraphExecDestroy { exec: 30 }), CUDA_SUCCESS);
+    assert_eq!(call(instantiate(31)), CUDA_SUCCESS);
+    assert_eq!(call(Command::GraphDestroy { graph: 20 }), CUDA_SUCCESS);
 }
 
 #[test]

@@ -1,0 +1,126 @@
+/* graph_test: CUDA graphs by stream capture (issue 10), as PyTorch's
+ * torch.cuda.graph uses them.
+ *
+ * Usage: graph_test --ptx reference_kernels.ptx
+ *
+ * On a stream: begin capture (the stream then reports ACTIVE, with a
+ * capture id); a memset of a buffer, rgpu_fill_index over it and
+ * rgpu_scale x2 of a float buffer are recorded, not run (the buffers keep
+ * their old contents); end capture (NONE again), instantiate, launch three
+ * times: the index buffer holds base + i and the floats were doubled
+ * three times; the same graph launched on another stream works too;
+ * destroyed, it cannot be launched.
+ *
+ * Prints "graph_test: N checks passed" (exit 0) or every failed check
+ * (exit 1). */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rgpu_cuda.h"
+#include "checks.h"
+
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuStreamBeginCapture_v2(CUstream stream, int mode);
+CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);
+CUresult cuStreamIsCapturing(CUstream stream, int *status);
+CUresult cuStreamGetCaptureInfo(CUstream stream, int *status, unsigned long long *id);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
+CUresult cuGraphExecDestroy(CUgraphExec exec);
+CUresult cuGraphDestroy(CUgraph graph);
+
+#define N 4096u
+#define CAPTURE_MODE_THREAD_LOCAL 1
+
+int main(int argc, char **argv) {
+    const char *ptx_path = argc == 3 && !strcmp(argv[1], "--ptx") ? argv[2] : NULL;
+    char *ptx = ptx_path ? read_file(ptx_path) : NULL;
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule module;
+    CUfunction fill_index, scale;
+    if (!ptx || cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) ||
+        cuCtxSetCurrent(ctx) || cuModuleLoadData(&module, ptx) ||
+        cuModuleGetFunction(&fill_index, module, "rgpu_fill_index") ||
+        cuModuleGetFunction(&scale, module, "rgpu_scale")) {
+        printf("FAIL: no CUDA context or kernels (usage: graph_test --ptx PTX)\n");
+        return 1;
+    }
+    static uint32_t indices[N];
+    static float floats[N], expected[N];
+    for (unsigned i = 0; i < N; i++) floats[i] = (float)i * 0.5f;
+    CUdeviceptr d_index = 0, d_float = 0;
+    CUstream stream, other;
+    REQUIRE_CU(cuMemAlloc(&d_index, N * 4));
+    REQUIRE_CU(cuMemAlloc(&d_float, N * 4));
+    REQUIRE_CU(cuMemsetD32(d_index, 0x11111111u, N));
+    REQUIRE_CU(cuMemcpyHtoD(d_float, floats, N * 4));
+    REQUIRE_CU(cuStreamCreate(&stream, 0));
+    REQUIRE_CU(cuStreamCreate(&other, 0));
+
+    int status = -1;
+    unsigned long long id = 0;
+    CHECK_CU(cuStreamIsCapturing(stream, &status));
+    CHECK_EQ_INT(status, 0);
+    CHECK_CU(cuStreamBeginCapture_v2(stream, CAPTURE_MODE_THREAD_LOCAL));
+    CHECK_CU(cuStreamIsCapturing(stream, &status));
+    CHECK_EQ_INT(status, 1);
+    CHECK_CU(cuStreamGetCaptureInfo(stream, &status, &id));
+    CHECK_EQ_INT(status, 1);
+    CHECK_TRUE(id != 0);
+    CHECK_CU(cuStreamIsCapturing(other, &status));
+    CHECK_EQ_INT(status, 0);
+    /* Captured, not run. */
+    unsigned base = 1000, count = N;
+    float factor = 2.0f;
+    void *fill_params[] = {&d_index, &base, &count};
+    void *scale_params[] = {&d_float, &factor, &count};
+    CHECK_CU(cuMemsetD32Async(d_index, 0, N, stream));
+    CHECK_CU(cuLaunchKernel(fill_index, N / 128, 1, 1, 128, 1, 1, 0, stream, fill_params, NULL));
+    CHECK_CU(cuLaunchKernel(scale, N / 128, 1, 1, 128, 1, 1, 0, stream, scale_params, NULL));
+    CUgraph graph = NULL;
+    CHECK_CU(cuStreamEndCapture(stream, &graph));
+    CHECK_TRUE(graph != NULL);
+    CHECK_CU(cuStreamIsCapturing(stream, &status));
+    CHECK_EQ_INT(status, 0);
+    CHECK_CU(cuMemcpyDtoH(indices, d_index, N * 4));
+    CHECK_EQ_INT(indices[7], 0x11111111u);
+
+    CUgraphExec exec = NULL;
+    CHECK_CU(cuGraphInstantiateWithFlags(&exec, graph, 0));
+    for (int i = 0; i < 3; i++) CHECK_CU(cuGraphLaunch(exec, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    CHECK_CU(cuMemcpyDtoH(indices, d_index, N * 4));
+    CHECK_CU(cuMemcpyDtoH(expected, d_float, N * 4));
+    int index_mismatches = 0, float_mismatches = 0;
+    for (unsigned i = 0; i < N; i++) {
+        if (indices[i] != base + i) index_mismatches++;
+        if (expected[i] != floats[i] * 8.0f) float_mismatches++;
+    }
+    CHECK_EQ_INT(index_mismatches, 0);
+    CHECK_EQ_INT(float_mismatches, 0);
+
+    /* The same graph on another stream: doubled once more. */
+    CHECK_CU(cuGraphLaunch(exec, other));
+    CHECK_CU(cuStreamSynchronize(other));
+    CHECK_CU(cuMemcpyDtoH(expected, d_float, N * 4));
+    CHECK_TRUE(expected[3] == floats[3] * 16.0f);
+
+    CHECK_CU(cuGraphExecDestroy(exec));
+    CHECK_CU(cuGraphDestroy(graph));
+    CHECK_CU_FAILS(cuGraphLaunch(exec, stream));
+    CHECK_CU(cuStreamDestroy(stream));
+    CHECK_CU(cuStreamDestroy(other));
+    CHECK_CU(cuMemFree(d_index));
+    CHECK_CU(cuMemFree(d_float));
+    cuDevicePrimaryCtxRelease(dev);
+    if (checks_failed) return 1;
+    printf("graph_test: %ld checks passed\n", checks_passed);
+    return 0;
+}
