@@ -57,7 +57,15 @@ type FuncGetAttributeFn = unsafe extern "C" fn(*mut c_int, c_int, sys::CUfunctio
 type FuncSetAttributeFn = unsafe extern "C" fn(sys::CUfunction, c_int, c_int) -> u32;
 type OccupancyMaxActiveClustersFn =
     unsafe extern "C" fn(*mut c_int, sys::CUfunction, *const LaunchConfig) -> u32;
+type LaunchKernelExFn = unsafe extern "C" fn(
+    *const LaunchConfig,
+    sys::CUfunction,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> u32;
 
+/// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE`.
+const LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
 /// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`.
 const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
 
@@ -91,6 +99,7 @@ struct IntegerEntryPoints {
     func_get_attribute: FuncGetAttributeFn,
     func_set_attribute: FuncSetAttributeFn,
     occupancy_max_active_clusters: OccupancyMaxActiveClustersFn,
+    launch_kernel_ex: LaunchKernelExFn,
 }
 
 impl IntegerEntryPoints {
@@ -103,6 +112,7 @@ impl IntegerEntryPoints {
             func_get_attribute: driver_symbol(library, "cuFuncGetAttribute")?,
             func_set_attribute: driver_symbol(library, "cuFuncSetAttribute")?,
             occupancy_max_active_clusters: driver_symbol(library, "cuOccupancyMaxActiveClusters")?,
+            launch_kernel_ex: driver_symbol(library, "cuLaunchKernelEx")?,
         })
     }
 }
@@ -993,6 +1003,67 @@ impl ContextExecutor for CudaContext {
                 null_mut(),
                 extra,
             )
+        })
+    }
+
+    fn launch_kernel_ex(
+        &mut self,
+        function: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        stream: StreamRef,
+        params: &[u8],
+        cluster: [u32; 3],
+        cooperative: bool,
+    ) -> CuResult<()> {
+        let function = self.function(function)?;
+        let stream = self.stream(stream)?;
+        let mut attributes = Vec::with_capacity(2);
+        if cluster != [0; 3] {
+            let mut value = [0u32; 16];
+            value[..3].copy_from_slice(&cluster);
+            attributes.push(LaunchAttribute {
+                id: LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                pad: 0,
+                value,
+            });
+        }
+        if cooperative {
+            let mut value = [0u32; 16];
+            value[0] = 1;
+            attributes.push(LaunchAttribute {
+                id: LAUNCH_ATTRIBUTE_COOPERATIVE,
+                pad: 0,
+                value,
+            });
+        }
+        let config = LaunchConfig {
+            grid,
+            block,
+            shared_mem_bytes,
+            stream,
+            attrs: attributes.as_ptr(),
+            num_attrs: attributes.len() as u32,
+        };
+        let mut size = params.len();
+        let mut extra: [*mut c_void; 5] = [
+            without_provenance_mut(LAUNCH_PARAM_BUFFER_POINTER),
+            params.as_ptr().cast_mut().cast(),
+            without_provenance_mut(LAUNCH_PARAM_BUFFER_SIZE),
+            (&mut size as *mut usize).cast(),
+            null_mut(),
+        ];
+        let extra = if params.is_empty() {
+            null_mut()
+        } else {
+            extra.as_mut_ptr()
+        };
+        // SAFETY: live function and stream; `config`, the attributes it
+        // points to and `extra` (which describes `params`, ending with END)
+        // live across the call and are only read.
+        check_code("cuLaunchKernelEx", unsafe {
+            (self.entry.launch_kernel_ex)(&config, function, null_mut(), extra)
         })
     }
 

@@ -216,6 +216,27 @@ pub trait ContextExecutor {
         params: &[u8],
     ) -> CuResult<()>;
 
+    /// A launch in thread-block clusters of `cluster` (all zero: none)
+    /// and/or cooperative. Executors without either refuse it unless it
+    /// asks for neither.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_kernel_ex(
+        &mut self,
+        function: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        stream: StreamRef,
+        params: &[u8],
+        cluster: [u32; 3],
+        cooperative: bool,
+    ) -> CuResult<()> {
+        if cluster.iter().all(|d| *d <= 1) && !cooperative {
+            return self.launch_kernel(function, grid, block, shared_mem_bytes, stream, params);
+        }
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+
     fn stream_create(&mut self, flags: u32, priority: i32) -> CuResult<u64>;
     fn stream_destroy(&mut self, stream: u64) -> CuResult<()>;
     fn stream_synchronize(&mut self, stream: StreamRef) -> CuResult<()>;

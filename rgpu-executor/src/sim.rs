@@ -1289,6 +1289,30 @@ impl ContextExecutor for SimContext {
         Ok(ms as f32)
     }
 
+    fn launch_kernel_ex(
+        &mut self,
+        function: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        stream: StreamRef,
+        params: &[u8],
+        cluster: [u32; 3],
+        _cooperative: bool,
+    ) -> CuResult<()> {
+        // As the driver: clusters tile the grid, at most 8 blocks (the
+        // portable size). Blocks run one after another here, so a
+        // cooperative launch needs nothing more.
+        if cluster != [0; 3] {
+            let blocks = cluster.iter().map(|d| u64::from(*d)).product::<u64>();
+            let tiles = cluster.iter().zip(grid).all(|(c, g)| *c > 0 && g % *c == 0);
+            if !tiles || blocks > 8 {
+                return Err(CUDA_ERROR_INVALID_CLUSTER_SIZE);
+            }
+        }
+        self.launch_kernel(function, grid, block, shared_mem_bytes, stream, params)
+    }
+
     fn stream_begin_capture(&mut self, stream: StreamRef, mode: u32) -> CuResult<()> {
         self.check_stream(stream)?;
         if mode > 2 {

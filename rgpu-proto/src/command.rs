@@ -514,6 +514,19 @@ macro_rules! commands {
     };
 }
 
+/// `LaunchKernelEx`'s cooperative flag is a boolean.
+fn cooperative_flag(command: &Command) -> Result<(), DecodeError> {
+    match command {
+        Command::LaunchKernelEx { cooperative, .. } if *cooperative > 1 => {
+            Err(DecodeError::InvalidField {
+                field: "launch_kernel_ex.cooperative",
+                value: (*cooperative).into(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// `Memset` sets elements of 1, 2 or 4 bytes.
 fn memset_element_size(command: &Command) -> Result<(), DecodeError> {
     match command {
@@ -572,6 +585,11 @@ commands! {
     };
     OccupancyAvailableDynamicSmem = 0x030a { function: u32, num_blocks: i32, block_size: i32 };
     OccupancyMaxActiveClusters = 0x030b { query: ClusterQuery };
+    /// `cuLaunchKernelEx` with what changes how a kernel runs: a
+    /// thread-block cluster shape (all zero: none) and a cooperative launch
+    /// (0 or 1).
+    LaunchKernelEx = 0x030c { launch: Launch, cluster: [u32; 3], cooperative: u32 }
+        check cooperative_flag;
     StreamCreate = 0x0400 { stream: u32, flags: u32, priority: i32 };
     StreamDestroy = 0x0401 { stream: u32 };
     StreamSynchronize = 0x0402 { stream: u32 };
@@ -603,7 +621,9 @@ impl Command {
     /// memset), if it does.
     pub fn work_stream(&self) -> Option<u32> {
         match self {
-            Command::LaunchKernel { launch } => Some(launch.stream),
+            Command::LaunchKernel { launch } | Command::LaunchKernelEx { launch, .. } => {
+                Some(launch.stream)
+            }
             Command::GraphLaunch { stream, .. } => Some(*stream),
             Command::MemcpyHtoD { stream, .. }
             | Command::MemcpyDtoH { stream, .. }

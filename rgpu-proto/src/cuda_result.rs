@@ -28,6 +28,7 @@ pub const CUDA_ERROR_NOT_PERMITTED: u32 = 800;
 pub const CUDA_ERROR_NOT_SUPPORTED: u32 = 801;
 pub const CUDA_ERROR_ILLEGAL_STATE: u32 = 401;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: u32 = 900;
+pub const CUDA_ERROR_INVALID_CLUSTER_SIZE: u32 = 912;
 pub const CUDA_ERROR_UNKNOWN: u32 = 999;
 
 /// `(code, name, description)` for the codes this crate names; the guest
@@ -38,6 +39,11 @@ pub const KNOWN_RESULTS: &[(u32, &str, &str)] = &[
         CUDA_ERROR_ILLEGAL_STATE,
         "CUDA_ERROR_ILLEGAL_STATE",
         "the operation cannot be performed in the present state",
+    ),
+    (
+        CUDA_ERROR_INVALID_CLUSTER_SIZE,
+        "CUDA_ERROR_INVALID_CLUSTER_SIZE",
+        "invalid cluster size",
     ),
     (
         CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,

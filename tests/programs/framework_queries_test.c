@@ -336,6 +336,59 @@ static int launch_with_big_shared_memory(CUfunction add) {
     return 0;
 }
 
+CUresult cuLaunchKernelEx(const LaunchConfig *config, CUfunction f, void **params, void **extra);
+#define LAUNCH_ATTRIBUTE_COOPERATIVE 2
+
+/* cuLaunchKernelEx in thread-block clusters of 2 and cooperatively (what
+ * cuDNN's Hopper kernels ask for): the kernel runs as launched. */
+static int launch_in_clusters_and_cooperatively(CUfunction add) {
+    enum { N = 1024 };
+    float a[N], b[N], c[N];
+    CUdeviceptr da = 0, db = 0, dc = 0;
+    unsigned int n = N;
+    void *params[4] = {&da, &db, &dc, &n};
+    int i;
+    for (i = 0; i < N; i++) {
+        a[i] = (float)i;
+        b[i] = 2.0f;
+    }
+    REQUIRE_CU(cuMemAlloc(&da, sizeof a));
+    REQUIRE_CU(cuMemAlloc(&db, sizeof b));
+    REQUIRE_CU(cuMemAlloc(&dc, sizeof c));
+    CHECK_CU(cuMemcpyHtoD(da, a, sizeof a));
+    CHECK_CU(cuMemcpyHtoD(db, b, sizeof b));
+    LaunchAttribute cluster, cooperative;
+    LaunchConfig config;
+    memset(&cluster, 0, sizeof cluster);
+    memset(&cooperative, 0, sizeof cooperative);
+    memset(&config, 0, sizeof config);
+    cluster.id = LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    cluster.value.dims[0] = 2;
+    cluster.value.dims[1] = 1;
+    cluster.value.dims[2] = 1;
+    cooperative.id = LAUNCH_ATTRIBUTE_COOPERATIVE;
+    cooperative.value.dims[0] = 1;
+    config.grid_x = N / 128;
+    config.grid_y = config.grid_z = 1;
+    config.block_x = 128;
+    config.block_y = config.block_z = 1;
+    config.attrs = &cluster;
+    config.num_attrs = 1;
+    for (int round = 0; round < 2; round++) {
+        int wrong = 0;
+        CHECK_CU(cuMemsetD32(dc, 0, N));
+        CHECK_CU(cuLaunchKernelEx(&config, add, params, NULL));
+        CHECK_CU(cuMemcpyDtoH(c, dc, sizeof c));
+        for (i = 0; i < N; i++) wrong += c[i] != (float)i + 2.0f;
+        CHECK_TRUE(wrong == 0);
+        config.attrs = &cooperative;
+    }
+    CHECK_CU(cuMemFree(da));
+    CHECK_CU(cuMemFree(db));
+    CHECK_CU(cuMemFree(dc));
+    return 0;
+}
+
 static int cache_configuration(void) {
     int config = -1;
     CHECK_CU(cuCtxSetCacheConfig(FUNC_CACHE_PREFER_SHARED));
@@ -388,6 +441,7 @@ int main(int argc, char **argv) {
     streams_and_contexts(ctx, device);
     occupancy_and_attributes(add, empty, device, require_clusters);
     launch_with_big_shared_memory(add);
+    launch_in_clusters_and_cooperatively(add);
     cache_configuration();
 
     CHECK_CU(cuModuleUnload(module));

@@ -132,6 +132,20 @@ fn check_geometry(
     }
 }
 
+/// What a `cuLaunchKernelEx` asks beyond an ordinary launch: a cluster
+/// shape (all zero: none) and a cooperative launch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct LaunchShape {
+    cluster: [u32; 3],
+    cooperative: bool,
+}
+
+impl LaunchShape {
+    fn is_plain(self) -> bool {
+        self.cluster.iter().all(|d| *d <= 1) && !self.cooperative
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn launch(
     f: CUfunction,
@@ -142,6 +156,31 @@ fn launch(
     kernel_params: *mut *mut c_void,
     extra: *mut *mut c_void,
     per_thread: bool,
+) -> Result<(), u32> {
+    launch_shaped(
+        f,
+        grid,
+        block,
+        shared_mem_bytes,
+        stream,
+        kernel_params,
+        extra,
+        per_thread,
+        LaunchShape::default(),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_shaped(
+    f: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+    stream: CUstream,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    per_thread: bool,
+    shape: LaunchShape,
 ) -> Result<(), u32> {
     driver()?;
     if f.is_null() {
@@ -156,15 +195,21 @@ fn launch(
     same_context(&ctx, &function.context)?;
     // SAFETY: the API contract on kernelParams / extra (see `marshal`).
     let params = unsafe { marshal(&function.info, kernel_params.cast(), extra.cast()) }?;
-    ctx.send(&Command::LaunchKernel {
-        launch: Launch {
-            function: function.handle,
-            grid,
-            block,
-            shared_mem_bytes,
-            stream,
-            params,
-        },
+    let launch = Launch {
+        function: function.handle,
+        grid,
+        block,
+        shared_mem_bytes,
+        stream,
+        params,
+    };
+    if shape.is_plain() {
+        return ctx.send(&Command::LaunchKernel { launch });
+    }
+    ctx.send(&Command::LaunchKernelEx {
+        launch,
+        cluster: shape.cluster,
+        cooperative: u32::from(shape.cooperative),
     })
 }
 
@@ -232,18 +277,23 @@ fn launch_ex(
     }
     // SAFETY: non-NULL; the API contract makes it a CUlaunchConfig.
     let config = unsafe { &*config };
-    if let Some(a) = attributes(config)?
-        .iter()
-        .find(|a| !attribute_is_optional(a))
-    {
-        log::warn!(
-            "rgpu: cuLaunchKernelEx: launch attribute {} ({:?}) is not supported",
-            a.id,
-            &a.value[..3]
-        );
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    let mut shape = LaunchShape::default();
+    for attribute in attributes(config)? {
+        match attribute.id {
+            ATTRIBUTE_CLUSTER_DIMENSION => shape.cluster.copy_from_slice(&attribute.value[..3]),
+            ATTRIBUTE_COOPERATIVE => shape.cooperative = attribute.value[0] != 0,
+            _ if attribute_is_optional(attribute) => {}
+            _ => {
+                log::warn!(
+                    "rgpu: cuLaunchKernelEx: launch attribute {} ({:?}) is not supported",
+                    attribute.id,
+                    &attribute.value[..3]
+                );
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+        }
     }
-    launch(
+    launch_shaped(
         f,
         config.grid,
         config.block,
@@ -252,6 +302,7 @@ fn launch_ex(
         kernel_params,
         extra,
         per_thread,
+        shape,
     )
 }
 

@@ -461,6 +461,36 @@ impl Worker {
                 )
                 .map(empty)
             }
+            Command::LaunchKernelEx {
+                launch,
+                cluster,
+                cooperative,
+            } => {
+                let Launch {
+                    function,
+                    grid,
+                    block,
+                    shared_mem_bytes,
+                    stream,
+                    params,
+                } = launch;
+                let entry = handles.function(*function)?;
+                if params.len() != entry.info.buffer_size() {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                let stream = handles.stream(*stream)?;
+                ctx.launch_kernel_ex(
+                    entry.handle,
+                    *grid,
+                    *block,
+                    *shared_mem_bytes,
+                    stream,
+                    params,
+                    *cluster,
+                    *cooperative != 0,
+                )
+                .map(empty)
+            }
             Command::StreamCreate {
                 stream,
                 flags,

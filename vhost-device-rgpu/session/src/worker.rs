@@ -681,7 +681,12 @@ impl Worker {
                             });
                             self.track(&decoded.command, tracked);
                         }
-                        if matches!(decoded.command, Command::LaunchKernel { .. }) {
+                        if matches!(
+                            decoded.command,
+                            Command::LaunchKernel { .. }
+                                | Command::LaunchKernelEx { .. }
+                                | Command::GraphLaunch { .. }
+                        ) {
                             self.kernels_since_collect = true;
                         }
                         // Only a kernel prints: a session that launched none
