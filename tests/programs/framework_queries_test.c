@@ -337,10 +337,15 @@ static int launch_with_big_shared_memory(CUfunction add) {
 }
 
 CUresult cuLaunchKernelEx(const LaunchConfig *config, CUfunction f, void **params, void **extra);
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int grid_x, unsigned int grid_y,
+                                   unsigned int grid_z, unsigned int block_x, unsigned int block_y,
+                                   unsigned int block_z, unsigned int shared_mem_bytes,
+                                   CUstream stream, void **params);
 #define LAUNCH_ATTRIBUTE_COOPERATIVE 2
 
 /* cuLaunchKernelEx in thread-block clusters of 2 and cooperatively (what
- * cuDNN's Hopper kernels ask for): the kernel runs as launched. */
+ * cuDNN's Hopper kernels ask for), and cuLaunchCooperativeKernel: the
+ * kernel runs as launched. */
 static int launch_in_clusters_and_cooperatively(CUfunction add) {
     enum { N = 1024 };
     float a[N], b[N], c[N];
@@ -374,10 +379,14 @@ static int launch_in_clusters_and_cooperatively(CUfunction add) {
     config.block_y = config.block_z = 1;
     config.attrs = &cluster;
     config.num_attrs = 1;
-    for (int round = 0; round < 2; round++) {
+    for (int round = 0; round < 3; round++) {
         int wrong = 0;
         CHECK_CU(cuMemsetD32(dc, 0, N));
-        CHECK_CU(cuLaunchKernelEx(&config, add, params, NULL));
+        if (round < 2) {
+            CHECK_CU(cuLaunchKernelEx(&config, add, params, NULL));
+        } else {
+            CHECK_CU(cuLaunchCooperativeKernel(add, N / 128, 1, 1, 128, 1, 1, 0, NULL, params));
+        }
         CHECK_CU(cuMemcpyDtoH(c, dc, sizeof c));
         for (i = 0; i < N; i++) wrong += c[i] != (float)i + 2.0f;
         CHECK_TRUE(wrong == 0);

@@ -265,6 +265,87 @@ pub(crate) fn launch_kernel_ptsz(
     )
 }
 
+/// `cuLaunchCooperativeKernel`: an ordinary launch whose blocks may all
+/// synchronise with each other (the host's driver checks that they fit on
+/// the device at once).
+#[allow(clippy::too_many_arguments)]
+fn launch_cooperative_on(
+    f: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+    stream: CUstream,
+    kernel_params: *mut *mut c_void,
+    per_thread: bool,
+) -> Result<(), u32> {
+    // The driver takes no `extra` form here.
+    if kernel_params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    launch_shaped(
+        f,
+        grid,
+        block,
+        shared_mem_bytes,
+        stream,
+        kernel_params,
+        std::ptr::null_mut(),
+        per_thread,
+        LaunchShape {
+            cluster: [0; 3],
+            cooperative: true,
+        },
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_cooperative_kernel(
+    f: CUfunction,
+    grid_x: c_uint,
+    grid_y: c_uint,
+    grid_z: c_uint,
+    block_x: c_uint,
+    block_y: c_uint,
+    block_z: c_uint,
+    shared_mem_bytes: c_uint,
+    stream: CUstream,
+    kernel_params: *mut *mut c_void,
+) -> Result<(), u32> {
+    launch_cooperative_on(
+        f,
+        [grid_x, grid_y, grid_z],
+        [block_x, block_y, block_z],
+        shared_mem_bytes,
+        stream,
+        kernel_params,
+        false,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_cooperative_kernel_ptsz(
+    f: CUfunction,
+    grid_x: c_uint,
+    grid_y: c_uint,
+    grid_z: c_uint,
+    block_x: c_uint,
+    block_y: c_uint,
+    block_z: c_uint,
+    shared_mem_bytes: c_uint,
+    stream: CUstream,
+    kernel_params: *mut *mut c_void,
+) -> Result<(), u32> {
+    launch_cooperative_on(
+        f,
+        [grid_x, grid_y, grid_z],
+        [block_x, block_y, block_z],
+        shared_mem_bytes,
+        stream,
+        kernel_params,
+        true,
+    )
+}
+
 fn launch_ex(
     config: *const LaunchConfig,
     f: CUfunction,
