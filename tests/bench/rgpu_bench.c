@@ -13,13 +13,21 @@
  *   - synchronous round trip: cuCtxSynchronize on an idle context (median and
  *     mean of --sync-iters calls after a warm-up);
  *   - launch throughput: --launches launches of rgpu_empty, then one
- *     cuCtxSynchronize;
+ *     cuCtxSynchronize, five times (each run's rate; the row shows the
+ *     worst of the five ratios, run i of rgpu against run i natively);
+ *   - launch + synchronize latency: one rgpu_empty and cuCtxSynchronize
+ *     (median of 2000);
+ *   - a small pageable copy: 4 KiB cuMemcpyHtoDAsync from malloc'ed memory
+ *     on an idle queue (median of 2000, each after a synchronize);
+ *   - --mib MiB from and into malloc'ed (pageable) memory, best of
+ *     --repeats;
  *   - host-to-device and device-to-host bandwidth: --mib MiB from
  *     cuMemAllocHost memory, best of --repeats;
  *   - queries (median of 200): cuEventRecord + cuEventQuery, and
  *     cuStreamQuery, on an idle queue and behind 200 queued empty launches.
- * Targets: sync within 5 us of native, launches >= 90% of native,
- * bandwidth >= 95% of native, queries behind queued work <= 1.5x native. */
+ * Targets (issue 9): sync within 0.5 us of native, launches >= 95% of
+ * native in each run, small pageable copy <= 1.2x native, pinned bandwidth
+ * >= 99% of native, pageable bandwidth >= native, queries <= 1.5x native. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <dlfcn.h>
@@ -46,6 +54,7 @@ struct api {
     CUresult (*mem_free_host)(void *);
     CUresult (*memcpy_htod)(CUdeviceptr, const void *, size_t);
     CUresult (*memcpy_dtoh)(void *, CUdeviceptr, size_t);
+    CUresult (*memcpy_htod_async)(CUdeviceptr, const void *, size_t, CUstream);
     CUresult (*module_load_data)(CUmodule *, const void *);
     CUresult (*module_unload)(CUmodule);
     CUresult (*module_get_function)(CUfunction *, CUmodule, const char *);
@@ -58,12 +67,20 @@ struct api {
     CUresult (*stream_query)(CUstream);
 };
 
+#define LAUNCH_RUNS 5
+#define LATENCY_SAMPLES 2000
+
 struct results {
     int valid;
     char device[256];
     double sync_median_us;
     double sync_mean_us;
     double launches_per_s;
+    double launch_runs[LAUNCH_RUNS];
+    double launch_sync_us;
+    double small_pageable_us;
+    double htod_pageable_gbps;
+    double dtoh_pageable_gbps;
     double htod_gbps;
     double dtoh_gbps;
     double event_idle_us;
@@ -123,6 +140,7 @@ static int load_api(struct api *a, const char *label, const char *path) {
     RESOLVE(mem_free_host, "cuMemFreeHost");
     RESOLVE(memcpy_htod, "cuMemcpyHtoD_v2");
     RESOLVE(memcpy_dtoh, "cuMemcpyDtoH_v2");
+    RESOLVE(memcpy_htod_async, "cuMemcpyHtoDAsync_v2");
     RESOLVE(module_load_data, "cuModuleLoadData");
     RESOLVE(module_unload, "cuModuleUnload");
     RESOLVE(module_get_function, "cuModuleGetFunction");
@@ -176,6 +194,7 @@ static int measure(struct api *a, const struct config *c, const char *ptx, struc
     CUfunction empty = NULL;
     CUdeviceptr d = 0;
     void *pinned = NULL;
+    char *pageable = NULL;
     CUevent event = NULL;
     double *samples = NULL;
     const size_t bytes = (size_t)c->mib << 20;
@@ -210,12 +229,38 @@ static int measure(struct api *a, const struct config *c, const char *ptx, struc
     CALL(a->module_get_function(&empty, module, "rgpu_empty"));
     for (int i = 0; i < 1000; i++) CALL(a->launch_kernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
     CALL(a->ctx_synchronize());
-    {
+    for (int run = 0; run < LAUNCH_RUNS; run++) {
         double t0 = now_s();
         for (long i = 0; i < c->launches; i++)
             CALL(a->launch_kernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
         CALL(a->ctx_synchronize());
-        r->launches_per_s = (double)c->launches / (now_s() - t0);
+        r->launch_runs[run] = (double)c->launches / (now_s() - t0);
+        if (r->launch_runs[run] > r->launches_per_s) r->launches_per_s = r->launch_runs[run];
+    }
+
+    /* Launch + synchronize, and a small pageable copy on an idle queue. */
+    {
+        double lat[LATENCY_SAMPLES];
+        for (int i = 0; i < LATENCY_SAMPLES; i++) {
+            double t0 = now_s();
+            CALL(a->launch_kernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+            CALL(a->ctx_synchronize());
+            lat[i] = (now_s() - t0) * 1e6;
+        }
+        qsort(lat, LATENCY_SAMPLES, sizeof *lat, compare_doubles);
+        r->launch_sync_us = lat[LATENCY_SAMPLES / 2];
+        char small[4096];
+        memset(small, 0x3c, sizeof small);
+        CALL(a->mem_alloc(&d, bytes > sizeof small ? bytes : sizeof small));
+        for (int i = 0; i < LATENCY_SAMPLES; i++) {
+            CALL(a->ctx_synchronize());
+            double t0 = now_s();
+            CALL(a->memcpy_htod_async(d, small, sizeof small, NULL));
+            lat[i] = (now_s() - t0) * 1e6;
+        }
+        CALL(a->ctx_synchronize());
+        qsort(lat, LATENCY_SAMPLES, sizeof *lat, compare_doubles);
+        r->small_pageable_us = lat[LATENCY_SAMPLES / 2];
     }
 
     /* Queries, idle and behind queued launches. */
@@ -230,8 +275,23 @@ static int measure(struct api *a, const struct config *c, const char *ptx, struc
         goto out;
     }
 
-    /* Bandwidth from and into pinned host memory. */
-    CALL(a->mem_alloc(&d, bytes));
+    /* Bandwidth from and into pageable, then pinned, host memory. */
+    pageable = malloc(bytes);
+    if (!pageable) goto out;
+    memset(pageable, 0x5a, bytes);
+    for (long i = 0; i < c->repeats; i++) {
+        double t0 = now_s();
+        CALL(a->memcpy_htod(d, pageable, bytes));
+        CALL(a->ctx_synchronize());
+        double gbps = (double)bytes / (now_s() - t0) / 1e9;
+        if (gbps > r->htod_pageable_gbps) r->htod_pageable_gbps = gbps;
+    }
+    for (long i = 0; i < c->repeats; i++) {
+        double t0 = now_s();
+        CALL(a->memcpy_dtoh(pageable, d, bytes));
+        double gbps = (double)bytes / (now_s() - t0) / 1e9;
+        if (gbps > r->dtoh_pageable_gbps) r->dtoh_pageable_gbps = gbps;
+    }
     CALL(a->mem_alloc_host(&pinned, bytes));
     memset(pinned, 0x5a, bytes);
     CALL(a->memcpy_htod(d, pinned, bytes));
@@ -254,6 +314,7 @@ static int measure(struct api *a, const struct config *c, const char *ptx, struc
     status = 0;
 
 out:
+    free(pageable);
     if (event) a->event_destroy(event);
     if (pinned) a->mem_free_host(pinned);
     if (d) a->mem_free(d);
@@ -368,15 +429,38 @@ int main(int argc, char **argv) {
     printf("%-34s %13s %13s %13s   %-26s %s\n", "metric", "native", "rgpu", "rgpu vs nat",
            "target", "verdict");
     row("sync round trip, median (us)", native.sync_median_us, rgpu.sync_median_us, &native, &rgpu,
-        DIFFERENCE, 5.0, "within 5 us of native");
+        DIFFERENCE, 0.5, "within 0.5 us of native");
     row("sync round trip, mean (us)", native.sync_mean_us, rgpu.sync_mean_us, &native, &rgpu,
-        DIFFERENCE, 5.0, "within 5 us of native");
-    row("empty-kernel launches (1/s)", native.launches_per_s, rgpu.launches_per_s, &native, &rgpu,
-        HIGHER_RATIO, 0.90, ">= 90% of native");
+        DIFFERENCE, 0.5, "within 0.5 us of native");
+    row("empty-kernel launches, best (1/s)", native.launches_per_s, rgpu.launches_per_s, &native,
+        &rgpu, HIGHER_RATIO, 0.95, ">= 95% of native");
+    {
+        /* The worst of the runs, each against the same run natively. */
+        double worst = 0, worst_native = 0, worst_rgpu = 0;
+        for (int i = 0; i < LAUNCH_RUNS; i++) {
+            if (!native.valid || !rgpu.valid) break;
+            double ratio = rgpu.launch_runs[i] / native.launch_runs[i];
+            if (i == 0 || ratio < worst) {
+                worst = ratio;
+                worst_native = native.launch_runs[i];
+                worst_rgpu = rgpu.launch_runs[i];
+            }
+        }
+        row("empty-kernel launches, worst run", worst_native, worst_rgpu, &native, &rgpu,
+            HIGHER_RATIO, 0.95, ">= 95% of native, each run");
+    }
+    row("launch + synchronize (us)", native.launch_sync_us, rgpu.launch_sync_us, &native, &rgpu,
+        LOWER_RATIO, 1.5, "(reported)");
+    row("4 KiB pageable copy (us)", native.small_pageable_us, rgpu.small_pageable_us, &native,
+        &rgpu, LOWER_RATIO, 1.2, "<= 1.2x native");
     row("HtoD from pinned (GB/s)", native.htod_gbps, rgpu.htod_gbps, &native, &rgpu, HIGHER_RATIO,
-        0.95, ">= 95% of native");
+        0.99, ">= 99% of native");
     row("DtoH into pinned (GB/s)", native.dtoh_gbps, rgpu.dtoh_gbps, &native, &rgpu, HIGHER_RATIO,
-        0.95, ">= 95% of native");
+        0.99, ">= 99% of native");
+    row("HtoD from pageable (GB/s)", native.htod_pageable_gbps, rgpu.htod_pageable_gbps, &native,
+        &rgpu, HIGHER_RATIO, 1.0, ">= native");
+    row("DtoH into pageable (GB/s)", native.dtoh_pageable_gbps, rgpu.dtoh_pageable_gbps, &native,
+        &rgpu, HIGHER_RATIO, 1.0, ">= native");
     row("event record+query, idle (us)", native.event_idle_us, rgpu.event_idle_us, &native, &rgpu,
         LOWER_RATIO, 1.5, "<= 1.5x native");
     row("event record+query, queued (us)", native.event_queued_us, rgpu.event_queued_us, &native,

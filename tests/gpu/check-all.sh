@@ -8,12 +8,14 @@
 #                                       suite (issue 7)
 #   tests/gpu/check-all.sh BUNDLE 2     compatibility suite (PyTorch, CuPy,
 #                                       Triton, nvcc programs)
+#   tests/gpu/check-all.sh BUNDLE 3     issue 9's benchmark (perf_bench.sh:
+#                                       rgpu_bench, start-up, PyTorch pairs)
 #
 # BUNDLE is a folder from tests/gpu/make-bundle.sh. Logs go under $OUT
 # (default a temp folder); each step prints its summary lines and its time.
 set -uo pipefail
-bundle=$(cd "${1:?usage: check-all.sh BUNDLE 1|2}" && pwd)
-part=${2:?usage: check-all.sh BUNDLE 1|2}
+bundle=$(cd "${1:?usage: check-all.sh BUNDLE 1|2|3}" && pwd)
+part=${2:?usage: check-all.sh BUNDLE 1|2|3}
 cd "$(dirname "$0")/../.."
 out=${OUT:-$(mktemp -d /tmp/rgpu-check.XXXXXX)}
 mkdir -p "$out"
@@ -44,8 +46,12 @@ case $part in
 2)
     step compat 540 '^\||FAIL|compat' env RGPU_BUNDLE="$bundle" bash tests/compat/run-compat.sh
     ;;
+3)
+    step perf 540 '^(==|--|[0-9] at once|pair|median)|^[a-zA-Z0-9 +,()/]+ +[-0-9.]+ +[-0-9.]+ ' \
+        bash tests/bench/perf_bench.sh "$bundle"
+    ;;
 *)
-    echo "check-all.sh: part 1 or 2" >&2
+    echo "check-all.sh: part 1, 2 or 3" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Issue 9's benchmark on the GPU host, native and rgpu side by side from
+# one run:
+#
+#   perf_bench.sh BUNDLE        (a folder from tests/gpu/make-bundle.sh)
+#
+#   1. rgpu_bench: sync round trip, launch throughput (five runs), launch +
+#      synchronize, event and stream queries idle and behind 200 launches,
+#      a 4 KiB pageable copy, 256 MiB pinned and pageable both ways; and
+#      again with rgpu's blobs scattered (RGPU_LOCAL_SCATTER_BLOBS=1);
+#   2. start-up: 1 and 8 short driver-API programs started at once (wall
+#      time until all are done);
+#   3. PyTorch: torch_train.py, three alternating native/rgpu pairs; the
+#      median ratio of steps per second, and the losses.
+# Environment: NATIVE_LIBCUDA, OUT (logs).
+set -uo pipefail
+bundle=$(cd "${1:?usage: perf_bench.sh BUNDLE}" && pwd)
+native_lib=${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
+native_dir=$(dirname "$native_lib")
+logs=${OUT:-$(mktemp -d /tmp/rgpu-perf.XXXXXX)}
+mkdir -p "$logs"
+work=$(mktemp -d /tmp/rgpu-perf-work.XXXXXX)
+daemon_pid=
+cleanup() {
+    [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+ptx=$bundle/reference_kernels.ptx
+mkdir -p "$work/native-lib" "$work/rgpu-lib"
+ln -s "$native_lib" "$work/native-lib/libcuda.so"
+ln -s "$bundle/libcuda.so" "$work/rgpu-lib/libcuda.so.1"
+ln -s "$bundle/libcuda.so" "$work/rgpu-lib/libcuda.so"
+ln -s "$bundle/libnvidia_ml.so" "$work/rgpu-lib/libnvidia-ml.so.1"
+gcc -O2 -std=c11 -I "$bundle" -o "$work/rgpu_bench" "$bundle/rgpu_bench.c" -ldl || exit 1
+for side in native rgpu; do
+    gcc -O2 -std=c11 -I "$bundle" -o "$work/short-$side" "$bundle/memory_limit_test.c" \
+        -L "$work/$side-lib" -lcuda || exit 1
+done
+socket=$work/rgpu.sock
+env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" "$bundle/vhost-device-rgpu" --executor cuda \
+    --socket-path "$socket" >"$logs/daemon.log" 2>&1 &
+daemon_pid=$!
+for _ in $(seq 600); do [ -S "$socket" ] && break; sleep 0.05; done
+[ -S "$socket" ] || { echo "FAIL daemon (see $logs/daemon.log)"; exit 1; }
+sleep 1
+
+echo "== 1. rgpu_bench"
+env RGPU_SOCKET="$socket" "$work/rgpu_bench" --native "$native_lib" \
+    --rgpu "$work/rgpu-lib/libcuda.so.1" --ptx "$ptx" | tee "$logs/rgpu_bench.txt"
+echo "-- with scattered blobs"
+env RGPU_SOCKET="$socket" RGPU_LOCAL_SCATTER_BLOBS=1 "$work/rgpu_bench" --native "$native_lib" \
+    --rgpu "$work/rgpu-lib/libcuda.so.1" --ptx "$ptx" --sync-iters 1000 --launches 10000 \
+    | grep -E "pinned|pageable" | tee "$logs/rgpu_bench-scattered.txt"
+
+echo "== 2. start-up: short programs started at once"
+run_at_once() { # side count
+    local side=$1 count=$2 pids=() start
+    start=$(date +%s.%N)
+    for _ in $(seq "$count"); do
+        if [ "$side" = native ]; then
+            env LD_LIBRARY_PATH="$native_dir" "$work/short-native" --max-mb 16 >/dev/null 2>&1 &
+        else
+            env RGPU_SOCKET="$socket" LD_LIBRARY_PATH="$work/rgpu-lib" "$work/short-rgpu" \
+                --max-mb 16 >/dev/null 2>&1 &
+        fi
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+    awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.3f", e - s }'
+}
+for count in 1 8; do
+    n=$(run_at_once native "$count") r=$(run_at_once rgpu "$count")
+    echo "$count at once: native $n s, rgpu $r s, ratio $(awk -v n="$n" -v r="$r" 'BEGIN { printf "%.2f", r / n }') (target <= 1.2 for 8)"
+done
+
+echo "== 3. PyTorch training, three alternating pairs"
+ratios=()
+for pair in 1 2 3; do
+    n=$(env LD_LIBRARY_PATH="$native_dir" python3 "$bundle/torch_train.py" 2>"$logs/torch-native-$pair.err")
+    r=$(env RGPU_SOCKET="$socket" LD_LIBRARY_PATH="$work/rgpu-lib" python3 "$bundle/torch_train.py" \
+        2>"$logs/torch-rgpu-$pair.err")
+    echo "pair $pair: native $n | rgpu $r"
+    ratios+=("$(awk -v n="${n#steps_per_s }" -v r="${r#steps_per_s }" 'BEGIN { split(n, a, " "); split(r, b, " "); if (a[1] > 0) printf "%.3f", b[1] / a[1] }')")
+done
+printf '%s\n' "${ratios[@]}" | sort -n | sed -n 2p | awk '{ print "median steps/s ratio " $1 " (target >= 0.98, identical loss)" }'
+echo "logs in $logs"
