@@ -16,10 +16,11 @@ use crate::api::launch::LaunchConfig;
 use crate::api::library::{CUkernel, CUlibrary};
 use crate::api::occupancy::BlockToDynamicSmem;
 use crate::api::stream_ordered::HostFn;
+use crate::api::vmm::{AccessDesc, AllocationProp, MemLocation};
 use crate::api::{
     context, copy_2d, device, error, event, export_table, graph, host_register, init, launch,
     library, memory, module, occupancy, pointer, primary_context, proc_address, stream,
-    stream_ordered, unified_copy,
+    stream_ordered, unified_copy, vmm,
 };
 
 crate::entry::cuda_api! {
@@ -190,6 +191,17 @@ crate::entry::cuda_api! {
     fn cuStreamGetPriority_ptsz(hstream: CUstream, priority: *mut c_int) => stream::get_priority_ptsz;
     fn cuStreamGetFlags(hstream: CUstream, flags: *mut c_uint) => stream::get_flags;
     fn cuStreamGetFlags_ptsz(hstream: CUstream, flags: *mut c_uint) => stream::get_flags_ptsz;
+    fn cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const AllocationProp, option: c_int) => vmm::get_granularity;
+    fn cuMemCreate(handle: *mut c_ulonglong, size: usize, prop: *const AllocationProp, flags: c_ulonglong) => vmm::create;
+    fn cuMemRelease(handle: c_ulonglong) => vmm::release;
+    fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: c_ulonglong) => vmm::address_reserve;
+    fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) => vmm::address_free;
+    fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: c_ulonglong, flags: c_ulonglong) => vmm::map;
+    fn cuMemUnmap(ptr: CUdeviceptr, size: usize) => vmm::unmap;
+    fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const AccessDesc, count: usize) => vmm::set_access;
+    fn cuMemGetAccess(flags: *mut c_ulonglong, location: *const MemLocation, ptr: CUdeviceptr) => vmm::get_access;
+    fn cuMemRetainAllocationHandle(handle: *mut c_ulonglong, addr: *mut c_void) => vmm::retain_allocation_handle;
+    fn cuMemGetAllocationPropertiesFromHandle(prop: *mut AllocationProp, handle: c_ulonglong) => vmm::get_properties_from_handle;
     fn cuStreamBeginCapture(hstream: CUstream) => graph::begin_capture;
     fn cuStreamBeginCapture_ptsz(hstream: CUstream) => graph::begin_capture_ptsz;
     fn cuStreamBeginCapture_v2(hstream: CUstream, mode: c_int) => graph::begin_capture_v2;

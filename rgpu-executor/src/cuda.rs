@@ -408,6 +408,10 @@ impl Executor for CudaExecutor {
             events: HashMap::new(),
             graphs: HashMap::new(),
             graph_execs: HashMap::new(),
+            device: self.device,
+            physical: HashMap::new(),
+            reservations: HashMap::new(),
+            mappings: HashMap::new(),
         }))
     }
 
@@ -510,9 +514,40 @@ pub struct CudaContext {
     events: HashMap<u64, sys::CUevent>,
     graphs: HashMap<u64, sys::CUgraph>,
     graph_execs: HashMap<u64, sys::CUgraphExec>,
+    /// The device, for the virtual-memory calls' locations.
+    device: sys::CUdevice,
+    /// Virtual memory: physical allocations by handle, reserved ranges and
+    /// mapped ranges (address -> size), released at the end.
+    physical: HashMap<u64, sys::CUmemGenericAllocationHandle>,
+    reservations: HashMap<sys::CUdeviceptr, usize>,
+    mappings: HashMap<sys::CUdeviceptr, usize>,
 }
 
 impl CudaContext {
+    /// This context's device as a memory location.
+    fn device_location(&self) -> sys::CUmemLocation {
+        sys::CUmemLocation {
+            type_: sys::CUmemLocationType_enum::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: self.device,
+        }
+    }
+
+    /// Pinned memory on this context's device, no shareable handle.
+    fn pinned_device_memory(&self) -> sys::CUmemAllocationProp {
+        sys::CUmemAllocationProp {
+            type_: sys::CUmemAllocationType_enum::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: sys::CUmemAllocationHandleType_enum(0),
+            location: self.device_location(),
+            win32HandleMetaData: null_mut(),
+            allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+                compressionType: 0,
+                gpuDirectRDMACapable: 0,
+                usage: 0,
+                reserved: [0; 4],
+            },
+        }
+    }
+
     fn new_handle(&mut self) -> u64 {
         let handle = self.next_handle;
         self.next_handle += 1;
@@ -576,8 +611,35 @@ impl CudaContext {
     }
 }
 
+impl CudaContext {
+    /// Virtual memory belongs to the device, not the context: unmapped,
+    /// unreserved and released here whichever way the context ends.
+    fn release_virtual_memory(&mut self) {
+        if self.mappings.is_empty() && self.reservations.is_empty() && self.physical.is_empty() {
+            return;
+        }
+        // SAFETY: waits for this context's work, which may use the ranges.
+        let _ = check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() });
+        for (address, size) in self.mappings.drain() {
+            // SAFETY: a range this session mapped, unmapped once.
+            let _ = check("cuMemUnmap", unsafe { sys::cuMemUnmap(address, size) });
+        }
+        for (address, size) in self.reservations.drain() {
+            // SAFETY: a range this session reserved, freed once.
+            let _ = check("cuMemAddressFree", unsafe {
+                sys::cuMemAddressFree(address, size)
+            });
+        }
+        for (_, handle) in self.physical.drain() {
+            // SAFETY: an allocation this session created, released once.
+            let _ = check("cuMemRelease", unsafe { sys::cuMemRelease(handle) });
+        }
+    }
+}
+
 impl Drop for CudaContext {
     fn drop(&mut self) {
+        self.release_virtual_memory();
         let Some(primary) = self.primary.take() else {
             // Destroying the context frees its memory, modules, streams,
             // events.
@@ -1102,6 +1164,115 @@ impl ContextExecutor for CudaContext {
         // SAFETY: live stream and event of this context.
         check("cuStreamWaitEvent", unsafe {
             sys::cuStreamWaitEvent(stream, event, flags)
+        })
+    }
+
+    fn mem_granularity(&mut self, option: u32) -> CuResult<u64> {
+        use sys::CUmemAllocationGranularity_flags_enum as Option_;
+        let option = match option {
+            0 => Option_::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            1 => Option_::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        let prop = self.pinned_device_memory();
+        let mut granularity = 0usize;
+        // SAFETY: valid out-pointer and property struct.
+        check("cuMemGetAllocationGranularity", unsafe {
+            sys::cuMemGetAllocationGranularity(&mut granularity, &prop, option)
+        })?;
+        Ok(granularity as u64)
+    }
+
+    fn mem_create(&mut self, size: u64) -> CuResult<u64> {
+        let size = usize::try_from(size).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let prop = self.pinned_device_memory();
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: valid out-pointer and property struct; the driver checks
+        // the size against the granularity.
+        check("cuMemCreate", unsafe {
+            sys::cuMemCreate(&mut handle, size, &prop, 0)
+        })?;
+        let key = self.new_handle();
+        self.physical.insert(key, handle);
+        Ok(key)
+    }
+
+    fn mem_release(&mut self, handle: u64) -> CuResult<()> {
+        let physical = *self.physical.get(&handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: a physical allocation of this context, released once (the
+        // driver keeps it while mapped).
+        check("cuMemRelease", unsafe { sys::cuMemRelease(physical) })?;
+        self.physical.remove(&handle);
+        Ok(())
+    }
+
+    fn mem_address_reserve(&mut self, size: u64, alignment: u64, address: u64) -> CuResult<u64> {
+        let size = usize::try_from(size).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let alignment = usize::try_from(alignment).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let mut reserved: sys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; sizes and the hint are the driver's to
+        // check.
+        check("cuMemAddressReserve", unsafe {
+            sys::cuMemAddressReserve(&mut reserved, size, alignment, address, 0)
+        })?;
+        self.reservations.insert(reserved, size);
+        Ok(reserved)
+    }
+
+    fn mem_address_free(&mut self, address: u64, size: u64) -> CuResult<()> {
+        match self.reservations.get(&address) {
+            Some(reserved) if *reserved as u64 == size => {}
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        // SAFETY: a range this context reserved, freed once.
+        check("cuMemAddressFree", unsafe {
+            sys::cuMemAddressFree(address, size as usize)
+        })?;
+        self.reservations.remove(&address);
+        Ok(())
+    }
+
+    fn mem_map(&mut self, address: u64, size: u64, offset: u64, handle: u64) -> CuResult<()> {
+        let physical = *self.physical.get(&handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let size = usize::try_from(size).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let offset = usize::try_from(offset).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: a live physical allocation of this context; the driver
+        // checks that the range lies in a reservation and is unmapped.
+        check("cuMemMap", unsafe {
+            sys::cuMemMap(address, size, offset, physical, 0)
+        })?;
+        self.mappings.insert(address, size);
+        Ok(())
+    }
+
+    fn mem_unmap(&mut self, address: u64, size: u64) -> CuResult<()> {
+        match self.mappings.get(&address) {
+            Some(mapped) if *mapped as u64 == size => {}
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        // SAFETY: a range this context mapped, unmapped once.
+        check("cuMemUnmap", unsafe {
+            sys::cuMemUnmap(address, size as usize)
+        })?;
+        self.mappings.remove(&address);
+        Ok(())
+    }
+
+    fn mem_set_access(&mut self, address: u64, size: u64, flags: u32) -> CuResult<()> {
+        use sys::CUmemAccess_flags_enum as Access;
+        let flags = match flags {
+            1 => Access::CU_MEM_ACCESS_FLAGS_PROT_READ,
+            3 => Access::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        let size = usize::try_from(size).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let desc = sys::CUmemAccessDesc {
+            location: self.device_location(),
+            flags,
+        };
+        // SAFETY: one valid access descriptor; the driver checks the range.
+        check("cuMemSetAccess", unsafe {
+            sys::cuMemSetAccess(address, size, &desc, 1)
         })
     }
 

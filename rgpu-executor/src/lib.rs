@@ -252,6 +252,37 @@ pub trait ContextExecutor {
     /// Milliseconds between two recorded events.
     fn event_elapsed_time(&mut self, start: u64, end: u64) -> CuResult<f32>;
 
+    /// The granularity of pinned device memory (`option`: 0 minimum, 1
+    /// recommended).
+    fn mem_granularity(&mut self, _option: u32) -> CuResult<u64> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `size` bytes of physical device memory: its handle.
+    fn mem_create(&mut self, _size: u64) -> CuResult<u64> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    fn mem_release(&mut self, _handle: u64) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// A range of device addresses, mapped to nothing yet.
+    fn mem_address_reserve(&mut self, _size: u64, _alignment: u64, _address: u64) -> CuResult<u64> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    fn mem_address_free(&mut self, _address: u64, _size: u64) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    fn mem_map(&mut self, _address: u64, _size: u64, _offset: u64, _handle: u64) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    fn mem_unmap(&mut self, _address: u64, _size: u64) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// Access of this context's device to a mapped range (1 read, 3
+    /// read-write).
+    fn mem_set_access(&mut self, _address: u64, _size: u64, _flags: u32) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+
     /// `stream` records what it is given into a graph instead of running
     /// it (`mode`: `CUstreamCaptureMode`).
     fn stream_begin_capture(&mut self, _stream: StreamRef, _mode: u32) -> CuResult<()> {

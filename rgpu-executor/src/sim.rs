@@ -20,6 +20,7 @@ use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::ptr::NonNull;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -268,10 +269,17 @@ enum Owner {
     User,
     /// A module's variable, freed with the module.
     Module(u64),
+    /// A mapping of a physical allocation (`mem_map`), removed by
+    /// `mem_unmap`.
+    Mapping,
 }
 
 struct Allocation {
-    block: HostBlock,
+    /// Shared by every mapping of one physical allocation (a context is
+    /// one thread's).
+    block: Rc<HostBlock>,
+    /// Where this allocation starts in `block`.
+    offset: u64,
     /// What was asked for (the block may be larger for empty variables).
     size: u64,
     /// Bytes counted against the device's memory.
@@ -346,6 +354,9 @@ struct SimEvent {
     done_at: Option<Instant>,
 }
 
+/// The granularity of the sim's virtual-memory allocations (the H200's).
+const VMM_GRANULARITY: u64 = 2 << 20;
+
 /// One session's simulated context.
 pub struct SimContext {
     used: Arc<AtomicU64>,
@@ -369,6 +380,10 @@ pub struct SimContext {
     printf_buffer: Vec<u8>,
     /// Work launched by `rgpu_spin` runs until then.
     busy_until: Option<Instant>,
+    /// Virtual memory: physical allocations by handle (block, size,
+    /// charged), and reserved ranges (address -> size).
+    physical: HashMap<u64, (Rc<HostBlock>, u64)>,
+    reservations: BTreeMap<u64, u64>,
     /// Streams being captured (by [`stream_key`]) and what they recorded.
     capturing: HashMap<u64, Vec<GraphOp>>,
     graphs: HashMap<u64, Vec<GraphOp>>,
@@ -424,6 +439,8 @@ impl SimContext {
             warned: HashSet::new(),
             printf_buffer: Vec::new(),
             busy_until: None,
+            physical: HashMap::new(),
+            reservations: BTreeMap::new(),
             capturing: HashMap::new(),
             graphs: HashMap::new(),
             graph_execs: HashMap::new(),
@@ -497,7 +514,8 @@ impl SimContext {
         self.allocations.insert(
             address,
             Allocation {
-                block,
+                block: Rc::new(block),
+                offset: 0,
                 size,
                 charged,
                 owner,
@@ -522,9 +540,10 @@ impl SimContext {
             Some(end) if end <= allocation.size => {}
             _ => return Err(error),
         }
-        // Fits in usize: the block holds at least `size` bytes.
-        let offset = offset as usize;
-        // SAFETY: offset + len <= size <= the block's length.
+        // Fits in usize: the block holds at least `offset + size` bytes.
+        let offset = (allocation.offset + offset) as usize;
+        // SAFETY: offset + len <= allocation offset + size <= the block's
+        // length.
         Ok(unsafe { allocation.block.ptr.as_ptr().add(offset) })
     }
 
@@ -1311,6 +1330,142 @@ impl ContextExecutor for SimContext {
             }
         }
         self.launch_kernel(function, grid, block, shared_mem_bytes, stream, params)
+    }
+
+    fn mem_granularity(&mut self, option: u32) -> CuResult<u64> {
+        match option {
+            0 | 1 => Ok(VMM_GRANULARITY),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    fn mem_create(&mut self, size: u64) -> CuResult<u64> {
+        check_poisoned()?;
+        if size == 0 || !size.is_multiple_of(VMM_GRANULARITY) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                used.checked_add(size).filter(|n| *n <= SIM_TOTAL_MEM)
+            })
+            .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+        let Some(block) = HostBlock::zeroed(size) else {
+            self.used.fetch_sub(size, Ordering::SeqCst);
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        };
+        self.charged += size;
+        let handle = self.new_handle();
+        self.physical.insert(handle, (Rc::new(block), size));
+        Ok(handle)
+    }
+
+    fn mem_release(&mut self, handle: u64) -> CuResult<()> {
+        let (_, size) = self
+            .physical
+            .remove(&handle)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // Its mappings keep the memory (the block) until they go, as the
+        // driver's do; the device memory is given back now.
+        self.used.fetch_sub(size, Ordering::SeqCst);
+        self.charged -= size;
+        Ok(())
+    }
+
+    fn mem_address_reserve(&mut self, size: u64, alignment: u64, _address: u64) -> CuResult<u64> {
+        if size == 0
+            || !size.is_multiple_of(VMM_GRANULARITY)
+            || !alignment.is_power_of_two() && alignment != 0
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let align = alignment.max(VMM_GRANULARITY);
+        let address = self
+            .next_address
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |next| {
+                next.checked_next_multiple_of(align)?.checked_add(size)
+            })
+            .ok()
+            .and_then(|previous| previous.checked_next_multiple_of(align))
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        self.reservations.insert(address, size);
+        Ok(address)
+    }
+
+    fn mem_address_free(&mut self, address: u64, size: u64) -> CuResult<()> {
+        if self.reservations.get(&address) != Some(&size) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let end = address + size;
+        if self.allocations.range(address..end).next().is_some() {
+            // Still mapped.
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        self.reservations.remove(&address);
+        Ok(())
+    }
+
+    fn mem_map(&mut self, address: u64, size: u64, offset: u64, handle: u64) -> CuResult<()> {
+        let (block, physical_size) = self
+            .physical
+            .get(&handle)
+            .cloned()
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let end = address.checked_add(size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let in_reservation = self
+            .reservations
+            .range(..=address)
+            .next_back()
+            .is_some_and(|(base, len)| end <= base + len);
+        let fits = offset.checked_add(size).is_some_and(|e| e <= physical_size);
+        let free = self
+            .allocations
+            .range(..end)
+            .next_back()
+            .is_none_or(|(base, a)| base + a.size <= address);
+        if size == 0 || !in_reservation || !fits || !free || !size.is_multiple_of(VMM_GRANULARITY) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        self.allocations.insert(
+            address,
+            Allocation {
+                block,
+                offset,
+                size,
+                charged: 0,
+                owner: Owner::Mapping,
+            },
+        );
+        Ok(())
+    }
+
+    fn mem_unmap(&mut self, address: u64, size: u64) -> CuResult<()> {
+        match self.allocations.get(&address) {
+            Some(a) if a.owner == Owner::Mapping && a.size == size => {
+                self.allocations.remove(&address);
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    fn mem_set_access(&mut self, address: u64, size: u64, flags: u32) -> CuResult<()> {
+        if !matches!(flags, 1 | 3) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // Every mapped byte is always accessible here; the whole range must
+        // be mapped, by one mapping or several side by side.
+        let end = address.checked_add(size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let mut at = address;
+        while at < end {
+            let (base, mapping) = self
+                .allocations
+                .range(..=at)
+                .next_back()
+                .filter(|(base, a)| a.owner == Owner::Mapping && at < **base + a.size)
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            at = base + mapping.size;
+        }
+        Ok(())
     }
 
     fn stream_begin_capture(&mut self, stream: StreamRef, mode: u32) -> CuResult<()> {

@@ -609,6 +609,23 @@ commands! {
     /// Live state of guest device `device` (NVML): answered without the
     /// session's device context, so it never creates one.
     DeviceStatus = 0x0600 { device: u32 };
+    /// `cuMemGetAllocationGranularity` of pinned device memory (`option`:
+    /// 0 minimum, 1 recommended); answers a `u64`.
+    MemGranularity = 0x0800 { option: u32 };
+    /// `cuMemCreate`: `size` bytes of pinned device memory, guest handle
+    /// `handle`; taken from the tenant's memory budget.
+    MemCreate = 0x0801 { handle: u32, size: u64 };
+    MemRelease = 0x0802 { handle: u32 };
+    /// `cuMemAddressReserve`; answers the address (`u64`).
+    MemAddressReserve = 0x0803 { size: u64, alignment: u64, address: u64 };
+    MemAddressFree = 0x0804 { address: u64, size: u64 };
+    /// `cuMemMap`: `size` bytes of `handle`'s memory from `offset` at
+    /// `address`, inside a reservation of the session.
+    MemMap = 0x0805 { address: u64, size: u64, offset: u64, handle: u32 };
+    MemUnmap = 0x0806 { address: u64, size: u64 };
+    /// `cuMemSetAccess` for the session's device (`flags`: 1 read, 3
+    /// read-write).
+    MemSetAccess = 0x0807 { address: u64, size: u64, flags: u32 };
     /// `cuGraphInstantiateWithFlags`: executable graph `exec` of `graph`.
     GraphInstantiate = 0x0700 { graph: u32, exec: u32, flags: u64 };
     GraphLaunch = 0x0701 { exec: u32, stream: u32 };

@@ -84,3 +84,31 @@ fn a_tenant_stops_at_its_limit_and_sees_it_as_total_memory() {
         free.stdout
     );
 }
+
+/// The virtual-memory API (issue 10) through a sim daemon whose tenant is
+/// limited to 64 MiB: one physical allocation mapped at two addresses,
+/// copies and a kernel through both, handles, access, misuse refused, and
+/// cuMemCreate counted against the limit (tests/programs/vmm_test.c).
+#[test]
+fn virtual_memory_maps_one_allocation_twice_and_counts_against_the_limit() {
+    let guest = GuestLib::new();
+    let program = guest.build_program("vmm_test.c");
+    let daemon = Daemon::start_with("sim", &["--memory-limit", "64MiB"], &[]);
+    let mut command = guest.command(&program, &daemon);
+    command
+        .arg("--ptx")
+        .arg(rgpu_tests::reference_ptx())
+        .args(["--limit-mb", "64"]);
+    let outcome = GuestProcess::spawn(command).finish(Duration::from_secs(120));
+    assert!(
+        outcome.passed("vmm_test"),
+        "vmm_test failed ({}):\nstdout:\n{}\nstderr:\n{}\ndaemon log:\n{}",
+        outcome.status,
+        outcome.stdout,
+        outcome.stderr,
+        daemon.log()
+    );
+    daemon.wait_until_idle(Duration::from_secs(15));
+    let stats = daemon.stats();
+    assert_eq!(stats.get("device_memory_bytes"), 0, "{stats:?}");
+}

@@ -21,3 +21,4 @@ pub mod proc_address;
 pub mod stream;
 pub mod stream_ordered;
 pub mod unified_copy;
+pub mod vmm;

@@ -22,6 +22,9 @@ pub struct RangeOwner {
 pub enum RangeKind {
     /// A `cuMemAlloc` result.
     Allocation,
+    /// A `cuMemAddressReserve` range: only memory this session maps can
+    /// be behind it (another process's never is).
+    Reservation,
     /// A global of the module with this guest handle (`cuModuleGetGlobal`):
     /// gone when the module is unloaded.
     Global { module: u32 },

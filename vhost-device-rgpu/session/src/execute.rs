@@ -13,9 +13,10 @@ use rgpu_proto::wire::WireWriter;
 use rgpu_proto::{BlobRange, Command, STREAM_PER_THREAD};
 
 use crate::device_ranges::{Inserted, RangeKind, RangeOwner};
-use crate::handles::{check_new, FunctionEntry};
+use crate::handles::{check_new, FunctionEntry, Handles, Physical};
 use crate::limits::{check_room, LIMIT_ERROR};
 use crate::module_cache::image_hash;
+use crate::tenant::Usage;
 use crate::worker::{Attached, Worker};
 use crate::{clamp_to_budget, warn_limited, Counters, Tenant};
 
@@ -109,6 +110,24 @@ fn check_device_range(
 }
 
 /// Records a device range the driver handed to the guest.
+/// A physical allocation is gone (released, its last mapping too): its
+/// memory goes back to the tenant's budget.
+fn forget_physical(
+    handles: &mut Handles,
+    tenant: &Tenant,
+    counters: &Counters,
+    usage: &Usage,
+    handle: u32,
+) {
+    if let Some(physical) = handles.physical.remove(&handle) {
+        Counters::sub(&counters.device_memory_bytes, physical.size);
+        usage.sub_device_memory(physical.size);
+        if let Some(budget) = tenant.budget() {
+            budget.release(physical.size);
+        }
+    }
+}
+
 fn record_range(
     tenant: &Tenant,
     ctx_id: u32,
@@ -564,6 +583,132 @@ impl Worker {
                 ctx.event_elapsed_time(start, end)
                     .map(|ms| ms.to_le_bytes().to_vec())
             }
+            Command::MemGranularity { option } => {
+                ctx.mem_granularity(*option).map(|g| u64_payload(&[g]))
+            }
+            Command::MemCreate { handle, size } => {
+                check_new(&handles.physical, *handle)?;
+                check_room(handles.physical.len(), limits.allocations)?;
+                let budget = tenant.budget();
+                if budget.is_some_and(|b| !b.try_reserve(*size)) {
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+                let created = ctx.mem_create(*size).inspect_err(|_| {
+                    if let Some(budget) = budget {
+                        budget.release(*size);
+                    }
+                })?;
+                handles.physical.insert(
+                    *handle,
+                    Physical {
+                        handle: created,
+                        size: *size,
+                        mappings: 0,
+                        released: false,
+                    },
+                );
+                Counters::add(&counters.device_memory_bytes, *size);
+                usage.add_device_memory(*size);
+                Ok(Vec::new())
+            }
+            Command::MemRelease { handle } => {
+                let physical = handles
+                    .physical
+                    .get(handle)
+                    .copied()
+                    .filter(|p| !p.released)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                ctx.mem_release(physical.handle)?;
+                if physical.mappings == 0 {
+                    forget_physical(handles, tenant, counters, usage, *handle);
+                } else if let Some(p) = handles.physical.get_mut(handle) {
+                    p.released = true;
+                }
+                Ok(Vec::new())
+            }
+            Command::MemAddressReserve {
+                size,
+                alignment,
+                address,
+            } => {
+                check_room(handles.reservations.len(), limits.allocations)?;
+                let reserved = ctx.mem_address_reserve(*size, *alignment, *address)?;
+                let range = owner(RangeKind::Reservation);
+                if let Err(code) = record_range(tenant, ctx_id, reserved, *size, range) {
+                    let _ = ctx.mem_address_free(reserved, *size);
+                    return Err(code);
+                }
+                handles.reservations.insert(reserved, *size);
+                Ok(u64_payload(&[reserved]))
+            }
+            Command::MemAddressFree { address, size } => {
+                if handles.reservations.get(address) != Some(size) {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                ctx.mem_address_free(*address, *size)?;
+                tenant
+                    .device_ranges_mut()
+                    .remove(*address, owner(RangeKind::Reservation));
+                handles.reservations.remove(address);
+                Ok(Vec::new())
+            }
+            Command::MemMap {
+                address,
+                size,
+                offset,
+                handle,
+            } => {
+                let physical = handles
+                    .physical
+                    .get(handle)
+                    .copied()
+                    .filter(|p| !p.released)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                // Only inside a reservation of this session.
+                let inside = handles.reservations.iter().any(|(base, len)| {
+                    *address >= *base
+                        && address
+                            .checked_add(*size)
+                            .is_some_and(|end| end <= base.saturating_add(*len))
+                });
+                if !inside || handles.mappings.contains_key(address) {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                check_room(handles.mappings.len(), limits.allocations)?;
+                ctx.mem_map(*address, *size, *offset, physical.handle)?;
+                handles.mappings.insert(*address, (*size, *handle));
+                if let Some(p) = handles.physical.get_mut(handle) {
+                    p.mappings += 1;
+                }
+                Ok(Vec::new())
+            }
+            Command::MemUnmap { address, size } => {
+                let (mapped, handle) = *handles
+                    .mappings
+                    .get(address)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                if mapped != *size {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                ctx.mem_unmap(*address, *size)?;
+                handles.mappings.remove(address);
+                let last_of_released = match handles.physical.get_mut(&handle) {
+                    Some(p) => {
+                        p.mappings = p.mappings.saturating_sub(1);
+                        p.released && p.mappings == 0
+                    }
+                    None => false,
+                };
+                if last_of_released {
+                    forget_physical(handles, tenant, counters, usage, handle);
+                }
+                Ok(Vec::new())
+            }
+            Command::MemSetAccess {
+                address,
+                size,
+                flags,
+            } => ctx.mem_set_access(*address, *size, *flags).map(empty),
             Command::StreamBeginCapture { stream, mode } => {
                 let stream = handles.stream(*stream)?;
                 ctx.stream_begin_capture(stream, *mode).map(empty)

@@ -8,6 +8,18 @@ use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALU
 use rgpu_proto::reply::FunctionInfo;
 use rgpu_proto::{STREAM_LEGACY, STREAM_PER_THREAD};
 
+/// A physical allocation of the virtual-memory API (`cuMemCreate`).
+#[derive(Debug, Clone, Copy)]
+pub struct Physical {
+    pub handle: u64,
+    pub size: u64,
+    /// Mappings of it alive now.
+    pub mappings: u32,
+    /// The guest released its handle; the memory goes with the last
+    /// mapping.
+    pub released: bool,
+}
+
 /// A function the guest looked up.
 #[derive(Debug, Clone)]
 pub struct FunctionEntry {
@@ -23,6 +35,11 @@ pub struct Handles {
     pub events: HashMap<u32, u64>,
     pub modules: HashMap<u32, u64>,
     pub functions: HashMap<u32, FunctionEntry>,
+    /// Virtual memory: physical allocations by guest handle, reservations
+    /// and mappings by address (with size, and the mapping's guest handle).
+    pub physical: HashMap<u32, Physical>,
+    pub reservations: HashMap<u64, u64>,
+    pub mappings: HashMap<u64, (u64, u32)>,
     /// Captured graphs and their executable forms.
     pub graphs: HashMap<u32, u64>,
     pub graph_execs: HashMap<u32, u64>,
@@ -93,10 +110,12 @@ impl Handles {
             .collect()
     }
 
-    /// Bytes of device memory still allocated.
+    /// Bytes of device memory still allocated (virtual-memory allocations
+    /// included until their last mapping is gone).
     pub fn allocated_bytes(&self) -> u64 {
         self.allocations
             .values()
+            .chain(self.physical.values().map(|p| &p.size))
             .fold(0u64, |sum, size| sum.saturating_add(*size))
     }
 }
