@@ -14,13 +14,14 @@ use crate::api::copy_2d::Memcpy2D;
 use crate::api::graph::{CUgraph, CUgraphExec};
 use crate::api::launch::LaunchConfig;
 use crate::api::library::{CUkernel, CUlibrary};
+use crate::api::memory_pool::{CUmemoryPool, PoolProps};
 use crate::api::occupancy::BlockToDynamicSmem;
 use crate::api::stream_ordered::HostFn;
 use crate::api::vmm::{AccessDesc, AllocationProp, MemLocation};
 use crate::api::{
     context, copy_2d, device, error, event, export_table, graph, host_register, init, launch,
-    library, memory, module, occupancy, pointer, primary_context, proc_address, stream,
-    stream_ordered, unified_copy, vmm,
+    library, memory, memory_pool, module, occupancy, pointer, primary_context, proc_address,
+    stream, stream_ordered, unified_copy, vmm,
 };
 
 crate::entry::cuda_api! {
@@ -109,6 +110,16 @@ crate::entry::cuda_api! {
     fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => stream_ordered::alloc_async;
     fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => stream_ordered::alloc_async_ptsz;
     fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => stream_ordered::free_async;
+    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) => memory_pool::alloc_from_pool_async;
+    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) => memory_pool::alloc_from_pool_async_ptsz;
+    fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) => memory_pool::device_get_default_mem_pool;
+    fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) => memory_pool::device_get_mem_pool;
+    fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) => memory_pool::device_set_mem_pool;
+    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const PoolProps) => memory_pool::create;
+    fn cuMemPoolDestroy(pool: CUmemoryPool) => memory_pool::destroy;
+    fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) => memory_pool::set_attribute;
+    fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) => memory_pool::get_attribute;
+    fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) => memory_pool::trim_to;
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => stream_ordered::free_async_ptsz;
     fn cuLaunchHostFunc(stream: CUstream, function: HostFn, user_data: *mut c_void) => stream_ordered::launch_host_func;
     fn cuLaunchHostFunc_ptsz(stream: CUstream, function: HostFn, user_data: *mut c_void) => stream_ordered::launch_host_func_ptsz;

@@ -213,10 +213,9 @@ if [ -e "$bundle/framework_queries_test.c" ]; then
         "${through_rgpu[@]}" "$work/framework_queries_test-rgpu" --image "$ptx"
 fi
 
-# Graphs by stream capture and the virtual-memory API (issue 10), and
-# queries that never wait (issue 9),
-# natively and through rgpu.
-for program in graph_test query_test vmm_test; do
+# Graphs by stream capture, the virtual-memory API and memory pools (issue
+# 10), and queries that never wait (issue 9), natively and through rgpu.
+for program in graph_test query_test vmm_test pool_test; do
     [ -e "$bundle/$program.c" ] || continue
     for side in native rgpu; do
         build "$program-$side" gcc -O2 -std=c11 -Wall -I "$bundle" \

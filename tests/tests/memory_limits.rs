@@ -112,3 +112,26 @@ fn virtual_memory_maps_one_allocation_twice_and_counts_against_the_limit() {
     let stats = daemon.stats();
     assert_eq!(stats.get("device_memory_bytes"), 0, "{stats:?}");
 }
+
+/// Stream-ordered memory and pools (issue 10) through a sim daemon whose
+/// tenant is limited to 64 MiB: pool statistics follow cuMemAllocAsync and
+/// cuMemFreeAsync, created pools serve and become current, and pool
+/// allocations count against the limit (tests/programs/pool_test.c).
+#[test]
+fn stream_ordered_allocations_come_from_pools_and_count_against_the_limit() {
+    let guest = GuestLib::new();
+    let program = guest.build_program("pool_test.c");
+    let daemon = Daemon::start_with("sim", &["--memory-limit", "64MiB"], &[]);
+    let mut command = guest.command(&program, &daemon);
+    command.args(["--limit-mb", "64"]);
+    let outcome = GuestProcess::spawn(command).finish(Duration::from_secs(120));
+    assert!(
+        outcome.passed("pool_test"),
+        "pool_test failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        outcome.status,
+        outcome.stdout,
+        outcome.stderr
+    );
+    daemon.wait_until_idle(Duration::from_secs(15));
+    assert_eq!(daemon.stats().get("device_memory_bytes"), 0);
+}

@@ -13,6 +13,7 @@ pub mod init;
 pub mod launch;
 pub mod library;
 pub mod memory;
+pub mod memory_pool;
 pub mod module;
 pub mod occupancy;
 pub mod pointer;

@@ -1,6 +1,7 @@
 //! Stream-ordered work the host cannot do for the guest: allocations
-//! (`cuMemAllocAsync`/`cuMemFreeAsync`, served by ordinary allocations, which
-//! are valid at once and freed in order with the channel's commands) and
+//! (`cuMemAllocAsync`/`cuMemFreeAsync`, served by ordinary allocations from
+//! the device's current pool (`api::memory_pool`), which are valid at once
+//! and freed in order with the channel's commands) and
 //! host functions (`cuLaunchHostFunc`: the stream is drained, then the
 //! function runs on the calling thread, so it still sees all work queued
 //! before it and nothing queued after it runs first).
@@ -11,7 +12,8 @@ use rgpu_proto::cuda_result::*;
 use rgpu_proto::Command;
 
 use crate::abi::{CUdeviceptr, CUstream};
-use crate::api::memory::{alloc, free};
+use crate::api::memory::free;
+use crate::api::memory_pool;
 use crate::state::resolve_stream;
 
 /// `CUhostFn`.
@@ -28,7 +30,7 @@ pub(crate) fn alloc_async(
     stream: CUstream,
 ) -> Result<(), u32> {
     ordered_on(stream, false)?;
-    alloc(dptr, size)
+    memory_pool::alloc_async_from_current(dptr, size, stream, false)
 }
 
 pub(crate) fn alloc_async_ptsz(
@@ -37,17 +39,21 @@ pub(crate) fn alloc_async_ptsz(
     stream: CUstream,
 ) -> Result<(), u32> {
     ordered_on(stream, true)?;
-    alloc(dptr, size)
+    memory_pool::alloc_async_from_current(dptr, size, stream, true)
 }
 
 pub(crate) fn free_async(dptr: CUdeviceptr, stream: CUstream) -> Result<(), u32> {
     ordered_on(stream, false)?;
-    free(dptr)
+    free(dptr)?;
+    memory_pool::forget(dptr);
+    Ok(())
 }
 
 pub(crate) fn free_async_ptsz(dptr: CUdeviceptr, stream: CUstream) -> Result<(), u32> {
     ordered_on(stream, true)?;
-    free(dptr)
+    free(dptr)?;
+    memory_pool::forget(dptr);
+    Ok(())
 }
 
 fn launch_host_func_on(
