@@ -162,6 +162,7 @@ crate::entry::cuda_api! {
     fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(num_blocks: *mut c_int, func: CUfunction, block_size: c_int, dynamic_smem_size: usize, flags: c_uint) => occupancy::max_active_blocks_with_flags;
     fn cuOccupancyAvailableDynamicSMemPerBlock(dynamic_smem_size: *mut usize, func: CUfunction, num_blocks: c_int, block_size: c_int) => occupancy::available_dynamic_smem;
     fn cuOccupancyMaxActiveClusters(num_clusters: *mut c_int, func: CUfunction, config: *const LaunchConfig) => occupancy::max_active_clusters;
+    fn cuOccupancyMaxPotentialClusterSize(cluster_size: *mut c_int, func: CUfunction, config: *const LaunchConfig) => occupancy::max_potential_cluster_size;
     fn cuOccupancyMaxPotentialBlockSize(min_grid_size: *mut c_int, block_size: *mut c_int, func: CUfunction, block_size_to_dynamic_smem: BlockToDynamicSmem, dynamic_smem_size: usize, block_size_limit: c_int) => occupancy::max_potential_block_size;
     fn cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid_size: *mut c_int, block_size: *mut c_int, func: CUfunction, block_size_to_dynamic_smem: BlockToDynamicSmem, dynamic_smem_size: usize, block_size_limit: c_int, flags: c_uint) => occupancy::max_potential_block_size_with_flags;
     fn cuLaunchKernel(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream, kernel_params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel;

@@ -404,6 +404,8 @@ pub(crate) enum OccupancyQuery {
     AvailableDynamicSmem(i32, i32),
     /// Clusters: grid, block, shared memory, cluster shape.
     MaxActiveClusters([u32; 3], [u32; 3], u32, [u32; 3]),
+    /// The largest cluster: grid, block, shared memory.
+    MaxPotentialClusterSize([u32; 3], [u32; 3], u32),
 }
 
 impl Function {

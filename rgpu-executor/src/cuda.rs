@@ -99,6 +99,8 @@ struct IntegerEntryPoints {
     func_get_attribute: FuncGetAttributeFn,
     func_set_attribute: FuncSetAttributeFn,
     occupancy_max_active_clusters: OccupancyMaxActiveClustersFn,
+    /// Same C signature as `cuOccupancyMaxActiveClusters`.
+    occupancy_max_potential_cluster_size: OccupancyMaxActiveClustersFn,
     launch_kernel_ex: LaunchKernelExFn,
 }
 
@@ -112,6 +114,10 @@ impl IntegerEntryPoints {
             func_get_attribute: driver_symbol(library, "cuFuncGetAttribute")?,
             func_set_attribute: driver_symbol(library, "cuFuncSetAttribute")?,
             occupancy_max_active_clusters: driver_symbol(library, "cuOccupancyMaxActiveClusters")?,
+            occupancy_max_potential_cluster_size: driver_symbol(
+                library,
+                "cuOccupancyMaxPotentialClusterSize",
+            )?,
             launch_kernel_ex: driver_symbol(library, "cuLaunchKernelEx")?,
         })
     }
@@ -987,6 +993,29 @@ impl ContextExecutor for CudaContext {
             )
         })?;
         Ok(bytes as u64)
+    }
+
+    fn occupancy_max_potential_cluster_size(
+        &mut self,
+        function: u64,
+        query: &ClusterQuery,
+    ) -> CuResult<i32> {
+        let function = self.function(function)?;
+        let config = LaunchConfig {
+            grid: query.grid,
+            block: query.block,
+            shared_mem_bytes: query.shared_mem_bytes,
+            stream: null_mut(),
+            attrs: std::ptr::null(),
+            num_attrs: 0,
+        };
+        let mut size: c_int = 0;
+        // SAFETY: live function, valid out-pointer; `config` lives across
+        // the call and is only read.
+        check_code("cuOccupancyMaxPotentialClusterSize", unsafe {
+            (self.entry.occupancy_max_potential_cluster_size)(&mut size, function, &config)
+        })?;
+        Ok(size)
     }
 
     fn occupancy_max_active_clusters(

@@ -203,6 +203,15 @@ pub trait ContextExecutor {
     ) -> CuResult<i32> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
+    /// `cuOccupancyMaxPotentialClusterSize` for the launch `query`
+    /// describes (its cluster shape is not used).
+    fn occupancy_max_potential_cluster_size(
+        &mut self,
+        _function: u64,
+        _query: &ClusterQuery,
+    ) -> CuResult<i32> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
     /// `params` is the parameter buffer laid out as the function's
     /// [`FunctionInfo`] says.
     #[allow(clippy::too_many_arguments)]

@@ -73,8 +73,6 @@ fn check_poisoned() -> CuResult<()> {
 }
 /// `CU_LIMIT_PRINTF_FIFO_SIZE`.
 const LIMIT_PRINTF_FIFO_SIZE: u32 = 1;
-/// `CUDA_ERROR_INVALID_CLUSTER_SIZE` (cuda.h), not named by rgpu-proto.
-const CUDA_ERROR_INVALID_CLUSTER_SIZE: u32 = 912;
 /// What the reference kernels report (`CU_FUNC_ATTRIBUTE_*` numbers).
 const FUNC_ATTRIBUTE_NUM_REGS: i32 = 4;
 const FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
@@ -1110,6 +1108,23 @@ impl ContextExecutor for SimContext {
     ) -> CuResult<u64> {
         let kernel = self.kernel_resources(function)?;
         occupancy::available_dynamic_shared(&kernel, num_blocks, block_size)
+    }
+
+    fn occupancy_max_potential_cluster_size(
+        &mut self,
+        function: u64,
+        _query: &ClusterQuery,
+    ) -> CuResult<i32> {
+        self.kernel_resources(function)?;
+        let non_portable = self
+            .func_get_attribute(function, FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)?
+            != 0;
+        let limit = if non_portable {
+            occupancy::MAX_CLUSTER
+        } else {
+            occupancy::MAX_PORTABLE_CLUSTER
+        };
+        i32::try_from(limit).map_err(|_| CUDA_ERROR_UNKNOWN)
     }
 
     fn occupancy_max_active_clusters(

@@ -585,6 +585,9 @@ commands! {
     };
     OccupancyAvailableDynamicSmem = 0x030a { function: u32, num_blocks: i32, block_size: i32 };
     OccupancyMaxActiveClusters = 0x030b { query: ClusterQuery };
+    /// `cuOccupancyMaxPotentialClusterSize` (the query's cluster shape is
+    /// not used); answers an `i32`.
+    OccupancyMaxPotentialClusterSize = 0x030d { query: ClusterQuery };
     /// `cuLaunchKernelEx` with what changes how a kernel runs: a
     /// thread-block cluster shape (all zero: none) and a cooperative launch
     /// (0 or 1).

@@ -88,6 +88,7 @@ CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block_size, CUfunc
                                           BlockToDynamicSmem callback, size_t dynamic_smem,
                                           int limit);
 CUresult cuOccupancyMaxActiveClusters(int *clusters, CUfunction f, const LaunchConfig *config);
+CUresult cuOccupancyMaxPotentialClusterSize(int *size, CUfunction f, const LaunchConfig *config);
 CUresult cuFuncSetAttribute(CUfunction f, int attribute, int value);
 CUresult cuFuncSetCacheConfig(CUfunction f, int config);
 CUresult cuCtxGetCacheConfig(int *config);
@@ -303,6 +304,17 @@ static int occupancy_and_attributes(CUfunction add, CUfunction empty, CUdevice d
             CHECK_CU(rc);
         } else {
             printf("note: cuOccupancyMaxActiveClusters: %d (%s)\n", rc, error_name(rc));
+        }
+        /* The largest cluster the kernel can launch with: the portable 8
+         * (more only where the function allows non-portable sizes). */
+        int size = -1;
+        rc = cuOccupancyMaxPotentialClusterSize(&size, empty, &config);
+        if (rc == CUDA_SUCCESS) {
+            CHECK_TRUE(size >= 1 && size <= 16);
+        } else if (require_clusters) {
+            CHECK_CU(rc);
+        } else {
+            printf("note: cuOccupancyMaxPotentialClusterSize: %d (%s)\n", rc, error_name(rc));
         }
     }
     return 0;

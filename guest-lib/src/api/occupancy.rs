@@ -166,6 +166,44 @@ pub(crate) fn max_active_clusters(
     )
 }
 
+/// `cuOccupancyMaxPotentialClusterSize`: the host's driver answers, once
+/// per function and launch shape.
+pub(crate) fn max_potential_cluster_size(
+    size: *mut c_int,
+    func: CUfunction,
+    config: *const LaunchConfig,
+) -> Result<(), u32> {
+    if size.is_null() || config.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the API contract makes it a CUlaunchConfig.
+    let config = unsafe { &*config };
+    let (stream, _) = config.stream_and_cluster()?;
+    let (grid, block, shared_mem_bytes) = config.geometry();
+    let (ctx, _) = resolve_stream(stream, false)?;
+    let f = match FUNCTIONS.get(func) {
+        Some(f) => f,
+        None => function_or_kernel(func, &ctx)?,
+    };
+    let query = OccupancyQuery::MaxPotentialClusterSize(grid, block, shared_mem_bytes);
+    let answer = cached(&f, query, || {
+        let payload = f.context.call(&Command::OccupancyMaxPotentialClusterSize {
+            query: ClusterQuery {
+                function: f.handle,
+                grid,
+                block,
+                shared_mem_bytes,
+                cluster: [0; 3],
+            },
+        })?;
+        i32_payload(&payload).map(i64::from)
+    })?;
+    write_out(
+        size,
+        c_int::try_from(answer).map_err(|_| CUDA_ERROR_UNKNOWN)?,
+    )
+}
+
 /// The block size with the most resident threads per multiprocessor (the
 /// largest such on ties), searched from the largest allowed down in steps
 /// of a warp, as NVIDIA's occupancy calculator does; and the grid that

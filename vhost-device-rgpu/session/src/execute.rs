@@ -451,6 +451,11 @@ impl Worker {
                 ctx.occupancy_available_dynamic_smem(handle, *num_blocks, *block_size)
                     .map(|v| u64_payload(&[v]))
             }
+            Command::OccupancyMaxPotentialClusterSize { query } => {
+                let handle = handles.function(query.function)?.handle;
+                ctx.occupancy_max_potential_cluster_size(handle, query)
+                    .map(|v| v.to_le_bytes().to_vec())
+            }
             Command::OccupancyMaxActiveClusters { query } => {
                 let handle = handles.function(query.function)?.handle;
                 ctx.occupancy_max_active_clusters(handle, query)
