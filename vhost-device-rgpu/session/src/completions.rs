@@ -57,6 +57,18 @@ impl Completions {
         self.watching() && self.last_look.is_none_or(|t| t.elapsed() >= LOOK_EVERY)
     }
 
+    /// The whole context synchronized: every watched item is complete up
+    /// to `position`, published without asking the driver.
+    pub(crate) fn all_done(&mut self, channel: &Channel, position: u64) {
+        self.last_look = Some(Instant::now());
+        for event in self.events.drain(..) {
+            channel.publish_completion(completion_tag(CompletionKind::Event, event), position);
+        }
+        for stream in self.streams.drain(..) {
+            channel.publish_completion(completion_tag(CompletionKind::Stream, stream), position);
+        }
+    }
+
     /// Looks at every watched item and publishes those complete, with
     /// `position`: the end of the last command the session ran.
     pub(crate) fn look(

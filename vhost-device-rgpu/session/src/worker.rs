@@ -672,7 +672,14 @@ impl Worker {
                                 .channel
                                 .as_ref()
                                 .map_or(0, |c| c.consumed().saturating_add(len));
-                            self.look_at_completions(end);
+                            let all_done = result.is_ok()
+                                && self.captures == 0
+                                && matches!(decoded.command, Command::CtxSynchronize);
+                            match (&self.channel, all_done) {
+                                // The whole context is idle: no need to ask.
+                                (Some(channel), true) => self.completions.all_done(channel, end),
+                                _ => self.look_at_completions(end),
+                            }
                         }
                         if result.is_ok() {
                             let tracked = admission.or_else(|| {
