@@ -86,6 +86,8 @@ int main(int argc, char **argv) {
     CHECK_CU(cuMemcpyDtoH(&word, a + 4096, 4));
     CHECK_EQ_INT(word, 0xabcdef01u);
     CHECK_CU(cuMemFreeAsync(a, stream));
+    /* The free is stream-ordered: done once the stream got there. */
+    CHECK_CU(cuStreamSynchronize(stream));
     CHECK_EQ_INT(attribute(def, USED_MEM_CURRENT), base_used);
     CHECK_TRUE(attribute(def, USED_MEM_HIGH) >= base_used + 4 * MIB);
     uint64_t zero = 0;
