@@ -1201,6 +1201,15 @@ impl ContextExecutor for SimContext {
         let Some(kernel) = f.kernel else {
             if self.warned.insert(f.name.clone()) {
                 warn!("sim executor has no implementation of kernel {}", f.name);
+                // The application hears it too: with the device output it
+                // gets at its next synchronisation, as a driver's printf.
+                let note = format!(
+                    "rgpu sim executor: kernel {} did not run: this test fixture runs only \
+                     its reference kernels (the launch fails with CUDA_ERROR_NOT_SUPPORTED); \
+                     run the daemon with --executor cuda on a GPU host\n",
+                    f.name
+                );
+                self.printf_buffer.extend_from_slice(note.as_bytes());
             }
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         };

@@ -165,3 +165,31 @@ fn scattered_blobs_copy_the_right_bytes() {
     f.daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
     assert_eq!(f.daemon.stats().get("device_memory_bytes"), 0);
 }
+
+/// A kernel the sim executor cannot run: the application is told why,
+/// with the device output of its next synchronisation (issue 12), not
+/// only the daemon's log.
+#[test]
+fn the_sim_tells_the_application_which_kernel_it_cannot_run() {
+    let f = DriverApiFixture::new(&[]);
+    let program = f.guest.build_c(
+        &rgpu_tests::workspace_root().join("tests/bench/share_tenant.c"),
+        &["-lcuda"],
+    );
+    let mut command = f.guest.command(&program, &f.daemon);
+    // Calibration launches rgpu_fixed_work, which the sim does not have.
+    command
+        .arg("--ptx")
+        .arg(reference_ptx())
+        .args(["calibrate", "1"]);
+    let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
+    assert!(
+        outcome.stdout.contains(
+            "rgpu sim executor: kernel rgpu_fixed_work did not run: this test fixture runs only \
+             its reference kernels"
+        ),
+        "{}{}",
+        outcome.stdout,
+        outcome.stderr
+    );
+}
