@@ -18,7 +18,6 @@
 
 use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::Write;
 use std::ptr::NonNull;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -715,15 +714,26 @@ impl SimContext {
         if self.printf_buffer.is_empty() {
             return;
         }
-        let mut stdout = std::io::stdout().lock();
-        if let Err(e) = stdout
-            .write_all(&self.printf_buffer)
-            .and_then(|()| stdout.flush())
-        {
-            debug!("sim: cannot print device printf output: {e}");
-        }
-        self.printf_buffer.clear();
+        let output = std::mem::take(&mut self.printf_buffer);
+        write_device_output(&output);
     }
+}
+
+/// Device output goes to the process's stdout, where the daemon's worker
+/// collects it for the guest (console).
+#[cfg(not(test))]
+fn write_device_output(output: &[u8]) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_all(output).and_then(|()| stdout.flush()) {
+        debug!("sim: cannot print device printf output: {e}");
+    }
+}
+
+/// Unit tests: into the test harness's capture (shown if one fails).
+#[cfg(test)]
+fn write_device_output(output: &[u8]) {
+    print!("{}", String::from_utf8_lossy(output));
 }
 
 impl Drop for SimContext {
