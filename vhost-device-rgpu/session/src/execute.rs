@@ -3,7 +3,6 @@
 //! here, then handed to the executor; the session's limits are kept here.
 
 use rgpu_executor::{CuResult, HostRun};
-use rgpu_proto::command::Launch;
 use rgpu_proto::cuda_result::{
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND,
     CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN,
@@ -462,26 +461,14 @@ impl Worker {
                     .map(|v| v.to_le_bytes().to_vec())
             }
             Command::LaunchKernel { launch } => {
-                let Launch {
-                    function,
-                    grid,
-                    block,
-                    shared_mem_bytes,
-                    stream,
-                    params,
-                } = launch;
-                let entry = handles.function(*function)?;
-                if params.len() != entry.info.buffer_size() {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
-                }
-                let stream = handles.stream(*stream)?;
+                let (function, stream) = handles.launch_target(launch)?;
                 ctx.launch_kernel(
-                    entry.handle,
-                    *grid,
-                    *block,
-                    *shared_mem_bytes,
+                    function,
+                    launch.grid,
+                    launch.block,
+                    launch.shared_mem_bytes,
                     stream,
-                    params,
+                    &launch.params,
                 )
                 .map(empty)
             }
@@ -490,26 +477,14 @@ impl Worker {
                 cluster,
                 cooperative,
             } => {
-                let Launch {
-                    function,
-                    grid,
-                    block,
-                    shared_mem_bytes,
-                    stream,
-                    params,
-                } = launch;
-                let entry = handles.function(*function)?;
-                if params.len() != entry.info.buffer_size() {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
-                }
-                let stream = handles.stream(*stream)?;
+                let (function, stream) = handles.launch_target(launch)?;
                 ctx.launch_kernel_ex(
-                    entry.handle,
-                    *grid,
-                    *block,
-                    *shared_mem_bytes,
+                    function,
+                    launch.grid,
+                    launch.block,
+                    launch.shared_mem_bytes,
                     stream,
-                    params,
+                    &launch.params,
                     *cluster,
                     *cooperative != 0,
                 )

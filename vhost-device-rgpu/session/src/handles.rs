@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use rgpu_executor::{CuResult, StreamRef};
+use rgpu_proto::command::Launch;
 use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE};
 use rgpu_proto::reply::FunctionInfo;
 use rgpu_proto::{STREAM_LEGACY, STREAM_PER_THREAD};
@@ -92,6 +93,16 @@ impl Handles {
 
     pub fn function(&self, handle: u32) -> CuResult<&FunctionEntry> {
         self.functions.get(&handle).ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    /// The executor's function and stream for a launch, once its parameter
+    /// buffer has the size the function's reply described.
+    pub fn launch_target(&self, launch: &Launch) -> CuResult<(u64, StreamRef)> {
+        let entry = self.function(launch.function)?;
+        if launch.params.len() != entry.info.buffer_size() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok((entry.handle, self.stream(launch.stream)?))
     }
 
     /// Forgets a module and every function and global looked up in it.
