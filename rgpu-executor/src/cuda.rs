@@ -170,6 +170,26 @@ fn check_code(call: &'static str, code: u32) -> CuResult<()> {
     }
 }
 
+/// Calls `launch` with the `extra` argument of a kernel launch that hands
+/// the driver `params` as one buffer (null when there are none). The array
+/// and the size it points to live on this frame until `launch` returns.
+fn with_param_buffer<R>(params: &[u8], launch: impl FnOnce(*mut *mut c_void) -> R) -> R {
+    let mut size = params.len();
+    let mut extra: [*mut c_void; 5] = [
+        without_provenance_mut(LAUNCH_PARAM_BUFFER_POINTER),
+        params.as_ptr().cast_mut().cast(),
+        without_provenance_mut(LAUNCH_PARAM_BUFFER_SIZE),
+        (&mut size as *mut usize).cast(),
+        null_mut(),
+    ];
+    let extra = if params.is_empty() {
+        null_mut()
+    } else {
+        extra.as_mut_ptr()
+    };
+    launch(extra)
+}
+
 /// The daemon-wide CUDA executor: one host GPU.
 pub struct CudaExecutor {
     device: sys::CUdevice,
@@ -1065,35 +1085,24 @@ impl ContextExecutor for CudaContext {
     ) -> CuResult<()> {
         let function = self.function(function)?;
         let stream = self.stream(stream)?;
-        let mut size = params.len();
-        let mut extra: [*mut c_void; 5] = [
-            without_provenance_mut(LAUNCH_PARAM_BUFFER_POINTER),
-            params.as_ptr().cast_mut().cast(),
-            without_provenance_mut(LAUNCH_PARAM_BUFFER_SIZE),
-            (&mut size as *mut usize).cast(),
-            null_mut(),
-        ];
-        let extra = if params.is_empty() {
-            null_mut()
-        } else {
-            extra.as_mut_ptr()
-        };
-        // SAFETY: live function and stream; `extra` describes `params`
-        // (read, not written, during the call) and ends with END.
-        check("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(
-                function,
-                grid[0],
-                grid[1],
-                grid[2],
-                block[0],
-                block[1],
-                block[2],
-                shared_mem_bytes,
-                stream,
-                null_mut(),
-                extra,
-            )
+        with_param_buffer(params, |extra| {
+            // SAFETY: live function and stream; `extra` describes `params`
+            // (read, not written, during the call) and ends with END.
+            check("cuLaunchKernel", unsafe {
+                sys::cuLaunchKernel(
+                    function,
+                    grid[0],
+                    grid[1],
+                    grid[2],
+                    block[0],
+                    block[1],
+                    block[2],
+                    shared_mem_bytes,
+                    stream,
+                    null_mut(),
+                    extra,
+                )
+            })
         })
     }
 
@@ -1137,24 +1146,13 @@ impl ContextExecutor for CudaContext {
             attrs: attributes.as_ptr(),
             num_attrs: attributes.len() as u32,
         };
-        let mut size = params.len();
-        let mut extra: [*mut c_void; 5] = [
-            without_provenance_mut(LAUNCH_PARAM_BUFFER_POINTER),
-            params.as_ptr().cast_mut().cast(),
-            without_provenance_mut(LAUNCH_PARAM_BUFFER_SIZE),
-            (&mut size as *mut usize).cast(),
-            null_mut(),
-        ];
-        let extra = if params.is_empty() {
-            null_mut()
-        } else {
-            extra.as_mut_ptr()
-        };
-        // SAFETY: live function and stream; `config`, the attributes it
-        // points to and `extra` (which describes `params`, ending with END)
-        // live across the call and are only read.
-        check_code("cuLaunchKernelEx", unsafe {
-            (self.entry.launch_kernel_ex)(&config, function, null_mut(), extra)
+        with_param_buffer(params, |extra| {
+            // SAFETY: live function and stream; `config`, the attributes it
+            // points to and `extra` (which describes `params`, ending with
+            // END) live across the call and are only read.
+            check_code("cuLaunchKernelEx", unsafe {
+                (self.entry.launch_kernel_ex)(&config, function, null_mut(), extra)
+            })
         })
     }
 
