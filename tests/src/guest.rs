@@ -133,10 +133,21 @@ impl GuestOutcome {
                 .any(|l| is_checks_passed_line(l, program))
     }
 
+    /// Asserts that test program `program` passed (see [`Self::passed`]).
+    pub fn assert_passed(&self, program: &str) {
+        self.assert_passed_as(program, program);
+    }
+
     /// Asserts exit 0 and the "driver_api_test: N checks passed" line.
     pub fn assert_checks_passed(&self, who: &str) {
+        self.assert_passed_as("driver_api_test", who);
+    }
+
+    /// Asserts that `program` passed; a failure names it `who` and shows
+    /// what it printed.
+    fn assert_passed_as(&self, program: &str, who: &str) {
         assert!(
-            self.passed("driver_api_test"),
+            self.passed(program),
             "{who} failed ({}):\nstdout:\n{}\nstderr:\n{}",
             self.status,
             self.stdout,

@@ -24,13 +24,7 @@ fn framework_queries_answer_like_the_driver() {
         .arg(reference_ptx())
         .arg("--require-clusters");
     let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
-    assert!(
-        outcome.passed("framework_queries_test"),
-        "framework_queries_test failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        outcome.status,
-        outcome.stdout,
-        outcome.stderr
-    );
+    outcome.assert_passed("framework_queries_test");
     daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
     let stats = daemon.stats();
     // Refused attribute values were refused in the guest: nothing failed on
@@ -50,13 +44,7 @@ fn stream_capture_records_a_graph_that_launches_replay() {
     let mut command = guest.command(&program, &daemon);
     command.arg("--ptx").arg(reference_ptx());
     let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
-    assert!(
-        outcome.passed("graph_test"),
-        "graph_test failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        outcome.status,
-        outcome.stdout,
-        outcome.stderr
-    );
+    outcome.assert_passed("graph_test");
     daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
     let stats = daemon.stats();
     // The launch of the destroyed graph failed in the guest, not on the host.

@@ -23,13 +23,7 @@ fn run_program(guest: &GuestLib, program: &Path, daemon: &Daemon, image: &Path, 
         .arg("--check-stale-handles")
         .args(args);
     let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
-    assert!(
-        outcome.passed("library_api_test"),
-        "library_api_test failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        outcome.status,
-        outcome.stdout,
-        outcome.stderr
-    );
+    outcome.assert_passed("library_api_test");
 }
 
 #[test]

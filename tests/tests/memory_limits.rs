@@ -125,13 +125,7 @@ fn stream_ordered_allocations_come_from_pools_and_count_against_the_limit() {
     let mut command = guest.command(&program, &daemon);
     command.args(["--limit-mb", "64"]);
     let outcome = GuestProcess::spawn(command).finish(Duration::from_secs(120));
-    assert!(
-        outcome.passed("pool_test"),
-        "pool_test failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        outcome.status,
-        outcome.stdout,
-        outcome.stderr
-    );
+    outcome.assert_passed("pool_test");
     daemon.wait_until_idle(Duration::from_secs(15));
     assert_eq!(daemon.stats().get("device_memory_bytes"), 0);
 }

@@ -27,13 +27,7 @@ fn nvml_reports_what_the_sim_executor_reports() {
     );
     let mut daemon = Daemon::start("sim");
     let outcome = GuestProcess::spawn(guest.command(&program, &daemon)).finish(RUN_TIMEOUT);
-    assert!(
-        outcome.passed("nvml_test"),
-        "nvml_test failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        outcome.status,
-        outcome.stdout,
-        outcome.stderr
-    );
+    outcome.assert_passed("nvml_test");
     let values: HashMap<&str, &str> = outcome
         .stdout
         .lines()
@@ -110,13 +104,7 @@ fn nvml_lists_this_process_while_it_holds_a_cuda_context() {
     let process = GuestProcess::spawn(guest.command(&program, &daemon));
     let pid = process.id();
     let outcome = process.finish(RUN_TIMEOUT);
-    assert!(
-        outcome.passed("nvml_processes_test"),
-        "nvml_processes_test failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        outcome.status,
-        outcome.stdout,
-        outcome.stderr
-    );
+    outcome.assert_passed("nvml_processes_test");
     assert!(
         outcome
             .stdout

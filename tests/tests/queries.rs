@@ -30,13 +30,7 @@ fn event_and_stream_queries_never_wait() {
     for line in outcome.stdout.lines().filter(|l| l.starts_with("MEASURED")) {
         println!("{line}");
     }
-    assert!(
-        outcome.passed("query_test"),
-        "query_test failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        outcome.status,
-        outcome.stdout,
-        outcome.stderr
-    );
+    outcome.assert_passed("query_test");
     daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
     let stats = daemon.stats();
     assert_eq!(stats.get("command_errors"), 0, "{stats:?}");
