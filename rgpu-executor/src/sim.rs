@@ -1180,7 +1180,7 @@ impl ContextExecutor for SimContext {
         function: u64,
         grid: [u32; 3],
         block: [u32; 3],
-        _shared_mem_bytes: u32,
+        shared_mem_bytes: u32,
         stream: StreamRef,
         params: &[u8],
     ) -> CuResult<()> {
@@ -1195,7 +1195,7 @@ impl ContextExecutor for SimContext {
                 function,
                 grid,
                 block,
-                shared_mem_bytes: _shared_mem_bytes,
+                shared_mem_bytes,
                 params: params.to_vec(),
             });
             return Ok(());
