@@ -298,10 +298,13 @@ impl Context {
     }
 }
 
+/// The context's debug name: this process's id and name, so that the
+/// host's NVML answers name guest processes as the guest knows them.
 fn process_name() -> String {
-    std::fs::read_to_string("/proc/self/comm")
+    let comm = std::fs::read_to_string("/proc/self/comm")
         .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "rgpu".to_owned())
+        .unwrap_or_else(|_| "rgpu".to_owned());
+    rgpu_proto::process_group::process_debug_name(std::process::id(), &comm)
 }
 
 /// Objects handed to the application as opaque pointers: the pointer is the

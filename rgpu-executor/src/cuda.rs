@@ -482,24 +482,33 @@ impl Executor for CudaExecutor {
         });
     }
 
+    /// NVML's figure for this process: with a worker per guest process,
+    /// exactly what that guest process holds.
+    fn process_device_memory(&self) -> Option<u64> {
+        self.nvml.as_ref()?.process_memory(std::process::id())
+    }
+
     fn device_status(&self, device: u32) -> CuResult<DeviceStatus> {
         if device != 0 {
             return Err(CUDA_ERROR_INVALID_DEVICE);
         }
-        let (mut free, mut total) = (0usize, 0usize);
-        self.in_primary(|| {
-            // SAFETY: valid out-pointers; the primary context is current.
-            check("cuMemGetInfo_v2", unsafe {
-                sys::cuMemGetInfo_v2(&mut free, &mut total)
-            })
-        })??;
         let utilization = self.nvml.as_ref().and_then(HostNvml::utilization);
-        // NVML's view where the host has it: what NVIDIA's NVML would report.
-        let (free, total) = self
-            .nvml
-            .as_ref()
-            .and_then(HostNvml::memory)
-            .unwrap_or((free as u64, total as u64));
+        // NVML's view where the host has it: what NVIDIA's NVML would
+        // report, and no context (hundreds of MiB of device memory, for a
+        // guest process that only asked NVML).
+        let (free, total) = match self.nvml.as_ref().and_then(HostNvml::memory) {
+            Some(memory) => memory,
+            None => {
+                let (mut free, mut total) = (0usize, 0usize);
+                self.in_primary(|| {
+                    // SAFETY: valid out-pointers; the primary context is current.
+                    check("cuMemGetInfo_v2", unsafe {
+                        sys::cuMemGetInfo_v2(&mut free, &mut total)
+                    })
+                })??;
+                (free as u64, total as u64)
+            }
+        };
         Ok(DeviceStatus {
             free,
             total,

@@ -118,6 +118,12 @@ pub trait Executor: Send + Sync {
     fn device_status(&self, _device: u32) -> CuResult<DeviceStatus> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
+    /// Device memory this process holds as the driver reports it: its
+    /// allocations, module globals and every context's own overhead;
+    /// `None` where nothing reports it.
+    fn process_device_memory(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// One session's device context. Handles (`u64`) are the executor's own; the

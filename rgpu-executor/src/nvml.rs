@@ -22,6 +22,23 @@ type DriverVersionFn = unsafe extern "C" fn(*mut c_char, c_uint) -> u32;
 type HandleByUuidFn = unsafe extern "C" fn(*const c_char, *mut Device) -> u32;
 type UtilizationFn = unsafe extern "C" fn(Device, *mut Utilization) -> u32;
 type MemoryInfoFn = unsafe extern "C" fn(Device, *mut MemoryInfo) -> u32;
+type RunningProcessesFn = unsafe extern "C" fn(Device, *mut c_uint, *mut ProcessInfo) -> u32;
+
+const NVML_ERROR_INSUFFICIENT_SIZE: u32 = 7;
+/// `NVML_VALUE_NOT_AVAILABLE` in a process's `usedGpuMemory`.
+const VALUE_NOT_AVAILABLE: u64 = u64::MAX;
+/// More compute processes on one GPU than this is not a case to handle.
+const MAX_PROCESSES: usize = 4096;
+
+/// `nvmlProcessInfo_t` (the record of the `_v2` and `_v3` process lists).
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct ProcessInfo {
+    pid: c_uint,
+    used_gpu_memory: u64,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
 
 /// `nvmlMemory_t` (version 1).
 #[repr(C)]
@@ -45,6 +62,7 @@ pub struct HostNvml {
     device: Device,
     utilization: UtilizationFn,
     memory_info: MemoryInfoFn,
+    running_processes: Option<RunningProcessesFn>,
     shutdown: ShutdownFn,
     driver_version: String,
     /// Kept loaded while the entry points above are used.
@@ -89,6 +107,8 @@ impl HostNvml {
         let by_uuid: HandleByUuidFn = symbol(&library, "nvmlDeviceGetHandleByUUID")?;
         let utilization: UtilizationFn = symbol(&library, "nvmlDeviceGetUtilizationRates")?;
         let memory_info: MemoryInfoFn = symbol(&library, "nvmlDeviceGetMemoryInfo")?;
+        let running_processes: Option<RunningProcessesFn> =
+            symbol(&library, "nvmlDeviceGetComputeRunningProcesses_v3");
         // SAFETY: plain initialisation, balanced by `shutdown` in drop.
         let code = unsafe { init() };
         if code != NVML_SUCCESS {
@@ -129,6 +149,7 @@ impl HostNvml {
             device,
             utilization,
             memory_info,
+            running_processes,
             shutdown,
             driver_version: version,
             _library: library,
@@ -156,6 +177,39 @@ impl HostNvml {
         // SAFETY: a handle NVML gave out, valid out-pointer.
         let code = unsafe { (self.memory_info)(self.device, &mut memory) };
         (code == NVML_SUCCESS).then_some((memory.free, memory.total))
+    }
+}
+
+impl HostNvml {
+    /// Device memory process `pid` holds on the GPU as the driver counts
+    /// it (contexts, module globals, allocations), if NVML knows it; 0 for
+    /// a process that has no context there.
+    pub fn process_memory(&self, pid: u32) -> Option<u64> {
+        let list = self.running_processes?;
+        let mut records = vec![ProcessInfo::default(); 64];
+        loop {
+            let mut count = c_uint::try_from(records.len()).ok()?;
+            // SAFETY: a handle NVML gave out; `records` holds `count`
+            // records, and NVML writes at most that many.
+            let code = unsafe { list(self.device, &mut count, records.as_mut_ptr()) };
+            let needed = usize::try_from(count).ok()?;
+            match code {
+                NVML_SUCCESS => {
+                    records.truncate(needed);
+                    break;
+                }
+                NVML_ERROR_INSUFFICIENT_SIZE if needed <= MAX_PROCESSES => {
+                    // A little room for processes that start meanwhile.
+                    records.resize(needed + 8, ProcessInfo::default());
+                }
+                _ => return None,
+            }
+        }
+        match records.iter().find(|r| r.pid == pid) {
+            None => Some(0),
+            Some(r) if r.used_gpu_memory == VALUE_NOT_AVAILABLE => None,
+            Some(r) => Some(r.used_gpu_memory),
+        }
     }
 }
 

@@ -117,6 +117,16 @@ fn registered_range(registered: &BTreeMap<usize, usize>, ptr: u64, len: u64) -> 
     (end <= base.checked_add(*run_len)?).then_some(start as *mut u8)
 }
 
+/// Device memory each context takes for itself (a real driver's is about
+/// 500 MiB on the H200): `RGPU_SIM_CONTEXT_OVERHEAD` bytes, 0 by default,
+/// so that tests of the memory limit can see it counted.
+fn context_overhead() -> u64 {
+    std::env::var("RGPU_SIM_CONTEXT_OVERHEAD")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// The daemon-wide simulator.
 pub struct SimExecutor {
     device: DeviceInfo,
@@ -194,12 +204,16 @@ impl Executor for SimExecutor {
         if device != 0 {
             return Err(CUDA_ERROR_INVALID_DEVICE);
         }
-        debug!("sim: context created");
-        Ok(Box::new(SimContext::new(
+        let context = SimContext::new(
             self.used.clone(),
             self.next_address.clone(),
             self.registered.clone(),
-        )))
+        );
+        debug!(
+            "sim: context created ({} bytes of overhead)",
+            context.charged
+        );
+        Ok(Box::new(context))
     }
 
     /// Copies are CPU copies here, so registration only makes the memory
@@ -216,6 +230,12 @@ impl Executor for SimExecutor {
         if registered.get(&(run.ptr as usize)) == Some(&run.len) {
             registered.remove(&(run.ptr as usize));
         }
+    }
+
+    /// Everything this executor's contexts charged: allocations, module
+    /// variables and each context's overhead.
+    fn process_device_memory(&self) -> Option<u64> {
+        Some(self.used.load(Ordering::SeqCst))
     }
 
     fn device_status(&self, device: u32) -> CuResult<DeviceStatus> {
@@ -421,9 +441,11 @@ fn stream_key(stream: StreamRef) -> u64 {
 
 impl SimContext {
     fn new(used: Arc<AtomicU64>, next_address: Arc<AtomicU64>, registered: Registered) -> Self {
+        let overhead = context_overhead();
+        used.fetch_add(overhead, Ordering::SeqCst);
         Self {
             used,
-            charged: 0,
+            charged: overhead,
             allocations: BTreeMap::new(),
             next_address,
             registered,

@@ -10,6 +10,22 @@
 //! reading this process's memory. A context without a tag (an older guest
 //! kernel that cannot set debug names) gets a worker of its own.
 
+/// The name guest-lib gives a context: `<pid>:<comm>`, so the host can
+/// list the guest's processes by the ids the guest knows them by (NVML's
+/// process lists).
+pub fn process_debug_name(pid: u32, comm: &str) -> String {
+    format!("{pid}:{comm}")
+}
+
+/// The guest process id of a name made by [`process_debug_name`].
+pub fn guest_pid(name: &str) -> Option<u32> {
+    let (pid, _) = name.split_once(':')?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok().filter(|pid| *pid != 0)
+}
+
 /// What precedes the tag in a debug name.
 pub const TAG_PREFIX: &str = "rgpu:";
 /// Hex digits of a tag.
@@ -64,6 +80,25 @@ mod tests {
             parse_debug_name(&name[..TAG_PREFIX.len() + TAG_DIGITS]).0,
             Some(tag)
         );
+    }
+
+    #[test]
+    fn guest_pids_are_read_from_process_names() {
+        let name = process_debug_name(4242, "python3");
+        assert_eq!(name, "4242:python3");
+        assert_eq!(guest_pid(&name), Some(4242));
+        assert_eq!(guest_pid("7:a:b"), Some(7));
+        for bad in [
+            "python3",
+            ":x",
+            "0:x",
+            "+1:x",
+            "12a:x",
+            "99999999999:x",
+            "-1:x",
+        ] {
+            assert_eq!(guest_pid(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -80,13 +80,17 @@ pub const MAX_STATUS_SESSIONS: usize = 128;
 /// A utilisation the host could not measure.
 pub const UTILIZATION_UNKNOWN: u32 = u32::MAX;
 
-/// A session of the asking tenant that holds a device context. The host
-/// knows no guest process ids: the guest maps sessions onto its processes.
+/// A process (or a session) of the asking tenant that holds device
+/// memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionUsage {
-    /// The session's virtio-gpu context id.
+    /// The session's virtio-gpu context id; 0 for a whole process.
     pub ctx_id: u32,
-    /// Device memory the session holds (its allocations), in bytes.
+    /// The guest process id, as the guest library named it in its
+    /// context's debug name ([`crate::process_group`]); 0: unknown.
+    pub pid: u32,
+    /// Device memory held, in bytes: a process's includes what the driver
+    /// holds for it (its contexts, module globals).
     pub device_memory: u64,
 }
 
@@ -101,7 +105,8 @@ pub struct DeviceStatus {
     pub memory_utilization: u32,
     /// The host's NVIDIA driver version ("580.95.05").
     pub driver_version: String,
-    /// The asking tenant's sessions that hold a device context.
+    /// The asking tenant's processes that hold device memory (or, where
+    /// the host keeps no list per tenant, the asking process's sessions).
     pub sessions: Vec<SessionUsage>,
 }
 
@@ -120,7 +125,7 @@ impl DeviceStatus {
             .unwrap_or(&self.sessions);
         w.u32(sessions.len() as u32);
         for s in sessions {
-            w.u32(s.ctx_id).u32(0).u64(s.device_memory);
+            w.u32(s.ctx_id).u32(s.pid).u64(s.device_memory);
         }
     }
 
@@ -153,9 +158,10 @@ impl DeviceStatus {
         let mut sessions = Vec::with_capacity(count.min(r.remaining() / 16));
         for _ in 0..count {
             let ctx_id = r.u32()?;
-            let _reserved = r.u32()?;
+            let pid = r.u32()?;
             sessions.push(SessionUsage {
                 ctx_id,
+                pid,
                 device_memory: r.u64()?,
             });
         }
@@ -205,6 +211,7 @@ mod tests {
             driver_version: "580.159.03".into(),
             sessions: vec![SessionUsage {
                 ctx_id: 3,
+                pid: 4242,
                 device_memory: 1 << 20,
             }],
         };
@@ -245,6 +252,7 @@ mod tests {
             sessions: vec![
                 SessionUsage {
                     ctx_id: 1,
+                    pid: 0,
                     device_memory: 1
                 };
                 MAX_STATUS_SESSIONS + 5

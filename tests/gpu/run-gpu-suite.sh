@@ -31,8 +31,13 @@ mkdir -p "$logs"
 work=$(mktemp -d /tmp/rgpu-gpu-work.XXXXXX)
 failures=0
 daemon_pid=
+limited_pid=
 
 cleanup() {
+    if [ -n "$limited_pid" ]; then
+        kill "$limited_pid" 2>/dev/null
+        wait "$limited_pid" 2>/dev/null
+    fi
     if [ -n "$daemon_pid" ]; then
         kill "$daemon_pid" 2>/dev/null
         wait "$daemon_pid" 2>/dev/null
@@ -248,6 +253,54 @@ if [ -e "$bundle/libnvidia_ml.so" ]; then
     r=$(grep '^memory=' "$logs/nvml_test-through-rgpu.log" | cut -d/ -f1)
     if [ -n "$n" ] && [ "$n" = "$r" ]; then pass "nvml total ${n#memory=} bytes (same as NVIDIA's)"
     else fail "nvml memory total" "native '$n', rgpu '$r'"; fi
+fi
+
+# A tenant limited to 2 GiB (issue 8): the context's own memory and module
+# globals count against the limit, and NVML alone (as nvidia-smi) lists
+# the tenant's processes with what NVIDIA's nvidia-smi says they hold.
+if [ -e "$bundle/driver_memory_test.c" ] && [ -e "$bundle/libnvidia_ml.so" ]; then
+    limited_socket=$work/limited.sock
+    env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" RGPU_LOG="${RGPU_LOG:-info},rgpu_session::driver_memory=debug" \
+        "$bundle/vhost-device-rgpu" --executor "${RGPU_EXECUTOR:-cuda}" --socket-path "$limited_socket" \
+        --memory-limit 2GiB >"$logs/limited-daemon.log" 2>&1 &
+    limited_pid=$!
+    for _ in $(seq 200); do [ -S "$limited_socket" ] && break; sleep 0.05; done
+    limited=(env RGPU_SOCKET="$limited_socket" LD_LIBRARY_PATH="$work/rgpu-lib")
+    build driver_memory_test gcc -O2 -std=c11 -Wall -I "$bundle" -o "$work/driver_memory_test" \
+        "$bundle/driver_memory_test.c" -L "$work/rgpu-lib" -lcuda
+    build memory_limit_test gcc -O2 -std=c11 -Wall -I "$bundle" -o "$work/memory_limit_test" \
+        "$bundle/memory_limit_test.c" -L "$work/rgpu-lib" -lcuda
+    build nvml_list gcc -O2 -std=c11 -Wall -o "$work/nvml_list" "$bundle/nvml_list.c" \
+        -L "$work/rgpu-lib" -lnvidia-ml
+    start_ns=$(date +%s%N)
+    step "driver_memory_test under a 2 GiB limit" "checks passed" \
+        "${limited[@]}" "$work/driver_memory_test" --limit-mb 2048 --global-mb 256
+    echo "driver_memory_test: $(( ($(date +%s%N) - start_ns) / 1000000 )) ms"
+    grep -E '^(start|loaded|after|all|allocated)' "$logs/driver_memory_test-under-a-2-GiB-limit.log"
+    rm -f "$work/release"
+    "${limited[@]}" "$work/memory_limit_test" --max-mb 256 --hold-file "$work/release" \
+        >"$logs/nvml-holder.log" 2>&1 &
+    holder=$!
+    for _ in $(seq 400); do grep -q holding "$logs/nvml-holder.log" && break; sleep 0.05; done
+    "${limited[@]}" "$work/nvml_list" >"$logs/nvml-list.log" 2>&1
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader >"$logs/nvidia-smi-apps.log" 2>&1
+    touch "$work/release"; wait "$holder"
+    echo "nvml through rgpu (holder is guest pid $holder):"; sed 's/^/    /' "$logs/nvml-list.log"
+    echo "nvidia-smi on the host:"; sed 's/^/    /' "$logs/nvidia-smi-apps.log"
+    used=$(sed -n "s/^pid=$holder used=//p" "$logs/nvml-list.log")
+    if [ -n "$used" ] && [ "$used" -gt $((256 << 20)) ] && grep -q '^processes 1$' "$logs/nvml-list.log"; then
+        pass "nvml lists the tenant's process $holder with $((used >> 20)) MiB (256 MiB allocated + the context's own)"
+    else
+        fail "nvml process list under a limit" "see $logs/nvml-list.log"
+    fi
+    # The lister's own worker answered from NVML: no context on the host.
+    if [ "$(grep -c MiB "$logs/nvidia-smi-apps.log")" = 1 ]; then
+        pass "an NVML-only guest process holds no device context on the host"
+    else
+        fail "an NVML-only guest process holds no device context on the host" "see $logs/nvidia-smi-apps.log"
+    fi
+    grep -c 'driver memory:' "$logs/limited-daemon.log" | sed 's/^/driver memory log lines: /'
+    grep 'driver memory:' "$logs/limited-daemon.log" | head -5
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

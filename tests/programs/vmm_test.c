@@ -10,8 +10,9 @@
  * works (on a GPU; the sim copies within one mapping). Retaining the handle from an address and releasing it keeps the
  * mapping; access and properties read back as set; misuse (a mapping
  * outside the reservation, an unknown unmap) fails.
- * With --limit-mb N (the tenant's memory limit), physical memory up to N
- * MiB is created and one granule more fails with CUDA_ERROR_OUT_OF_MEMORY.
+ * With --limit-mb N (the tenant's memory limit), the device's total is N
+ * MiB, physical memory as large as what is free of it is created, and one
+ * granule more fails with CUDA_ERROR_OUT_OF_MEMORY.
  *
  * Prints "vmm_test: N checks passed" (exit 0) or every failed check
  * (exit 1). */
@@ -152,10 +153,16 @@ int main(int argc, char **argv) {
     CHECK_CU(cuMemRelease(physical));
     CHECK_CU(cuMemAddressFree(va, 2 * granule));
 
-    /* The tenant's memory limit counts physical memory. */
+    /* The tenant's memory limit counts physical memory: what is free of
+     * it (the limit less the module's globals and the context's own
+     * memory) can be created, one granule more cannot. */
     if (limit_mb > 0) {
-        size_t total = (size_t)limit_mb << 20;
+        size_t free_b = 0, total_b = 0;
+        CHECK_CU(cuMemGetInfo(&free_b, &total_b));
+        CHECK_EQ_INT(total_b, (size_t)limit_mb << 20);
+        size_t total = free_b / granule * granule;
         MemHandle all = 0, more = 0;
+        CHECK_TRUE(total > 0);
         CHECK_CU(cuMemCreate(&all, total, &prop, 0));
         CHECK_RC(cuMemCreate(&more, granule, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
         CHECK_CU(cuMemRelease(all));

@@ -85,6 +85,49 @@ fn a_tenant_stops_at_its_limit_and_sees_it_as_total_memory() {
     );
 }
 
+/// What the driver takes beside allocations counts too: a context's own
+/// memory (32 MiB in this sim) and module globals (64 MiB each). Under a
+/// 256 MiB limit, a fresh context leaves 224 MiB; three modules load and
+/// the fourth fails with CUDA_ERROR_OUT_OF_MEMORY; an unload gives its
+/// global back; allocations then stop at what is left
+/// (tests/programs/driver_memory_test.c). When the process is gone, so is
+/// every byte it was charged.
+#[test]
+fn context_overhead_and_module_globals_count_against_the_limit() {
+    let guest = GuestLib::new();
+    let program = guest.build_program("driver_memory_test.c");
+    let overhead = (32u64 << 20).to_string();
+    let daemon = Daemon::start_with(
+        "sim",
+        &["--memory-limit", "256MiB"],
+        &[("RGPU_SIM_CONTEXT_OVERHEAD", &overhead)],
+    );
+    let mut command = guest.command(&program, &daemon);
+    command.args([
+        "--limit-mb",
+        "256",
+        "--global-mb",
+        "64",
+        "--overhead-mb",
+        "32",
+    ]);
+    let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
+    outcome.assert_passed("driver_memory_test");
+    let out = &outcome.stdout;
+    assert!(
+        has_line(out, "start: free 224 total 256")
+            && has_line(
+                out,
+                "loaded 3 modules of 64 MiB, then rc 2 CUDA_ERROR_OUT_OF_MEMORY; free 32"
+            )
+            && has_line(out, "after one unload: free 96")
+            && has_line(out, "allocated 224 MiB, then rc 2 CUDA_ERROR_OUT_OF_MEMORY"),
+        "{out}"
+    );
+    daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
+    assert_eq!(daemon.stats().get("device_memory_bytes"), 0);
+}
+
 /// The virtual-memory API (issue 10) through a sim daemon whose tenant is
 /// limited to 64 MiB: one physical allocation mapped at two addresses,
 /// copies and a kernel through both, handles, access, misuse refused, and

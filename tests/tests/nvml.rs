@@ -134,3 +134,77 @@ fn nvml_lists_this_process_while_it_holds_a_cuda_context() {
     }
     assert!(daemon.is_alive(), "the daemon died:\n{}", daemon.log());
 }
+
+/// `nvidia-smi` in a guest (NVML alone, no context of its own) lists every
+/// process of its tenant that holds a context, by the guest's pids, with
+/// what each holds (the context's own memory included), and nothing of
+/// another tenant; a process that ended is no longer listed.
+#[test]
+fn nvml_lists_every_process_of_the_tenant_and_no_other() {
+    let guest = GuestLib::new();
+    let holder = guest.build_program("memory_limit_test.c");
+    let lister = guest.build_c(
+        &rgpu_tests::programs_dir().join("nvml_list.c"),
+        &["-lnvidia-ml"],
+    );
+    let config = "[[tenant]]\nname = \"a\"\nsocket = \"a.sock\"\n\n\
+                  [[tenant]]\nname = \"b\"\nsocket = \"b.sock\"\n";
+    let overhead = (8u64 << 20).to_string();
+    let daemon = Daemon::start_with_config(
+        "sim",
+        config,
+        &[],
+        &[("RGPU_SIM_CONTEXT_OVERHEAD", &overhead)],
+    );
+    let socket = |name: &str| daemon.dir().join(name);
+    let release = daemon.dir().join("release");
+    let hold = |mb: &str| {
+        let mut command = guest.command(&holder, &daemon);
+        command.env("RGPU_SOCKET", socket("a.sock")).args([
+            "--max-mb",
+            mb,
+            "--hold-file",
+            &release.to_string_lossy(),
+        ]);
+        let mut process = GuestProcess::spawn(command);
+        process.wait_for_line("holding", RUN_TIMEOUT);
+        process
+    };
+    let list = |tenant: &str| -> Vec<(u32, u64)> {
+        let mut command = guest.command(&lister, &daemon);
+        command.env("RGPU_SOCKET", socket(tenant));
+        let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
+        assert!(
+            outcome.status.success(),
+            "nvml_list failed:\n{}\n{}",
+            outcome.stdout,
+            outcome.stderr
+        );
+        outcome
+            .stdout
+            .lines()
+            .filter_map(|l| {
+                let (pid, used) = l.strip_prefix("pid=")?.split_once(" used=")?;
+                Some((pid.parse().ok()?, used.parse().ok()?))
+            })
+            .collect()
+    };
+
+    let first = hold("32");
+    let second = hold("64");
+    let mut listed = list("a.sock");
+    listed.sort_unstable();
+    let mut expected = vec![(first.id(), 40u64 << 20), (second.id(), 72u64 << 20)];
+    expected.sort_unstable();
+    assert_eq!(listed, expected, "tenant a's list");
+    assert!(
+        list("b.sock").is_empty(),
+        "tenant b sees tenant a's processes"
+    );
+
+    std::fs::write(&release, b"").unwrap();
+    first.finish(RUN_TIMEOUT);
+    second.finish(RUN_TIMEOUT);
+    daemon.wait_until_idle(Duration::from_secs(15));
+    assert!(list("a.sock").is_empty(), "processes that ended are listed");
+}

@@ -11,6 +11,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use rgpu_proto::reply::SessionUsage;
 use rgpu_session::{Admission, ComputeGate, MemoryBudget};
 
 use crate::shared_page::{self, SharedLayout, SharedPage};
@@ -21,6 +22,10 @@ pub const UNLIMITED: u64 = u64::MAX;
 /// A tenant that has not submitted for this long starts a new burst when
 /// it does (the scheduler's HOLD: it no longer counts as present).
 const BURST_GAP_NS: u64 = 3_000_000;
+
+/// Processes of a tenant listed for NVML at most (as many as one
+/// `DeviceStatus` reply holds).
+pub const MAX_LISTED_PROCESSES: usize = rgpu_proto::reply::MAX_STATUS_SESSIONS;
 
 /// The tenant must wait for its turn.
 pub const GRANT_WAIT: u32 = 0;
@@ -50,6 +55,21 @@ struct Layout {
     busy_since_ns: AtomicU64,
     /// GPU time of the tenant's finished busy periods.
     busy_ns: AtomicU64,
+    /// The tenant's worker processes that named their guest process, with
+    /// what each holds: NVML's process lists in the guest.
+    processes: [ProcessSlot; MAX_LISTED_PROCESSES],
+}
+
+/// One worker process's line in the tenant's process list.
+#[repr(C)]
+struct ProcessSlot {
+    /// The worker's host pid; 0: a free slot.
+    owner: AtomicU32,
+    guest_pid: AtomicU32,
+    device_memory: AtomicU64,
+    /// Device contexts the process holds: it is listed while it has one.
+    contexts: AtomicU32,
+    _reserved: AtomicU32,
 }
 
 // SAFETY: `#[repr(C)]`, atomics only, valid all zero.
@@ -111,6 +131,10 @@ pub struct ComputeUse {
 pub struct TenantPage {
     budget: SharedPage<Layout>,
     fd: OwnedFd,
+    /// What this process took from the budget and holds now.
+    taken_here: AtomicU64,
+    /// This process's slot in the process list, once named.
+    slot: std::sync::OnceLock<usize>,
 }
 
 impl std::fmt::Debug for TenantPage {
@@ -129,7 +153,7 @@ impl TenantPage {
     pub fn create(limit: u64) -> io::Result<TenantPage> {
         let fd = shared_page::create(c"rgpu-tenant")?;
         let budget = SharedPage::map(&fd)?;
-        let page = TenantPage { budget, fd };
+        let page = TenantPage::new(budget, fd);
         page.set_limit(limit);
         page.set_grant(GRANT_FREE);
         Ok(page)
@@ -144,7 +168,56 @@ impl TenantPage {
             return Err(io::Error::last_os_error());
         }
         let budget = SharedPage::map(&fd)?;
-        Ok(TenantPage { budget, fd })
+        Ok(TenantPage::new(budget, fd))
+    }
+
+    fn new(budget: SharedPage<Layout>, fd: OwnedFd) -> TenantPage {
+        TenantPage {
+            budget,
+            fd,
+            taken_here: AtomicU64::new(0),
+            slot: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// This process took (`more`) or gave back bytes: its line in the
+    /// process list follows.
+    fn taken_here(&self, more: bool, bytes: u64) {
+        let update = |held: u64| {
+            Some(if more {
+                held.saturating_add(bytes)
+            } else {
+                held.saturating_sub(bytes)
+            })
+        };
+        let held = match self
+            .taken_here
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, update)
+        {
+            Ok(before) | Err(before) => update(before).unwrap_or(before),
+        };
+        if let Some(slot) = self
+            .slot
+            .get()
+            .and_then(|i| self.layout().processes.get(*i))
+        {
+            slot.device_memory.store(held, Ordering::Release);
+        }
+    }
+
+    /// Worker process `owner` ended: its line goes.
+    pub fn forget_process(&self, owner: u32) {
+        if owner == 0 {
+            return;
+        }
+        for slot in &self.layout().processes {
+            if slot.owner.load(Ordering::Acquire) == owner {
+                slot.guest_pid.store(0, Ordering::Relaxed);
+                slot.device_memory.store(0, Ordering::Relaxed);
+                slot.contexts.store(0, Ordering::Relaxed);
+                slot.owner.store(0, Ordering::Release);
+            }
+        }
     }
 
     /// The page's descriptor, to pass to a child.
@@ -314,7 +387,20 @@ impl MemoryBudget for TenantPage {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(bytes).filter(|total| *total <= limit)
             })
-            .is_ok()
+            .is_ok_and(|_| {
+                self.taken_here(true, bytes);
+                true
+            })
+    }
+
+    fn charge(&self, bytes: u64) {
+        let _ =
+            self.layout()
+                .used_bytes
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                    Some(used.saturating_add(bytes))
+                });
+        self.taken_here(true, bytes);
     }
 
     fn release(&self, bytes: u64) {
@@ -324,6 +410,7 @@ impl MemoryBudget for TenantPage {
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                     Some(used.saturating_sub(bytes))
                 });
+        self.taken_here(false, bytes);
     }
 
     fn limit(&self) -> Option<u64> {
@@ -332,6 +419,62 @@ impl MemoryBudget for TenantPage {
 
     fn used(&self) -> u64 {
         TenantPage::used(self)
+    }
+
+    fn context_opened(&self, guest_pid: u32) {
+        let slots = &self.layout().processes;
+        let index = self.slot.get().copied().or_else(|| {
+            let owner = std::process::id();
+            let free = slots.iter().position(|slot| {
+                slot.owner
+                    .compare_exchange(0, owner, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            });
+            match free {
+                Some(i) => Some(*self.slot.get_or_init(|| i)),
+                None => {
+                    log::debug!("tenant page: the process list is full; guest process {guest_pid} is not listed");
+                    None
+                }
+            }
+        });
+        if let Some(slot) = index.and_then(|i| slots.get(i)) {
+            slot.guest_pid.store(guest_pid, Ordering::Release);
+            slot.device_memory
+                .store(self.taken_here.load(Ordering::Acquire), Ordering::Release);
+            slot.contexts.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    fn context_closed(&self) {
+        if let Some(slot) = self
+            .slot
+            .get()
+            .and_then(|i| self.layout().processes.get(*i))
+        {
+            let _ = slot
+                .contexts
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        }
+    }
+
+    fn processes(&self) -> Option<Vec<SessionUsage>> {
+        Some(
+            self.layout()
+                .processes
+                .iter()
+                .filter(|slot| {
+                    slot.owner.load(Ordering::Acquire) != 0
+                        && slot.contexts.load(Ordering::Acquire) != 0
+                })
+                .map(|slot| SessionUsage {
+                    ctx_id: 0,
+                    pid: slot.guest_pid.load(Ordering::Acquire),
+                    device_memory: slot.device_memory.load(Ordering::Acquire),
+                })
+                .filter(|p| p.pid != 0)
+                .collect(),
+        )
     }
 }
 

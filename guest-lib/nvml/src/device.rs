@@ -4,6 +4,7 @@
 use std::ffi::{c_char, c_int, c_uint, CStr};
 
 use rgpu_proto::capset::DeviceInfo;
+use rgpu_proto::reply::SessionUsage;
 
 use crate::abi::*;
 use crate::{out, state};
@@ -272,26 +273,32 @@ pub fn get_utilization_rates(device: NvmlDevice, rates: *mut Utilization) -> Res
     )
 }
 
-/// This tenant's processes: the host lists its sessions that hold a device
-/// context but knows no guest pids; this process is the one the guest can
-/// name, so they are reported as this process, with their memory summed.
+/// This tenant's processes, as the host lists them: by the pids the guest
+/// library named (one line per process, its memory summed over its
+/// entries). An entry without a pid (an older guest library) is this
+/// process's own, the only one the guest could name then.
 fn processes(device: NvmlDevice) -> Result<Vec<ProcessInfo>, u32> {
     let connection = state::connection()?;
     let (index, _) = connection.device(device)?;
     let status = connection.status(index)?;
-    if status.sessions.is_empty() {
-        return Ok(Vec::new());
+    Ok(group_by_pid(&status.sessions, std::process::id()))
+}
+
+fn group_by_pid(entries: &[SessionUsage], own_pid: u32) -> Vec<ProcessInfo> {
+    let mut list: Vec<ProcessInfo> = Vec::new();
+    for entry in entries {
+        let pid = if entry.pid == 0 { own_pid } else { entry.pid };
+        match list.iter_mut().find(|p| p.pid == pid) {
+            Some(p) => p.used_gpu_memory = p.used_gpu_memory.saturating_add(entry.device_memory),
+            None => list.push(ProcessInfo {
+                pid,
+                used_gpu_memory: entry.device_memory,
+                gpu_instance_id: NO_INSTANCE,
+                compute_instance_id: NO_INSTANCE,
+            }),
+        }
     }
-    let used = status
-        .sessions
-        .iter()
-        .fold(0u64, |sum, s| sum.saturating_add(s.device_memory));
-    Ok(vec![ProcessInfo {
-        pid: std::process::id(),
-        used_gpu_memory: used,
-        gpu_instance_id: NO_INSTANCE,
-        compute_instance_id: NO_INSTANCE,
-    }])
+    list
 }
 
 /// NVML's size protocol: `*count` too small (or `infos` NULL with a
@@ -386,6 +393,28 @@ mod tests {
         assert_eq!(legacy, c"0000:19:00.0");
         assert_eq!((pci.domain, pci.bus, pci.device), (0, 0x19, 0));
         assert_eq!(pci.pci_device_id & 0xffff, PCI_VENDOR_NVIDIA);
+    }
+
+    #[test]
+    fn processes_are_listed_by_pid_and_unnamed_entries_are_this_process() {
+        let entry = |ctx_id, pid, device_memory| SessionUsage {
+            ctx_id,
+            pid,
+            device_memory,
+        };
+        let list = group_by_pid(
+            &[
+                entry(0, 40, 100),
+                entry(3, 0, 5),
+                entry(0, 41, 7),
+                entry(4, 0, 6),
+                entry(0, 40, 1),
+            ],
+            9,
+        );
+        let pairs: Vec<(u32, u64)> = list.iter().map(|p| (p.pid, p.used_gpu_memory)).collect();
+        assert_eq!(pairs, [(40, 101), (9, 11), (41, 7)]);
+        assert!(group_by_pid(&[], 9).is_empty());
     }
 
     #[test]

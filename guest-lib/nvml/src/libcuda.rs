@@ -112,6 +112,7 @@ mod tests {
             sessions: vec![
                 SessionUsage {
                     ctx_id: 1,
+                    pid: 0,
                     device_memory: 2
                 };
                 MAX_STATUS_SESSIONS

@@ -7,12 +7,26 @@
 pub trait MemoryBudget: Send + Sync + std::fmt::Debug {
     /// Takes `bytes`; false (and nothing taken) past the limit.
     fn try_reserve(&self, bytes: u64) -> bool;
+    /// Takes `bytes` even past the limit: memory the driver already took
+    /// for the tenant (later allocations then fail until it comes back).
+    fn charge(&self, bytes: u64);
     /// Gives `bytes` back.
     fn release(&self, bytes: u64);
     /// The limit in bytes; `None`: none.
     fn limit(&self) -> Option<u64>;
     /// Bytes taken now, by every process of the tenant.
     fn used(&self) -> u64;
+    /// This process opened a device context for guest process
+    /// `guest_pid`: it is listed (NVML's process lists) with what it takes,
+    /// until its last context closes.
+    fn context_opened(&self, _guest_pid: u32) {}
+    /// A context [`MemoryBudget::context_opened`] counted closed.
+    fn context_closed(&self) {}
+    /// The tenant's named processes with what each holds (`ctx_id` 0);
+    /// `None`: the budget keeps no such list.
+    fn processes(&self) -> Option<Vec<rgpu_proto::reply::SessionUsage>> {
+        None
+    }
 }
 
 /// `(free, total)` of a device as a tenant under `budget` sees it: its

@@ -2,7 +2,7 @@
 //! handles, blob ranges and device pointers are checked and translated
 //! here, then handed to the executor; the session's limits are kept here.
 
-use rgpu_executor::{CuResult, HostRun};
+use rgpu_executor::{ContextExecutor, CuResult, Executor, HostRun};
 use rgpu_proto::cuda_result::{
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND,
     CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN,
@@ -12,11 +12,12 @@ use rgpu_proto::wire::WireWriter;
 use rgpu_proto::{BlobRange, Command, STREAM_PER_THREAD};
 
 use crate::device_ranges::{Inserted, RangeKind, RangeOwner};
+use crate::driver_memory::Refresh;
 use crate::handles::{check_new, FunctionEntry, Handles, Physical};
 use crate::limits::{check_room, LIMIT_ERROR};
 use crate::module_cache::image_hash;
 use crate::tenant::Usage;
-use crate::worker::{Attached, Worker};
+use crate::worker::{Attached, DeviceContext, Worker};
 use crate::{clamp_to_budget, warn_limited, Counters, Tenant};
 
 /// Where a blob range of a copy lives.
@@ -82,6 +83,24 @@ fn read_image(
 
 fn empty(_: ()) -> Vec<u8> {
     Vec::new()
+}
+
+/// Loads a module; its globals (and whatever else the driver took for it)
+/// count against the tenant's memory limit, and past the limit the load is
+/// undone.
+fn load_module(
+    ctx: &mut dyn ContextExecutor,
+    tenant: &Tenant,
+    executor: &dyn Executor,
+    counters: &Counters,
+    image: &[u8],
+) -> CuResult<u64> {
+    let loaded = ctx.module_load(image)?;
+    if let Err(code) = tenant.account_driver_memory(Refresh::Strict, executor, counters) {
+        let _ = ctx.module_unload(loaded);
+        return Err(code);
+    }
+    Ok(loaded)
 }
 
 /// Checks that the guest process may name `[ptr, ptr + len)` on the
@@ -164,7 +183,13 @@ impl Worker {
             gpu_utilization: status.gpu_utilization.unwrap_or(UTILIZATION_UNKNOWN),
             memory_utilization: status.memory_utilization.unwrap_or(UTILIZATION_UNKNOWN),
             driver_version: status.driver_version,
-            sessions: self.tenant.active_sessions(),
+            // Every process of the tenant where the budget lists them
+            // (`nvidia-smi` has no context of its own).
+            sessions: self
+                .tenant
+                .budget()
+                .and_then(|b| b.processes())
+                .unwrap_or_else(|| self.tenant.active_sessions()),
         }
         .to_bytes())
     }
@@ -188,9 +213,31 @@ impl Worker {
             session: usage.member,
             kind,
         };
+        if matches!(self.context, DeviceContext::NotCreated) {
+            self.context
+                .get(&*self.executor, self.device, self.ctx_id, usage)?;
+            // The context's own memory counts against the tenant's limit.
+            if let Err(code) =
+                tenant.account_driver_memory(Refresh::Strict, &*self.executor, &self.counters)
+            {
+                warn_limited!(
+                    "ctx {ctx_id}: a device context's own memory would pass the tenant's memory \
+                     limit; the context is refused"
+                );
+                usage.set_has_context(false);
+                self.context = DeviceContext::Failed(code);
+                let _ =
+                    tenant.account_driver_memory(Refresh::Settle, &*self.executor, &self.counters);
+                return Err(code);
+            }
+            if let (Some(budget), Some(pid)) = (tenant.budget(), usage.pid()) {
+                budget.context_opened(pid);
+            }
+        }
+        let executor = &*self.executor;
         let ctx = self
             .context
-            .get(&*self.executor, self.device, self.ctx_id, usage)?;
+            .get(executor, self.device, self.ctx_id, usage)?;
         let handles = &mut self.handles;
         let counters = &*self.counters;
         let blobs = &self.blobs;
@@ -214,13 +261,27 @@ impl Worker {
             | Command::DeviceStatus { .. } => Err(CUDA_ERROR_INVALID_VALUE),
             Command::CtxSynchronize => ctx.synchronize().map(empty),
             Command::CtxGetLimit { limit } => ctx.get_limit(*limit).map(|v| u64_payload(&[v])),
-            Command::CtxSetLimit { limit, value } => ctx.set_limit(*limit, *value).map(empty),
+            Command::CtxSetLimit { limit, value } => {
+                // A heap or stack size takes device memory: past the
+                // tenant's limit, the old size comes back.
+                let before = ctx.get_limit(*limit).ok();
+                ctx.set_limit(*limit, *value)?;
+                if let Err(code) = tenant.account_driver_memory(Refresh::Strict, executor, counters)
+                {
+                    if let Some(before) = before {
+                        let _ = ctx.set_limit(*limit, before);
+                    }
+                    let _ = tenant.account_driver_memory(Refresh::Settle, executor, counters);
+                    return Err(code);
+                }
+                Ok(Vec::new())
+            }
             Command::MemAlloc { size } => {
                 check_room(handles.allocations.len(), limits.allocations)?;
                 // The tenant's memory limit first: past it, the driver is
                 // not asked at all.
                 let budget = tenant.budget();
-                if budget.is_some_and(|b| !b.try_reserve(*size)) {
+                if !tenant.reserve_memory(*size, executor, counters) {
                     return Err(CUDA_ERROR_OUT_OF_MEMORY);
                 }
                 let release = || {
@@ -322,7 +383,7 @@ impl Worker {
                 check_room(handles.modules.len(), limits.modules)?;
                 let bytes = read_image(blobs, image, limits.module_image_bytes, ctx_id)?;
                 Counters::add(&counters.host_cpu_copy_bytes, image.length);
-                let loaded = ctx.module_load(&bytes)?;
+                let loaded = load_module(ctx, tenant, executor, counters, &bytes)?;
                 handles.modules.insert(*module, loaded);
                 self.module_cache.insert(bytes.into());
                 Ok(Vec::new())
@@ -345,7 +406,7 @@ impl Worker {
                     );
                     return Err(CUDA_ERROR_INVALID_VALUE);
                 }
-                let loaded = ctx.module_load(&bytes)?;
+                let loaded = load_module(ctx, tenant, executor, counters, &bytes)?;
                 handles.modules.insert(*module, loaded);
                 self.module_cache.insert_hashed(computed, bytes.into());
                 Ok(Vec::new())
@@ -354,7 +415,7 @@ impl Worker {
                 check_new(&handles.modules, *module)?;
                 check_room(handles.modules.len(), limits.modules)?;
                 let image = self.module_cache.get(hash).ok_or(CUDA_ERROR_NOT_FOUND)?;
-                let loaded = ctx.module_load(&image)?;
+                let loaded = load_module(ctx, tenant, executor, counters, &image)?;
                 handles.modules.insert(*module, loaded);
                 Counters::add(&counters.module_cache_hits, 1);
                 Ok(Vec::new())
@@ -372,6 +433,7 @@ impl Worker {
                     return Err(code);
                 }
                 handles.remove_module(*module);
+                let _ = tenant.account_driver_memory(Refresh::Settle, executor, counters);
                 Ok(Vec::new())
             }
             Command::ModuleGetFunction {
@@ -388,6 +450,8 @@ impl Worker {
                 }
                 let name = std::str::from_utf8(name).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
                 let (handle, info) = ctx.module_get_function(loaded, name)?;
+                // Lazy loading may have brought the function's module in.
+                let _ = tenant.account_driver_memory(Refresh::Lazy, executor, counters);
                 let mut w = WireWriter::new();
                 info.encode(&mut w);
                 // An existing guest handle is re-pointed: the guest reuses
@@ -406,6 +470,7 @@ impl Worker {
                 let loaded = handles.module(*module)?;
                 let name = std::str::from_utf8(name).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
                 let (ptr, size) = ctx.module_get_global(loaded, name)?;
+                let _ = tenant.account_driver_memory(Refresh::Lazy, executor, counters);
                 if !handles.globals.contains_key(&ptr) {
                     check_room(handles.globals.len(), limits.globals)?;
                 }
@@ -570,7 +635,7 @@ impl Worker {
                 check_new(&handles.physical, *handle)?;
                 check_room(handles.physical.len(), limits.allocations)?;
                 let budget = tenant.budget();
-                if budget.is_some_and(|b| !b.try_reserve(*size)) {
+                if !tenant.reserve_memory(*size, executor, counters) {
                     return Err(CUDA_ERROR_OUT_OF_MEMORY);
                 }
                 let created = ctx.mem_create(*size).inspect_err(|_| {
@@ -713,6 +778,8 @@ impl Worker {
                 let graph = handles.graph(*graph)?;
                 let created = ctx.graph_instantiate(graph, *flags)?;
                 handles.graph_execs.insert(*exec, created);
+                // An instantiated graph may hold device memory of its own.
+                let _ = tenant.account_driver_memory(Refresh::Settle, executor, counters);
                 Ok(Vec::new())
             }
             Command::GraphLaunch { exec, stream } => {

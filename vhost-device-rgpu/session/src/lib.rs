@@ -16,6 +16,7 @@ pub mod compute;
 pub mod console;
 pub mod counters;
 pub mod device_ranges;
+mod driver_memory;
 mod execute;
 mod handles;
 pub mod limits;

@@ -20,6 +20,7 @@ use crate::budget::MemoryBudget;
 use crate::channel::ReplyTarget;
 use crate::compute::ComputeGate;
 use crate::device_ranges::DeviceRanges;
+use crate::driver_memory::{DriverMemory, Refresh};
 use crate::limits::SessionLimits;
 
 /// What one session of a tenant uses, updated by its worker.
@@ -28,6 +29,8 @@ pub(crate) struct Usage {
     /// Unique among the tenant's sessions, ever: owns device ranges.
     pub(crate) member: u64,
     ctx_id: u32,
+    /// The guest process id its debug name carries (0: unknown).
+    pid: u32,
     device_memory: AtomicU64,
     has_context: AtomicBool,
     /// When the session started waiting for the GPU (nanoseconds since
@@ -51,6 +54,15 @@ impl Usage {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
                 Some(v.saturating_sub(bytes))
             });
+    }
+
+    /// The guest process id its debug name carries.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        (self.pid != 0).then_some(self.pid)
+    }
+
+    pub(crate) fn has_context(&self) -> bool {
+        self.has_context.load(Ordering::Relaxed)
     }
 
     pub(crate) fn set_has_context(&self, has: bool) {
@@ -89,6 +101,9 @@ pub struct Tenant {
     budget: Option<Arc<dyn MemoryBudget>>,
     /// The scheduler's grants for the tenant; `None`: unscheduled.
     compute: Option<Arc<dyn ComputeGate>>,
+    /// What the driver holds for this process beyond its allocations,
+    /// charged to `budget`.
+    driver_memory: DriverMemory,
 }
 
 /// A session the watchdog found waiting too long.
@@ -190,10 +205,11 @@ impl Tenant {
         self.lock().len()
     }
 
-    pub(crate) fn join(&self, ctx_id: u32) -> Arc<Usage> {
+    pub(crate) fn join(&self, ctx_id: u32, pid: Option<u32>) -> Arc<Usage> {
         let usage = Arc::new(Usage {
             member: self.next_member.fetch_add(1, Ordering::Relaxed),
             ctx_id,
+            pid: pid.unwrap_or(0),
             device_memory: AtomicU64::new(0),
             has_context: AtomicBool::new(false),
             waiting_since: AtomicU64::new(0),
@@ -228,6 +244,52 @@ impl Tenant {
         })
     }
 
+    /// Follows the driver's figure for this process ([`DriverMemory`]);
+    /// a tenant without a budget charges nothing.
+    pub(crate) fn account_driver_memory(
+        &self,
+        how: Refresh,
+        executor: &dyn rgpu_executor::Executor,
+        counters: &crate::Counters,
+    ) -> rgpu_executor::CuResult<()> {
+        let Some(budget) = self.budget() else {
+            return Ok(());
+        };
+        self.driver_memory
+            .refresh(how, executor, budget, counters, || {
+                self.lock().iter().fold(0u64, |sum, u| {
+                    sum.saturating_add(u.device_memory.load(Ordering::Relaxed))
+                })
+            })
+    }
+
+    /// Takes `bytes` for an allocation from the budget (if any). The
+    /// driver's overhead is charged as last seen: before refusing, it is
+    /// looked at again (what it held then may be gone, an allocation's
+    /// rounding with its allocation).
+    pub(crate) fn reserve_memory(
+        &self,
+        bytes: u64,
+        executor: &dyn rgpu_executor::Executor,
+        counters: &crate::Counters,
+    ) -> bool {
+        let Some(budget) = self.budget() else {
+            return true;
+        };
+        budget.try_reserve(bytes)
+            || (self.driver_overhead() > 0
+                && self
+                    .account_driver_memory(Refresh::Settle, executor, counters)
+                    .is_ok()
+                && budget.try_reserve(bytes))
+    }
+
+    /// Device memory the driver holds for this process beyond its
+    /// allocations, as charged now.
+    pub fn driver_overhead(&self) -> u64 {
+        self.driver_memory.charged()
+    }
+
     /// The sessions that hold a device context, in the order they started.
     pub(crate) fn active_sessions(&self) -> Vec<SessionUsage> {
         self.lock()
@@ -236,6 +298,7 @@ impl Tenant {
             .take(MAX_STATUS_SESSIONS)
             .map(|u| SessionUsage {
                 ctx_id: u.ctx_id,
+                pid: u.pid,
                 device_memory: u.device_memory.load(Ordering::Relaxed),
             })
             .collect()
@@ -249,8 +312,8 @@ mod tests {
     #[test]
     fn lists_sessions_with_a_context_until_they_leave() {
         let tenant = Tenant::new();
-        let one = tenant.join(1);
-        let two = tenant.join(2);
+        let one = tenant.join(1, None);
+        let two = tenant.join(2, Some(77));
         assert_eq!(tenant.session_count(), 2);
         assert!(tenant.active_sessions().is_empty());
         two.set_has_context(true);
@@ -261,6 +324,7 @@ mod tests {
             tenant.active_sessions(),
             vec![SessionUsage {
                 ctx_id: 2,
+                pid: 77,
                 device_memory: 4096
             }]
         );

@@ -221,7 +221,7 @@ impl Worker {
     ) -> Self {
         Counters::add(&counters.sessions_active, 1);
         Counters::add(&counters.sessions_total, 1);
-        let usage = tenant.join(ctx_id);
+        let usage = tenant.join(ctx_id, rgpu_proto::process_group::guest_pid(&debug_name));
         Self {
             ctx_id,
             wake_queued,
@@ -897,6 +897,7 @@ impl Worker {
             counters,
             tenant,
             usage,
+            executor,
             ..
         } = self;
         // Forgotten before the context frees them: another context of the
@@ -906,7 +907,16 @@ impl Worker {
             .remove_where(|owner| owner.session == usage.member);
         drop(handles);
         drop(context);
+        if let (Some(budget), Some(_), true) = (tenant.budget(), usage.pid(), usage.has_context()) {
+            budget.context_closed();
+        }
         tenant.leave(&usage);
+        // What the driver gave back with the context goes back too.
+        let _ = tenant.account_driver_memory(
+            crate::driver_memory::Refresh::Settle,
+            &*executor,
+            &counters,
+        );
         Counters::sub(&counters.sessions_active, 1);
     }
 }

@@ -55,6 +55,7 @@ fn device_status_needs_no_context_and_the_first_command_creates_it() {
         status(&mut guest, &session).sessions,
         vec![SessionUsage {
             ctx_id: 7,
+            pid: 0,
             device_memory: 8000
         }]
     );
@@ -118,6 +119,7 @@ fn a_tenant_lists_its_own_sessions_with_a_context() {
     other_guest.alloc(&other, 4096);
     let expected = vec![SessionUsage {
         ctx_id: 1,
+        pid: 0,
         device_memory: 1 << 20,
     }];
     assert_eq!(status(&mut nvml_guest, &nvml).sessions, expected);
@@ -125,6 +127,7 @@ fn a_tenant_lists_its_own_sessions_with_a_context() {
         status(&mut other_guest, &other).sessions,
         vec![SessionUsage {
             ctx_id: 3,
+            pid: 0,
             device_memory: 4096
         }]
     );

@@ -91,9 +91,13 @@ impl Accounting {
         self.publish();
     }
 
-    /// Worker `id` ended: its totals stay, its gauges go. A worker that was
+    /// Worker `id` (process `pid`) ended: its totals stay, its gauges go,
+    /// and so does its line in the tenant's process list. A worker that was
     /// never added (a standby nobody took) counted nothing.
-    pub fn end_worker(&self, id: u64) {
+    pub fn end_worker(&self, id: u64, pid: u32) {
+        if let Some(tenant) = &self.tenant {
+            tenant.forget_process(pid);
+        }
         {
             let mut state = self.lock();
             let Some(page) = state.live.remove(&id) else {

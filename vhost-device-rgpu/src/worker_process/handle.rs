@@ -88,7 +88,7 @@ impl WorkerHandle {
                     let accounting = Arc::clone(&accounting);
                     move || {
                         read_until_end(id, child, &link, &shared);
-                        accounting.end_worker(id);
+                        accounting.end_worker(id, pid);
                     }
                 })?
         };
@@ -120,7 +120,7 @@ impl WorkerHandle {
             );
             // Ended before it was added: account its end now.
             if !self.is_alive() {
-                self.accounting.end_worker(self.id);
+                self.accounting.end_worker(self.id, self.pid);
             }
         }
     }
