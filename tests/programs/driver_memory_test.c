@@ -13,7 +13,8 @@
  * free; modules load until the next one's global would pass the limit,
  * and that load fails with CUDA_ERROR_OUT_OF_MEMORY; each global counts
  * (free memory falls by G per module) and comes back when its module is
- * unloaded; allocations then stop where the limit is. Prints the figures
+ * unloaded; allocations, plain and pitched, then stop where the limit is;
+ * an array either fails as not supported or counts. Prints the figures
  * ("start: free F total T", "loaded N modules, then rc R NAME", ...) and
  * "driver_memory_test: N checks passed" (exit 0) or each failed check
  * (exit 1). */
@@ -30,6 +31,23 @@
 #define MAX_BLOCKS 4096
 #define BLOCK_MB 16
 #define MIB ((size_t)1 << 20)
+#define CU_AD_FORMAT_FLOAT 0x20
+#ifndef CUDA_ERROR_NOT_SUPPORTED
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#endif
+
+/* Not in rgpu_cuda.h: written from NVIDIA's public driver API reference. */
+typedef struct CUarray_st *CUarray;
+typedef struct {
+    size_t Width;
+    size_t Height;
+    int Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width_bytes, size_t height,
+                            unsigned int element_size);
+CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *descriptor);
+CUresult cuArrayDestroy(CUarray array);
 
 static size_t free_mib(void) {
     size_t free_b = 0, total_b = 0;
@@ -122,6 +140,38 @@ int main(int argc, char **argv) {
     CHECK_TRUE((size_t)(n * BLOCK_MB) <= unloaded);
     CHECK_TRUE((size_t)((n + 1) * BLOCK_MB) > unloaded);
     for (long i = 0; i < n; i++) CHECK_CU(cuMemFree(blocks[i]));
+
+    /* Pitched allocations take from the same budget (4096 bytes wide:
+     * a pitch of 4096, 16 MiB a block). */
+    size_t before_pitch = free_mib();
+    long pitched = 0;
+    rc = CUDA_SUCCESS;
+    while (pitched < MAX_BLOCKS) {
+        size_t pitch = 0;
+        rc = cuMemAllocPitch_v2(&blocks[pitched], &pitch, 4096, 4096, 4);
+        if (rc != CUDA_SUCCESS) break;
+        CHECK_EQ_INT(pitch, 4096);
+        pitched++;
+    }
+    printf("pitched %ld MiB, then rc %d %s\n", pitched * BLOCK_MB, rc, error_name(rc));
+    CHECK_EQ_INT(rc, CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_TRUE((size_t)(pitched * BLOCK_MB) <= before_pitch);
+    CHECK_TRUE((size_t)((pitched + 1) * BLOCK_MB) > before_pitch);
+    for (long i = 0; i < pitched; i++) CHECK_CU(cuMemFree(blocks[i]));
+
+    /* Arrays: where they exist, a 4 MiB one counts; rgpu has none yet, so
+     * none can take memory. */
+    CUDA_ARRAY_DESCRIPTOR desc = {1024, 1024, CU_AD_FORMAT_FLOAT, 1};
+    CUarray array;
+    size_t before_array = free_mib();
+    rc = cuArrayCreate_v2(&array, &desc);
+    printf("array: rc %d %s\n", rc, error_name(rc));
+    if (rc == CUDA_SUCCESS) {
+        CHECK_TRUE(free_mib() + 4 <= before_array);
+        CHECK_CU(cuArrayDestroy(array));
+    } else {
+        CHECK_EQ_INT(rc, CUDA_ERROR_NOT_SUPPORTED);
+    }
 
     CHECK_CU(cuDevicePrimaryCtxRelease(dev));
     if (checks_failed) {

@@ -89,7 +89,8 @@ fn a_tenant_stops_at_its_limit_and_sees_it_as_total_memory() {
 /// memory (32 MiB in this sim) and module globals (64 MiB each). Under a
 /// 256 MiB limit, a fresh context leaves 224 MiB; three modules load and
 /// the fourth fails with CUDA_ERROR_OUT_OF_MEMORY; an unload gives its
-/// global back; allocations then stop at what is left
+/// global back; allocations, plain and pitched, then stop at what is left,
+/// and arrays (none in rgpu yet) take nothing
 /// (tests/programs/driver_memory_test.c). When the process is gone, so is
 /// every byte it was charged.
 #[test]
@@ -121,7 +122,9 @@ fn context_overhead_and_module_globals_count_against_the_limit() {
                 "loaded 3 modules of 64 MiB, then rc 2 CUDA_ERROR_OUT_OF_MEMORY; free 32"
             )
             && has_line(out, "after one unload: free 96")
-            && has_line(out, "allocated 224 MiB, then rc 2 CUDA_ERROR_OUT_OF_MEMORY"),
+            && has_line(out, "allocated 224 MiB, then rc 2 CUDA_ERROR_OUT_OF_MEMORY")
+            && has_line(out, "pitched 224 MiB, then rc 2 CUDA_ERROR_OUT_OF_MEMORY")
+            && has_line(out, "array: rc 801 CUDA_ERROR_NOT_SUPPORTED"),
         "{out}"
     );
     daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
