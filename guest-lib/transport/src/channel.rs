@@ -47,6 +47,9 @@ pub struct Reply {
 pub const DEFAULT_RING_KB: u64 = 8192;
 pub const REPLY_AREA_SIZE: u64 = 64 << 10;
 pub const BOUNCE_AREA_SIZE: u64 = 8 << 20;
+/// Slots of the bounce area that a large copy to the guest keeps in
+/// flight (2 MiB each with the default area).
+pub const BOUNCE_SLOTS: usize = 4;
 /// Default of `RGPU_SPIN_US`.
 pub const DEFAULT_SPIN_US: u64 = 50;
 /// Largest `Padding` body: rgpu-proto's header decoder lets Padding (never
@@ -328,6 +331,12 @@ impl Channel {
 
     /// Copies device memory at `src` into `dst` anywhere in this process
     /// through the bounce area; synchronous; returns the CUDA result.
+    ///
+    /// Pipelined: the bounce area is split into [`BOUNCE_SLOTS`] slots, and
+    /// while this thread copies one slot out, the host fills the next ones.
+    /// Only the last piece asks for a reply (an earlier piece's error comes
+    /// with it); the others are known done once the host's `consumed` is
+    /// past them, as the host finishes a staged copy before moving on.
     pub fn copy_from_device(
         &self,
         stream: u32,
@@ -337,39 +346,112 @@ impl Channel {
         if dst.is_empty() {
             return Ok(CUDA_SUCCESS);
         }
-        let chunk = usize::try_from(self.layout.bounce_size)
+        let bounce = usize::try_from(self.layout.bounce_size)
             .ok()
             .filter(|c| *c > 0)
             .ok_or_else(|| CarrierError::Protocol("channel has no bounce area".into()))?;
+        let slot_size = (bounce / BOUNCE_SLOTS) & !7;
+        let (slots, piece_size) = if slot_size == 0 || dst.len() <= bounce.min(slot_size * 2) {
+            (1, bounce)
+        } else {
+            (BOUNCE_SLOTS, slot_size)
+        };
+        let count = dst.len().div_ceil(piece_size);
         let mut state = self.lock();
-        for (i, piece) in dst.chunks_mut(chunk).enumerate() {
-            let seq = Self::take_seq(&mut state);
+        let total = dst.len();
+        // Queues piece `i` into its slot: (its reply sequence, the ring
+        // position after it).
+        let issue = |state: &mut State, i: usize| -> Result<(u64, u64), CarrierError> {
+            let offset = i * piece_size;
+            let length = piece_size.min(total - offset);
+            let seq = if i + 1 == count {
+                Self::take_seq(state)
+            } else {
+                0
+            };
             let command = Command::MemcpyDtoH {
                 stream,
                 dst: BlobRange {
                     resource_id: self.blob.resource_id,
-                    offset: self.layout.bounce_offset,
-                    length: piece.len() as u64,
+                    offset: self.layout.bounce_offset + ((i % slots) * piece_size) as u64,
+                    length: length as u64,
                 },
-                src: src.wrapping_add((i * chunk) as u64),
+                src: src.wrapping_add(offset as u64),
             };
-            self.write_command(&mut state, &command, seq)?;
-            let reply = self.wait_reply(&mut state, seq)?;
-            if reply.result != CUDA_SUCCESS {
-                return Ok(reply.result);
+            self.write_command(state, &command, seq)?;
+            Ok((seq, state.produced))
+        };
+        // Ring positions after the pieces in flight, in order.
+        let mut in_flight = std::collections::VecDeque::with_capacity(slots);
+        let mut reply_seq = 0;
+        for i in 0..slots.min(count) {
+            let (seq, end) = issue(&mut state, i)?;
+            reply_seq = reply_seq.max(seq);
+            in_flight.push_back(end);
+        }
+        for i in 0..count {
+            let end = in_flight.pop_front().unwrap_or(state.produced);
+            if i + 1 == count {
+                let reply = self.wait_reply_spinning(
+                    &mut state,
+                    reply_seq,
+                    self.spin + expected_bytes_duration(piece_size as u64),
+                )?;
+                if reply.result != CUDA_SUCCESS {
+                    return Ok(reply.result);
+                }
+            } else {
+                self.wait_consumed(&state, end, expected_bytes_duration(piece_size as u64))?;
             }
-            // SAFETY: the bounce area lies inside the blob (validated at
-            // bind) and is at least `piece.len()` bytes; the host finished
-            // writing it before it replied.
+            let offset = i * piece_size;
+            let piece = dst
+                .get_mut(offset..(offset + piece_size).min(dst.len()))
+                .ok_or_else(|| CarrierError::Protocol("copy piece out of range".into()))?;
+            // SAFETY: the slot lies inside the bounce area, which lies
+            // inside the blob (validated at bind) and holds `slots` slots of
+            // `piece_size` >= piece.len() bytes; the host finished writing
+            // it (it moved past the command, or replied to it).
             unsafe {
                 std::ptr::copy_nonoverlapping(
-                    self.at(self.layout.bounce_offset),
+                    self.at(self.layout.bounce_offset + ((i % slots) * piece_size) as u64),
                     piece.as_mut_ptr(),
                     piece.len(),
                 );
             }
+            // That slot is free again: the host may fill it with a later
+            // piece meanwhile.
+            if i + slots < count {
+                let (seq, end) = issue(&mut state, i + slots)?;
+                reply_seq = reply_seq.max(seq);
+                in_flight.push_back(end);
+            }
         }
         Ok(CUDA_SUCCESS)
+    }
+
+    /// Waits until the host has executed everything before ring position
+    /// `until`: polls for the spin time plus `expected`, then sleeps on a
+    /// fenced doorbell (which waits for everything published).
+    fn wait_consumed(
+        &self,
+        state: &State,
+        until: u64,
+        expected: Duration,
+    ) -> Result<(), CarrierError> {
+        let spin_until = Instant::now() + self.spin + expected;
+        while self.consumed(state)? < until {
+            if Instant::now() >= spin_until {
+                self.ring_doorbell(state, true)?;
+                if self.consumed(state)? < until {
+                    return Err(CarrierError::Protocol(
+                        "the host signalled a doorbell fence before consuming the ring".into(),
+                    ));
+                }
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        Ok(())
     }
 
     /// Makes `data` visible to the host as a blob range (staged in the ring
@@ -781,6 +863,11 @@ fn expected_duration(command: &Command) -> Duration {
         Command::MemcpyDtoH { dst, .. } => dst.length,
         _ => return Duration::ZERO,
     };
+    expected_bytes_duration(bytes)
+}
+
+/// How long the host takes to copy `bytes` between device and blob memory.
+fn expected_bytes_duration(bytes: u64) -> Duration {
     let nanos = u128::from(bytes) * 1_000_000_000 / u128::from(EXPECTED_COPY_BYTES_PER_S);
     Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)).min(MAX_EXPECTED_SPIN)
 }
