@@ -95,19 +95,23 @@ impl Fences {
         !self.pending.is_empty()
     }
 
-    /// Notes a submission on `stream`, fencing it as `admission` asks.
+    /// Notes a submission on `stream`, fencing it as `admission` asks;
+    /// `now` is when it was admitted (one clock read per command).
     pub fn submitted(
         &mut self,
         ctx: &mut dyn ContextExecutor,
         stream: StreamRef,
         admission: Admission,
+        now: Instant,
     ) -> CuResult<()> {
         if !self.unfenced.contains(&stream) {
             self.unfenced.push(stream);
         }
         let due = match admission {
             Admission::Fenced => true,
-            Admission::Free => self.last_fence.is_none_or(|t| t.elapsed() >= SAMPLE_EVERY),
+            Admission::Free => self
+                .last_fence
+                .is_none_or(|t| now.saturating_duration_since(t) >= SAMPLE_EVERY),
         };
         if due {
             self.fence_unfenced(ctx)?;
@@ -153,11 +157,15 @@ impl Fences {
     /// none once the rest completed (so [`Fences::busy`] turns false only
     /// when everything is done). `force`: look now, not only every
     /// [`POLL_EVERY`].
-    pub fn poll(&mut self, ctx: &mut dyn ContextExecutor, force: bool) {
-        if !force && self.last_poll.is_some_and(|t| t.elapsed() < POLL_EVERY) {
+    pub fn poll(&mut self, ctx: &mut dyn ContextExecutor, force: bool, now: Instant) {
+        if !force
+            && self
+                .last_poll
+                .is_some_and(|t| now.saturating_duration_since(t) < POLL_EVERY)
+        {
             return;
         }
-        self.last_poll = Some(Instant::now());
+        self.last_poll = Some(now);
         while let Some(&event) = self.pending.front() {
             if ctx.event_query(event) == Err(CUDA_ERROR_NOT_READY) {
                 return;

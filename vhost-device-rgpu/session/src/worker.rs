@@ -182,6 +182,8 @@ pub struct Worker {
     /// Until then, submissions are fenced as if arbitrated (a burst the
     /// scheduler has not seen yet: [`PROBATION`]).
     probation_until: Option<Instant>,
+    /// When the command being run was admitted (the scheduler's clock).
+    admitted_at: Instant,
     /// Declared last: dropped after everything that refers to its objects.
     pub(crate) context: DeviceContext,
 }
@@ -246,6 +248,7 @@ impl Worker {
             captures: 0,
             busy_reported: false,
             probation_until: None,
+            admitted_at: Instant::now(),
             context: DeviceContext::NotCreated,
         }
     }
@@ -274,15 +277,18 @@ impl Worker {
         let Some(gate) = self.tenant.compute_gate().cloned() else {
             return Ok(None);
         };
+        // One clock read for the whole command's bookkeeping.
+        let now = Instant::now();
+        self.admitted_at = now;
         if gate.submitting() {
-            self.probation_until = Some(Instant::now() + PROBATION);
+            self.probation_until = Some(now + PROBATION);
         }
         if let (Some(ctx), 0) = (self.context.created(), self.captures) {
-            self.fences.poll(ctx, false);
+            self.fences.poll(ctx, false, now);
         }
         self.report_busy();
         if let Some(admission) = gate.admission() {
-            let on_probation = self.probation_until.is_some_and(|t| Instant::now() < t);
+            let on_probation = self.probation_until.is_some_and(|t| now < t);
             return Ok(Some(if on_probation {
                 Admission::Fenced
             } else {
@@ -310,6 +316,7 @@ impl Worker {
         };
         gate.set_waiting(false);
         Counters::sub(&self.counters.gpu_waiting_sessions, 1);
+        self.admitted_at = Instant::now();
         admitted
     }
 
@@ -328,7 +335,10 @@ impl Worker {
             self.fences.all_done();
         } else if let Some(stream) = command.work_stream() {
             if let Ok(stream) = self.handles.stream(stream) {
-                if let Err(code) = self.fences.submitted(ctx, stream, admission) {
+                if let Err(code) = self
+                    .fences
+                    .submitted(ctx, stream, admission, self.admitted_at)
+                {
                     self.remember(code);
                 }
             }
@@ -347,7 +357,7 @@ impl Worker {
         }
         loop {
             let ctx = self.context.created()?;
-            self.fences.poll(ctx, true);
+            self.fences.poll(ctx, true, Instant::now());
             if let Some(channel) = &self.channel {
                 self.completions
                     .look(ctx, &self.handles, channel, channel.consumed());
