@@ -293,14 +293,11 @@ if [ -e "$bundle/driver_memory_test.c" ] && [ -e "$bundle/libnvidia_ml.so" ]; th
     else
         fail "nvml process list under a limit" "see $logs/nvml-list.log"
     fi
-    # The lister's own worker answered from NVML: no context on the host.
-    if [ "$(grep -c MiB "$logs/nvidia-smi-apps.log")" = 1 ]; then
-        pass "an NVML-only guest process holds no device context on the host"
-    else
-        fail "an NVML-only guest process holds no device context on the host" "see $logs/nvidia-smi-apps.log"
-    fi
+    # The lister registered its channel for DMA, which opens the primary
+    # context on the host: that memory is charged to the tenant (a
+    # "driver memory" line of the lister's worker below).
     grep -c 'driver memory:' "$logs/limited-daemon.log" | sed 's/^/driver memory log lines: /'
-    grep 'driver memory:' "$logs/limited-daemon.log" | head -5
+    grep 'driver memory:' "$logs/limited-daemon.log" | sed 's/^.*\(worker [0-9.]* pid [0-9]*\)\] /\1: /'
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
