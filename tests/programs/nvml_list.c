@@ -3,25 +3,11 @@
  *
  * Prints "self_pid=P", "processes N", then "pid=P used=BYTES" per process
  * (nvmlDeviceGetComputeRunningProcesses_v3 on device 0). Exit 0, 1 on an
- * NVML error. NVML declarations written from NVIDIA's public NVML API
- * reference (no nvml.h on CI). */
+ * NVML error. */
 #include <stdio.h>
 #include <unistd.h>
 
-typedef int nvmlReturn_t;
-typedef struct nvmlDevice_st *nvmlDevice_t;
-typedef struct {
-    unsigned int pid;
-    unsigned long long usedGpuMemory;
-    unsigned int gpuInstanceId;
-    unsigned int computeInstanceId;
-} nvmlProcessInfo_t;
-
-nvmlReturn_t nvmlInit_v2(void);
-nvmlReturn_t nvmlShutdown(void);
-nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device);
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
-                                                     nvmlProcessInfo_t *infos);
+#include "rgpu_nvml.h"
 
 int main(void) {
     nvmlDevice_t device;

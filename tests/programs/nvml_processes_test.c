@@ -15,28 +15,7 @@
 #include "rgpu_cuda.h"
 #include "checks.h"
 
-typedef int nvmlReturn_t;
-typedef struct nvmlDevice_st *nvmlDevice_t;
-
-typedef struct {
-    unsigned int pid;
-    unsigned long long usedGpuMemory;
-    unsigned int gpuInstanceId;
-    unsigned int computeInstanceId;
-} nvmlProcessInfo_t;
-
-typedef struct {
-    unsigned int pid;
-    unsigned long long usedGpuMemory;
-} nvmlProcessInfo_v1_t;
-
-nvmlReturn_t nvmlInit_v2(void);
-nvmlReturn_t nvmlShutdown(void);
-nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device);
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *count,
-                                                  nvmlProcessInfo_v1_t *infos);
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
-                                                     nvmlProcessInfo_t *infos);
+#include "rgpu_nvml.h"
 
 #define ALLOCATION ((size_t)64 << 20)
 
