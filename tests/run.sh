@@ -2,7 +2,8 @@
 # The one test command (CI runs it through .ci/run): checks formatting and
 # the workspace's lints (clippy, warnings denied), builds the whole
 # workspace, so that the daemon binary and guest-lib's libcuda.so exist for
-# the end-to-end tests, then runs every test. Fails on any failure.
+# the end-to-end tests, runs every test, then builds the Debian packages and
+# checks them. Fails on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,3 +22,8 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace
 cargo test --workspace
+
+# The Debian packages build, hold what they must, and their units start the
+# daemon (issue 12).
+bash scripts/package.sh target/packages
+bash tests/packaging/check-packages.sh target/packages
