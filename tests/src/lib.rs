@@ -24,7 +24,7 @@ pub use guest::{is_checks_passed_line, GuestLib, GuestProcess};
 pub use process::{children_of, live_children, ChildProcess};
 pub use stats::Stats;
 pub use temp_dir::TempDir;
-pub use vm::{Vm, VmHost};
+pub use vm::{GuestImage, Vm, VmHost};
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -115,6 +115,72 @@ impl VmHost {
     }
 }
 
+/// A bootable guest disk image with rgpu's guest package installed by
+/// dpkg (`tests/vm/build-guest-image.sh`), and the kernel and initramfs
+/// inside it.
+#[derive(Debug, Clone)]
+pub struct GuestImage {
+    pub disk: PathBuf,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+}
+
+impl GuestImage {
+    /// Builds the Debian packages (`scripts/package.sh`, release) into
+    /// `dir`, then an image there with the guest package and `files`
+    /// ((source, path in the image) pairs).
+    pub fn build(dir: &Path, files: &[(&Path, &str)]) -> Self {
+        let root = workspace_root();
+        let packages = dir.join("packages");
+        run_script(
+            Command::new("bash")
+                .arg(root.join("scripts/package.sh"))
+                .arg(&packages),
+        );
+        let deb = std::fs::read_dir(&packages)
+            .unwrap_or_else(|e| panic!("read {}: {e}", packages.display()))
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("rgpu-guest_"))
+            })
+            .unwrap_or_else(|| panic!("no rgpu-guest_*.deb in {}", packages.display()));
+        let image = dir.join("image");
+        let mut command = Command::new("bash");
+        command
+            .arg(root.join("tests/vm/build-guest-image.sh"))
+            .arg(&image)
+            .arg(&deb)
+            .env("RGPU_CACHE", VmHost::cache_dir());
+        for (source, dest) in files {
+            let mut spec = source.as_os_str().to_owned();
+            spec.push("=");
+            spec.push(dest);
+            command.arg(spec);
+        }
+        run_script(&mut command);
+        Self {
+            disk: image.join("disk.raw"),
+            kernel: image.join("vmlinuz"),
+            initrd: image.join("initrd.img"),
+        }
+    }
+}
+
+/// Runs a build script to its end; panics with its output if it fails.
+fn run_script(command: &mut Command) {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 fn tool_on_path(tool: &str) -> bool {
     std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
@@ -150,9 +216,22 @@ impl Vm {
         memory: &str,
         append: &str,
     ) -> Self {
+        Self::start_with_args(host, daemon, initrd, memory, append, &[])
+    }
+
+    /// [`Vm::start`] with more QEMU arguments.
+    fn start_with_args(
+        host: &VmHost,
+        daemon: &Daemon,
+        initrd: &Path,
+        memory: &str,
+        append: &str,
+        qemu_args: &[std::ffi::OsString],
+    ) -> Self {
         let config = workspace_root().join(QEMU_CONFIG);
         let mut child = Command::new("bash")
             .arg(&config)
+            .args(qemu_args)
             .env("RGPU_SOCKET", daemon.socket())
             .env("KERNEL", &host.kernel)
             .env("INITRD", initrd)
@@ -178,6 +257,27 @@ impl Vm {
             console,
             cursor: 0,
         }
+    }
+
+    /// Boots a disk image of `tests/vm/build-guest-image.sh` (its own
+    /// kernel and initramfs, the image as the root disk, its test init)
+    /// through [`QEMU_CONFIG`], attached to `daemon`.
+    pub fn start_image(host: &VmHost, daemon: &Daemon, image: &GuestImage, memory: &str) -> Self {
+        let host = VmHost {
+            kernel: image.kernel.clone(),
+            ..host.clone()
+        };
+        let mut drive = std::ffi::OsString::from("file=");
+        drive.push(&image.disk);
+        drive.push(",format=raw,if=virtio");
+        Self::start_with_args(
+            &host,
+            daemon,
+            &image.initrd,
+            memory,
+            "root=/dev/vda rw init=/sbin/rgpu-test-init",
+            &["-drive".into(), drive],
+        )
     }
 
     /// Everything the guest printed so far.

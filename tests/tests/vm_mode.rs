@@ -153,6 +153,65 @@ impl Fixture {
     }
 }
 
+/// The guest as a cloud image build makes it (issue 12): a Debian 13 disk
+/// image with rgpu's guest package installed by dpkg
+/// (`tests/vm/build-guest-image.sh`), booted with its own kernel and
+/// initramfs. The driver-API test finds the package's libcuda.so.1 through
+/// the ld.so cache and passes as the non-root user `cuda`.
+#[test]
+fn driver_api_test_in_a_disk_image_with_the_guest_package() {
+    let host = host();
+    let daemon = Daemon::start("sim");
+    let guest = rgpu_tests::GuestLib::new();
+    let program = guest.build_program("driver_api_test.c");
+    let root = workspace_root();
+    let ptx = rgpu_tests::reference_ptx();
+    let image = rgpu_tests::GuestImage::build(
+        daemon.dir(),
+        &[
+            (program.as_path(), "/opt/rgpu-test/driver_api_test"),
+            (ptx.as_path(), "/opt/rgpu-test/reference_kernels.ptx"),
+            (
+                root.join("tests/vm/guest-image-test.sh").as_path(),
+                "/test.sh",
+            ),
+        ],
+    );
+    let started = Instant::now();
+    let vm = Vm::start_image(&host, &daemon, &image, GUEST_MEMORY);
+    let mut f = Fixture {
+        vm,
+        daemon,
+        started,
+    };
+    f.check_boot();
+    let boot = f.vm.consumed();
+    assert!(
+        boot.iter()
+            .any(|l| l.contains("from the disk image (root /dev/vda)"))
+            && boot
+                .iter()
+                .any(|l| l.contains("rgpu-guest ") && l.ends_with("installed by dpkg")),
+        "not the disk image with the package; console:\n{}",
+        f.vm.console()
+    );
+    let diag = f.step("diag", 0);
+    assert!(
+        diag.iter().any(|l| l == "rgpu-diag: all checks passed"),
+        "rgpu-diag failed; console:\n{}",
+        f.vm.console()
+    );
+    f.step("single", 1);
+    assert!(
+        f.vm.console()
+            .lines()
+            .any(|l| l.contains("libcuda.so.1 (libc6,x86-64) => /usr/lib/rgpu/libcuda.so.1")),
+        "libcuda.so.1 is not the package's; console:\n{}",
+        f.vm.console()
+    );
+    f.finish();
+}
+
 fn wait_sessions(daemon: &Daemon, sessions: u64) {
     daemon.wait_for_stats(
         ACCOUNTING_TIMEOUT,
