@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # cloud-hypervisor with rgpu attached as its generic vhost-user device.
 #
-# NOT EXPECTED TO WORK YET, and not exercised by rgpu's tests. In the
-# cloud-hypervisor source we read (virtio-devices/src/vhost_user/
+# NEEDS rgpu's PATCH (qemu-configs/cloud-hypervisor/), not run (no KVM).
+# In unpatched cloud-hypervisor (virtio-devices/src/vhost_user/
 # generic_vhost_user.rs), the generic device offers the guest only the
 # transport feature bits (VERSION_1, EVENT_IDX, INDIRECT_DESC, ...) of what
 # the backend offers, never device-specific ones. The guest then sees
