@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use cudarc::driver::sys;
 use log::{debug, info, trace, warn};
 use rgpu_proto::capset::{DeviceInfo, ATTRIBUTE_SLOTS, ATTRIBUTE_UNSUPPORTED};
-use rgpu_proto::command::ClusterQuery;
+use rgpu_proto::command::{launch_attribute, ClusterQuery};
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::reply::{FunctionInfo, ParamSlot};
 use rgpu_proto::MAX_KERNEL_PARAMS;
@@ -30,7 +30,8 @@ use rgpu_proto::MAX_KERNEL_PARAMS;
 use crate::image::{classify, ImageKind};
 use crate::nvml::HostNvml;
 use crate::{
-    ptx, ContextExecutor, CuResult, DeviceStatus, Executor, ExecutorError, HostRun, StreamRef,
+    ptx, ContextExecutor, CuResult, DeviceStatus, Executor, ExecutorError, HostRun, LaunchHint,
+    LaunchOptions, StreamRef,
 };
 
 /// Exported by rgpu's guest library so the daemon can tell it apart from
@@ -63,11 +64,6 @@ type LaunchKernelExFn = unsafe extern "C" fn(
     *mut *mut c_void,
     *mut *mut c_void,
 ) -> u32;
-
-/// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE`.
-const LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
-/// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`.
-const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
 
 /// `CUlaunchAttribute`: an id, then a 64-byte value union at offset 8 (a
 /// cluster dimension is its first three `u32`s).
@@ -601,6 +597,77 @@ impl CudaContext {
         }
     }
 
+    /// `hint` as the driver's `CUlaunchAttribute` (its value union laid
+    /// out as cuda.h has it), with this context's event objects.
+    fn launch_attribute(&self, hint: &LaunchHint) -> CuResult<LaunchAttribute> {
+        let mut value = [0u32; 16];
+        let split = |v: u64| [v as u32, (v >> 32) as u32];
+        let id = match *hint {
+            LaunchHint::AccessPolicyWindow {
+                base,
+                bytes,
+                hit_ratio,
+                hit_property,
+                miss_property,
+            } => {
+                value[..2].copy_from_slice(&split(base));
+                value[2..4].copy_from_slice(&split(bytes));
+                value[4] = hit_ratio.to_bits();
+                value[5] = hit_property;
+                value[6] = miss_property;
+                launch_attribute::ACCESS_POLICY_WINDOW
+            }
+            LaunchHint::SynchronizationPolicy(policy) => {
+                value[0] = policy;
+                launch_attribute::SYNCHRONIZATION_POLICY
+            }
+            LaunchHint::ClusterSchedulingPolicy(policy) => {
+                value[0] = policy;
+                launch_attribute::CLUSTER_SCHEDULING_POLICY_PREFERENCE
+            }
+            LaunchHint::ProgrammaticStreamSerialization(allowed) => {
+                value[0] = u32::from(allowed);
+                launch_attribute::PROGRAMMATIC_STREAM_SERIALIZATION
+            }
+            LaunchHint::ProgrammaticEvent {
+                event,
+                flags,
+                trigger_at_block_start,
+            } => {
+                value[..2].copy_from_slice(&split(self.event(event)? as u64));
+                value[2] = flags;
+                value[3] = u32::from(trigger_at_block_start);
+                launch_attribute::PROGRAMMATIC_EVENT
+            }
+            LaunchHint::Priority(priority) => {
+                value[0] = priority as u32;
+                launch_attribute::PRIORITY
+            }
+            LaunchHint::MemSyncDomainMap { default, remote } => {
+                value[0] = u32::from(default) | u32::from(remote) << 8;
+                launch_attribute::MEM_SYNC_DOMAIN_MAP
+            }
+            LaunchHint::MemSyncDomain(domain) => {
+                value[0] = domain;
+                launch_attribute::MEM_SYNC_DOMAIN
+            }
+            LaunchHint::PreferredClusterDimension(dims) => {
+                value[..3].copy_from_slice(&dims);
+                launch_attribute::PREFERRED_CLUSTER_DIMENSION
+            }
+            LaunchHint::LaunchCompletionEvent { event, flags } => {
+                value[..2].copy_from_slice(&split(self.event(event)? as u64));
+                value[2] = flags;
+                launch_attribute::LAUNCH_COMPLETION_EVENT
+            }
+            LaunchHint::PreferredSharedMemoryCarveout(carveout) => {
+                value[0] = carveout;
+                launch_attribute::PREFERRED_SHARED_MEMORY_CARVEOUT
+            }
+        };
+        Ok(LaunchAttribute { id, pad: 0, value })
+    }
+
     fn event(&self, event: u64) -> CuResult<sys::CUevent> {
         self.events
             .get(&event)
@@ -1056,7 +1123,7 @@ impl ContextExecutor for CudaContext {
         let mut value = [0u32; 16];
         value[..3].copy_from_slice(&query.cluster);
         let attribute = LaunchAttribute {
-            id: LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            id: launch_attribute::CLUSTER_DIMENSION,
             pad: 0,
             value,
         };
@@ -1123,29 +1190,31 @@ impl ContextExecutor for CudaContext {
         shared_mem_bytes: u32,
         stream: StreamRef,
         params: &[u8],
-        cluster: [u32; 3],
-        cooperative: bool,
+        options: &LaunchOptions,
     ) -> CuResult<()> {
         let function = self.function(function)?;
         let stream = self.stream(stream)?;
-        let mut attributes = Vec::with_capacity(2);
-        if cluster != [0; 3] {
+        let mut attributes = Vec::with_capacity(2 + options.hints.len());
+        if options.cluster != [0; 3] {
             let mut value = [0u32; 16];
-            value[..3].copy_from_slice(&cluster);
+            value[..3].copy_from_slice(&options.cluster);
             attributes.push(LaunchAttribute {
-                id: LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                id: launch_attribute::CLUSTER_DIMENSION,
                 pad: 0,
                 value,
             });
         }
-        if cooperative {
+        if options.cooperative {
             let mut value = [0u32; 16];
             value[0] = 1;
             attributes.push(LaunchAttribute {
-                id: LAUNCH_ATTRIBUTE_COOPERATIVE,
+                id: launch_attribute::COOPERATIVE,
                 pad: 0,
                 value,
             });
+        }
+        for hint in &options.hints {
+            attributes.push(self.launch_attribute(hint)?);
         }
         let config = LaunchConfig {
             grid,

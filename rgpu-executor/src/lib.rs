@@ -96,6 +96,56 @@ pub struct DeviceStatus {
     pub driver_version: String,
 }
 
+/// A `cuLaunchKernelEx` attribute besides the cluster shape and the
+/// cooperative flag, as the session checked it: events are this executor's
+/// handles, an access window lies in the process's own device memory.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LaunchHint {
+    AccessPolicyWindow {
+        base: u64,
+        bytes: u64,
+        hit_ratio: f32,
+        hit_property: u32,
+        miss_property: u32,
+    },
+    SynchronizationPolicy(u32),
+    ClusterSchedulingPolicy(u32),
+    ProgrammaticStreamSerialization(bool),
+    ProgrammaticEvent {
+        event: u64,
+        flags: u32,
+        trigger_at_block_start: bool,
+    },
+    Priority(i32),
+    MemSyncDomainMap {
+        default: u8,
+        remote: u8,
+    },
+    MemSyncDomain(u32),
+    PreferredClusterDimension([u32; 3]),
+    LaunchCompletionEvent {
+        event: u64,
+        flags: u32,
+    },
+    PreferredSharedMemoryCarveout(u32),
+}
+
+/// What a `cuLaunchKernelEx` asks beyond an ordinary launch.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LaunchOptions {
+    /// Thread-block cluster shape; all zero: none.
+    pub cluster: [u32; 3],
+    pub cooperative: bool,
+    pub hints: Vec<LaunchHint>,
+}
+
+impl LaunchOptions {
+    /// Nothing an ordinary launch does not do.
+    pub fn is_plain(&self) -> bool {
+        self.cluster.iter().all(|d| *d <= 1) && !self.cooperative && self.hints.is_empty()
+    }
+}
+
 /// The daemon-wide executor.
 pub trait Executor: Send + Sync {
     /// "cuda" or "sim".
@@ -231,9 +281,8 @@ pub trait ContextExecutor {
         params: &[u8],
     ) -> CuResult<()>;
 
-    /// A launch in thread-block clusters of `cluster` (all zero: none)
-    /// and/or cooperative. Executors without either refuse it unless it
-    /// asks for neither.
+    /// A launch with `options` (clusters, cooperative, attributes).
+    /// Executors without them refuse it unless it asks for none.
     #[allow(clippy::too_many_arguments)]
     fn launch_kernel_ex(
         &mut self,
@@ -243,10 +292,9 @@ pub trait ContextExecutor {
         shared_mem_bytes: u32,
         stream: StreamRef,
         params: &[u8],
-        cluster: [u32; 3],
-        cooperative: bool,
+        options: &LaunchOptions,
     ) -> CuResult<()> {
-        if cluster.iter().all(|d| *d <= 1) && !cooperative {
+        if options.is_plain() {
             return self.launch_kernel(function, grid, block, shared_mem_bytes, stream, params);
         }
         Err(CUDA_ERROR_NOT_SUPPORTED)

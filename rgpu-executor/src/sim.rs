@@ -32,7 +32,10 @@ use rgpu_proto::reply::FunctionInfo;
 
 use crate::image::{classify, ImageKind};
 use crate::occupancy::{self, KernelResources};
-use crate::{ptx, ContextExecutor, CuResult, DeviceStatus, Executor, HostRun, StreamRef};
+use crate::{
+    ptx, ContextExecutor, CuResult, DeviceStatus, Executor, HostRun, LaunchHint, LaunchOptions,
+    StreamRef,
+};
 
 /// What `rgpu_spin` with a duration past the clock's range waits: forever,
 /// for any test.
@@ -1372,12 +1375,12 @@ impl ContextExecutor for SimContext {
         shared_mem_bytes: u32,
         stream: StreamRef,
         params: &[u8],
-        cluster: [u32; 3],
-        _cooperative: bool,
+        options: &LaunchOptions,
     ) -> CuResult<()> {
         // As the driver: clusters tile the grid, at most 8 blocks (the
         // portable size). Blocks run one after another here, so a
         // cooperative launch needs nothing more.
+        let cluster = options.cluster;
         if cluster != [0; 3] {
             let blocks = cluster.iter().map(|d| u64::from(*d)).product::<u64>();
             let tiles = cluster.iter().zip(grid).all(|(c, g)| *c > 0 && g % *c == 0);
@@ -1385,7 +1388,29 @@ impl ContextExecutor for SimContext {
                 return Err(CUDA_ERROR_INVALID_CLUSTER_SIZE);
             }
         }
-        self.launch_kernel(function, grid, block, shared_mem_bytes, stream, params)
+        // Hints change nothing here; events are checked first, as the
+        // driver does, and recorded once the kernel ran (its completion).
+        let mut events = Vec::new();
+        for hint in &options.hints {
+            match *hint {
+                LaunchHint::ProgrammaticEvent { event, .. }
+                | LaunchHint::LaunchCompletionEvent { event, .. } => {
+                    if !self.events.contains_key(&event) {
+                        return Err(CUDA_ERROR_INVALID_HANDLE);
+                    }
+                    events.push(event);
+                }
+                LaunchHint::MemSyncDomain(domain) if domain > 1 => {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                _ => {}
+            }
+        }
+        self.launch_kernel(function, grid, block, shared_mem_bytes, stream, params)?;
+        for event in events {
+            self.event_record(event, stream)?;
+        }
+        Ok(())
     }
 
     fn mem_granularity(&mut self, option: u32) -> CuResult<u64> {

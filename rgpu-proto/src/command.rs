@@ -156,6 +156,39 @@ pub struct Launch {
     pub params: Vec<u8>,
 }
 
+/// Most attributes one `LaunchKernelEx` carries besides its cluster shape
+/// and cooperative flag (the driver defines fewer than 20 kinds).
+pub const MAX_LAUNCH_ATTRIBUTES: usize = 16;
+
+/// `CUlaunchAttributeID`s (cuda.h) that a `LaunchKernelEx` may carry.
+pub mod launch_attribute {
+    pub const IGNORE: u32 = 0;
+    pub const ACCESS_POLICY_WINDOW: u32 = 1;
+    pub const COOPERATIVE: u32 = 2;
+    pub const SYNCHRONIZATION_POLICY: u32 = 3;
+    pub const CLUSTER_DIMENSION: u32 = 4;
+    pub const CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 5;
+    pub const PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
+    pub const PROGRAMMATIC_EVENT: u32 = 7;
+    pub const PRIORITY: u32 = 8;
+    pub const MEM_SYNC_DOMAIN_MAP: u32 = 9;
+    pub const MEM_SYNC_DOMAIN: u32 = 10;
+    pub const PREFERRED_CLUSTER_DIMENSION: u32 = 11;
+    pub const LAUNCH_COMPLETION_EVENT: u32 = 12;
+    pub const PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 14;
+}
+
+/// One `CUlaunchAttribute` of a `cuLaunchKernelEx` as the guest sent it:
+/// the driver's attribute id and the first 32 bytes of its value union
+/// (the largest value the host accepts, the access policy window, is 28).
+/// Event handles in it are the guest's handles; the host checks and
+/// translates every field before the driver sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LaunchAttr {
+    pub id: u32,
+    pub value: [u64; 4],
+}
+
 /// A value of a command body on the wire: how it is read (never trusting
 /// a length), written, and how long it is written, so a command's size is
 /// known without encoding it. [`commands!`] builds every command from these.
@@ -407,6 +440,50 @@ impl Field for Launch {
     }
 }
 
+impl Field for Vec<LaunchAttr> {
+    fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError> {
+        let count = r.u32()? as usize;
+        if count > MAX_LAUNCH_ATTRIBUTES {
+            return Err(DecodeError::LengthOutOfRange {
+                length: count as u64,
+                limit: MAX_LAUNCH_ATTRIBUTES as u64,
+            });
+        }
+        let mut attributes = Vec::with_capacity(count);
+        for _ in 0..count {
+            let id = r.u32()?;
+            let _pad = r.u32()?;
+            attributes.push(LaunchAttr {
+                id,
+                value: [r.u64()?, r.u64()?, r.u64()?, r.u64()?],
+            });
+        }
+        Ok(attributes)
+    }
+    fn write(&self, w: &mut WireWriter) {
+        let attributes = self.get(..MAX_LAUNCH_ATTRIBUTES).unwrap_or(self);
+        w.u32(attributes.len() as u32);
+        for attribute in attributes {
+            w.u32(attribute.id).u32(0);
+            for v in attribute.value {
+                w.u64(v);
+            }
+        }
+    }
+    fn wire_len(&self) -> usize {
+        4 + self.len().min(MAX_LAUNCH_ATTRIBUTES) * 40
+    }
+    fn draw(draw: &mut dyn FnMut() -> u64) -> Self {
+        let count = draw() % 4;
+        (0..count)
+            .map(|_| LaunchAttr {
+                id: (draw() % 16) as u32,
+                value: [draw(), draw(), draw(), draw()],
+            })
+            .collect()
+    }
+}
+
 /// The command table: each command is defined once, with its wire number
 /// and its fields in wire order. It generates [`Opcode`], [`Command`], and
 /// for every command its decoding (the whole body must be consumed, and a
@@ -589,9 +666,14 @@ commands! {
     /// not used); answers an `i32`.
     OccupancyMaxPotentialClusterSize = 0x030d { query: ClusterQuery };
     /// `cuLaunchKernelEx` with what changes how a kernel runs: a
-    /// thread-block cluster shape (all zero: none) and a cooperative launch
-    /// (0 or 1).
-    LaunchKernelEx = 0x030c { launch: Launch, cluster: [u32; 3], cooperative: u32 }
+    /// thread-block cluster shape (all zero: none), a cooperative launch
+    /// (0 or 1), and every other launch attribute the guest gave.
+    LaunchKernelEx = 0x030c {
+        launch: Launch,
+        cluster: [u32; 3],
+        cooperative: u32,
+        attributes: Vec<LaunchAttr>,
+    }
         check cooperative_flag;
     StreamCreate = 0x0400 { stream: u32, flags: u32, priority: i32 };
     StreamDestroy = 0x0401 { stream: u32 };
@@ -650,6 +732,26 @@ impl Command {
             | Command::MemcpyDtoD { stream, .. }
             | Command::Memset { stream, .. } => Some(*stream),
             _ => None,
+        }
+    }
+
+    /// The events a command records: an event record's, and the events a
+    /// launch's attributes record (programmatic and completion events).
+    pub fn events_recorded(&self) -> Vec<u32> {
+        match self {
+            Command::EventRecord { event, .. } => vec![*event],
+            Command::LaunchKernelEx { attributes, .. } => attributes
+                .iter()
+                .filter(|a| {
+                    matches!(
+                        a.id,
+                        launch_attribute::PROGRAMMATIC_EVENT
+                            | launch_attribute::LAUNCH_COMPLETION_EVENT
+                    )
+                })
+                .map(|a| a.value[0] as u32)
+                .collect(),
+            _ => Vec::new(),
         }
     }
 

@@ -19,14 +19,15 @@ pub mod reply;
 pub mod virtio_gpu;
 pub mod wire;
 
-pub use command::{BlobRange, Command, CommandHeader, Opcode};
+pub use command::{BlobRange, Command, CommandHeader, LaunchAttr, Opcode};
 pub use wire::DecodeError;
 
 /// Version of the command stream. The guest refuses a host whose capset
 /// carries another major version. Version 2 added console output to the
 /// reply record (`channel::REPLY_OFFSET_CONSOLE_LEN`); version 3 dropped the
-/// reserved words from command bodies (one table defines every command).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// reserved words from command bodies (one table defines every command);
+/// version 4 gave `LaunchKernelEx` the launch attributes it carries.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// The virtio-gpu capability-set id of the rgpu CUDA context type.
 ///

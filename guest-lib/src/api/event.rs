@@ -18,6 +18,11 @@ fn event(handle: CUevent) -> Result<Arc<Event>, u32> {
     EVENTS.get(handle).ok_or(CUDA_ERROR_INVALID_HANDLE)
 }
 
+/// The handle the host knows `event` by (a launch attribute names it).
+pub(crate) fn guest_handle(event_ptr: CUevent) -> Result<u32, u32> {
+    event(event_ptr).map(|e| e.handle)
+}
+
 pub(crate) fn create(phevent: *mut CUevent, flags: c_uint) -> Result<(), u32> {
     if phevent.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);

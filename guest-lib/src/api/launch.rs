@@ -5,11 +5,11 @@
 
 use std::ffi::{c_uint, c_void};
 
-use rgpu_proto::command::Launch;
+use rgpu_proto::command::{launch_attribute, Launch, LaunchAttr, MAX_LAUNCH_ATTRIBUTES};
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::Command;
 
-use crate::abi::{CUdevice, CUfunction, CUstream};
+use crate::abi::{CUdevice, CUevent, CUfunction, CUstream};
 use crate::api::context::same_context;
 use crate::api::library::function_or_kernel;
 use crate::params::marshal;
@@ -40,7 +40,7 @@ impl LaunchConfig {
     pub(crate) fn stream_and_cluster(&self) -> Result<(CUstream, [u32; 3]), u32> {
         let mut cluster = [0; 3];
         for attribute in attributes(self)? {
-            if attribute.id == ATTRIBUTE_CLUSTER_DIMENSION {
+            if attribute.id == launch_attribute::CLUSTER_DIMENSION {
                 cluster.copy_from_slice(&attribute.value[..3]);
             }
         }
@@ -64,36 +64,47 @@ fn attributes(config: &LaunchConfig) -> Result<&[LaunchAttribute], u32> {
     Ok(unsafe { std::slice::from_raw_parts(config.attrs, config.num_attrs as usize) })
 }
 
-const ATTRIBUTE_IGNORE: u32 = 0;
-const ATTRIBUTE_ACCESS_POLICY_WINDOW: u32 = 1;
-const ATTRIBUTE_COOPERATIVE: u32 = 2;
-const ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
-const ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 5;
-const ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
-const ATTRIBUTE_PRIORITY: u32 = 8;
-const ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: u32 = 9;
-const ATTRIBUTE_MEM_SYNC_DOMAIN: u32 = 10;
-const ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION: u32 = 11;
 /// Largest attribute list accepted.
 const MAX_ATTRIBUTES: c_uint = 64;
 
-/// Whether a launch attribute can be left out without changing what the
-/// launch computes: hints, permissions and default values can; cooperative
-/// launches, cluster shapes and events cannot (yet).
-fn attribute_is_optional(attribute: &LaunchAttribute) -> bool {
-    match attribute.id {
-        ATTRIBUTE_IGNORE
-        | ATTRIBUTE_ACCESS_POLICY_WINDOW
-        | ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
-        | ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        | ATTRIBUTE_PRIORITY
-        | ATTRIBUTE_MEM_SYNC_DOMAIN_MAP
-        | ATTRIBUTE_MEM_SYNC_DOMAIN
-        | ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION => true,
-        ATTRIBUTE_COOPERATIVE => attribute.value[0] == 0,
-        ATTRIBUTE_CLUSTER_DIMENSION => attribute.value[..3].iter().all(|d| *d <= 1),
-        _ => false,
+/// `attribute` as it travels to the host: the first 32 bytes of its value
+/// union as four words, an event as this process's handle of it (checked
+/// here: the host knows no guest pointers). `None`: nothing to send
+/// (`IGNORE`). An attribute the host does not take fails the launch now,
+/// saying which, rather than later and silently.
+fn wire_attribute(attribute: &LaunchAttribute) -> Result<Option<LaunchAttr>, u32> {
+    let w = &attribute.value;
+    let mut value = [0u64; 4];
+    for (i, v) in value.iter_mut().enumerate() {
+        *v = u64::from(w[2 * i]) | u64::from(w[2 * i + 1]) << 32;
     }
+    match attribute.id {
+        launch_attribute::IGNORE => return Ok(None),
+        launch_attribute::PROGRAMMATIC_EVENT | launch_attribute::LAUNCH_COMPLETION_EVENT => {
+            let event = value[0] as usize as CUevent;
+            value[0] = u64::from(crate::api::event::guest_handle(event)?);
+        }
+        launch_attribute::ACCESS_POLICY_WINDOW
+        | launch_attribute::SYNCHRONIZATION_POLICY
+        | launch_attribute::CLUSTER_SCHEDULING_POLICY_PREFERENCE
+        | launch_attribute::PROGRAMMATIC_STREAM_SERIALIZATION
+        | launch_attribute::PRIORITY
+        | launch_attribute::MEM_SYNC_DOMAIN_MAP
+        | launch_attribute::MEM_SYNC_DOMAIN
+        | launch_attribute::PREFERRED_CLUSTER_DIMENSION
+        | launch_attribute::PREFERRED_SHARED_MEMORY_CARVEOUT => {}
+        other => {
+            log::warn!(
+                "rgpu: cuLaunchKernelEx: launch attribute {other} ({:?}) is not supported",
+                &w[..4]
+            );
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+    }
+    Ok(Some(LaunchAttr {
+        id: attribute.id,
+        value,
+    }))
 }
 
 /// Refuses a launch the device cannot run, at once, as the driver does
@@ -133,16 +144,17 @@ fn check_geometry(
 }
 
 /// What a `cuLaunchKernelEx` asks beyond an ordinary launch: a cluster
-/// shape (all zero: none) and a cooperative launch.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// shape (all zero: none), a cooperative launch, and its other attributes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct LaunchShape {
     cluster: [u32; 3],
     cooperative: bool,
+    attributes: Vec<LaunchAttr>,
 }
 
 impl LaunchShape {
-    fn is_plain(self) -> bool {
-        self.cluster.iter().all(|d| *d <= 1) && !self.cooperative
+    fn is_plain(&self) -> bool {
+        self.cluster.iter().all(|d| *d <= 1) && !self.cooperative && self.attributes.is_empty()
     }
 }
 
@@ -210,6 +222,7 @@ fn launch_shaped(
         launch,
         cluster: shape.cluster,
         cooperative: u32::from(shape.cooperative),
+        attributes: shape.attributes,
     })
 }
 
@@ -292,8 +305,8 @@ fn launch_cooperative_on(
         std::ptr::null_mut(),
         per_thread,
         LaunchShape {
-            cluster: [0; 3],
             cooperative: true,
+            ..LaunchShape::default()
         },
     )
 }
@@ -361,18 +374,15 @@ fn launch_ex(
     let mut shape = LaunchShape::default();
     for attribute in attributes(config)? {
         match attribute.id {
-            ATTRIBUTE_CLUSTER_DIMENSION => shape.cluster.copy_from_slice(&attribute.value[..3]),
-            ATTRIBUTE_COOPERATIVE => shape.cooperative = attribute.value[0] != 0,
-            _ if attribute_is_optional(attribute) => {}
-            _ => {
-                log::warn!(
-                    "rgpu: cuLaunchKernelEx: launch attribute {} ({:?}) is not supported",
-                    attribute.id,
-                    &attribute.value[..3]
-                );
-                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            launch_attribute::CLUSTER_DIMENSION => {
+                shape.cluster.copy_from_slice(&attribute.value[..3]);
             }
+            launch_attribute::COOPERATIVE => shape.cooperative = attribute.value[0] != 0,
+            _ => shape.attributes.extend(wire_attribute(attribute)?),
         }
+    }
+    if shape.attributes.len() > MAX_LAUNCH_ATTRIBUTES {
+        return Err(CUDA_ERROR_INVALID_VALUE);
     }
     launch_shaped(
         f,
@@ -422,26 +432,31 @@ mod tests {
     }
 
     #[test]
-    fn only_attributes_that_change_nothing_are_left_out() {
-        assert!(attribute_is_optional(&attribute(ATTRIBUTE_PRIORITY, &[3])));
-        assert!(attribute_is_optional(&attribute(
-            ATTRIBUTE_COOPERATIVE,
-            &[0]
-        )));
-        assert!(!attribute_is_optional(&attribute(
-            ATTRIBUTE_COOPERATIVE,
-            &[1]
-        )));
-        assert!(attribute_is_optional(&attribute(
-            ATTRIBUTE_CLUSTER_DIMENSION,
-            &[1, 1, 1]
-        )));
-        assert!(!attribute_is_optional(&attribute(
-            ATTRIBUTE_CLUSTER_DIMENSION,
-            &[2, 1, 1]
-        )));
-        // Programmatic and completion events must fire: not supported.
-        assert!(!attribute_is_optional(&attribute(7, &[])));
-        assert!(!attribute_is_optional(&attribute(12, &[])));
+    fn attributes_travel_as_four_words_of_their_value() {
+        let window = attribute(
+            launch_attribute::ACCESS_POLICY_WINDOW,
+            &[0x1000, 0x7f, 4096, 0, 0x3f00_0000, 1, 2],
+        );
+        assert_eq!(
+            wire_attribute(&window),
+            Ok(Some(LaunchAttr {
+                id: launch_attribute::ACCESS_POLICY_WINDOW,
+                value: [0x7f_0000_1000, 4096, 0x1_3f00_0000, 2],
+            }))
+        );
+        let priority = attribute(launch_attribute::PRIORITY, &[3]);
+        assert_eq!(
+            wire_attribute(&priority).map(|a| a.map(|a| a.value[0])),
+            Ok(Some(3))
+        );
+        assert_eq!(
+            wire_attribute(&attribute(launch_attribute::IGNORE, &[9])),
+            Ok(None)
+        );
+        // One the host does not take (a graph node's) fails now.
+        assert_eq!(
+            wire_attribute(&attribute(13, &[1])),
+            Err(CUDA_ERROR_NOT_SUPPORTED)
+        );
     }
 }

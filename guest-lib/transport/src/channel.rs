@@ -162,10 +162,10 @@ struct QueryNotes {
 impl QueryNotes {
     /// Notes what a command written up to `end` changes for queries.
     fn note(&mut self, command: &Command, end: u64) {
+        for event in command.events_recorded() {
+            self.recorded.insert(event, end);
+        }
         match command {
-            Command::EventRecord { event, .. } => {
-                self.recorded.insert(*event, end);
-            }
             Command::EventDestroy { event } => {
                 self.recorded.remove(event);
             }

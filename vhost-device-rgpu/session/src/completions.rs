@@ -39,10 +39,10 @@ impl Completions {
 
     /// Notes what a command that ran changes.
     pub(crate) fn ran(&mut self, command: &Command, channel: Option<&Channel>) {
+        for event in command.events_recorded() {
+            watch(&mut self.events, event, channel, CompletionKind::Event);
+        }
         match command {
-            Command::EventRecord { event, .. } => {
-                watch(&mut self.events, *event, channel, CompletionKind::Event)
-            }
             Command::EventDestroy { event } => self.events.retain(|e| e != event),
             Command::StreamDestroy { stream } => self.streams.retain(|s| s != stream),
             _ => {}

@@ -2,14 +2,15 @@
 //! handles, blob ranges and device pointers are checked and translated
 //! here, then handed to the executor; the session's limits are kept here.
 
-use rgpu_executor::{ContextExecutor, CuResult, Executor, HostRun};
+use rgpu_executor::{ContextExecutor, CuResult, Executor, HostRun, LaunchHint, LaunchOptions};
+use rgpu_proto::command::launch_attribute;
 use rgpu_proto::cuda_result::{
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND,
     CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN,
 };
 use rgpu_proto::reply::{u64_payload, DeviceStatus, UTILIZATION_UNKNOWN};
 use rgpu_proto::wire::WireWriter;
-use rgpu_proto::{BlobRange, Command, STREAM_PER_THREAD};
+use rgpu_proto::{BlobRange, Command, LaunchAttr, STREAM_PER_THREAD};
 
 use crate::device_ranges::{Inserted, RangeKind, RangeOwner};
 use crate::driver_memory::Refresh;
@@ -83,6 +84,85 @@ fn read_image(
 
 fn empty(_: ()) -> Vec<u8> {
     Vec::new()
+}
+
+/// A launch's attributes as the executor takes them, each checked: the
+/// guest names its own events and its own device memory only, and every
+/// value is one the driver defines (it is passed on as is).
+fn launch_hints(
+    attributes: &[LaunchAttr],
+    handles: &Handles,
+    tenant: &Tenant,
+    ctx_id: u32,
+) -> CuResult<Vec<LaunchHint>> {
+    attributes
+        .iter()
+        .map(|attribute| {
+            let v = attribute.value;
+            let low = |word: u64| word as u32;
+            let high = |word: u64| (word >> 32) as u32;
+            let at_most = |value: u32, max: u32| {
+                if value <= max {
+                    Ok(value)
+                } else {
+                    Err(CUDA_ERROR_INVALID_VALUE)
+                }
+            };
+            Ok(match attribute.id {
+                launch_attribute::ACCESS_POLICY_WINDOW => {
+                    let (base, bytes) = (v[0], v[1]);
+                    check_device_range(tenant, ctx_id, "an access policy window", base, bytes)?;
+                    let hit_ratio = f32::from_bits(low(v[2]));
+                    if !(0.0..=1.0).contains(&hit_ratio) {
+                        return Err(CUDA_ERROR_INVALID_VALUE);
+                    }
+                    LaunchHint::AccessPolicyWindow {
+                        base,
+                        bytes,
+                        hit_ratio,
+                        hit_property: at_most(high(v[2]), 2)?,
+                        miss_property: at_most(low(v[3]), 2)?,
+                    }
+                }
+                launch_attribute::SYNCHRONIZATION_POLICY => {
+                    LaunchHint::SynchronizationPolicy(at_most(low(v[0]), 4)?)
+                }
+                launch_attribute::CLUSTER_SCHEDULING_POLICY_PREFERENCE => {
+                    LaunchHint::ClusterSchedulingPolicy(at_most(low(v[0]), 2)?)
+                }
+                launch_attribute::PROGRAMMATIC_STREAM_SERIALIZATION => {
+                    LaunchHint::ProgrammaticStreamSerialization(low(v[0]) != 0)
+                }
+                launch_attribute::PROGRAMMATIC_EVENT => LaunchHint::ProgrammaticEvent {
+                    event: handles.event(low(v[0]))?,
+                    flags: low(v[1]),
+                    trigger_at_block_start: high(v[1]) != 0,
+                },
+                launch_attribute::PRIORITY => LaunchHint::Priority(low(v[0]) as i32),
+                launch_attribute::MEM_SYNC_DOMAIN_MAP => LaunchHint::MemSyncDomainMap {
+                    default: v[0] as u8,
+                    remote: (v[0] >> 8) as u8,
+                },
+                launch_attribute::MEM_SYNC_DOMAIN => {
+                    LaunchHint::MemSyncDomain(at_most(low(v[0]), 1)?)
+                }
+                launch_attribute::PREFERRED_CLUSTER_DIMENSION => {
+                    LaunchHint::PreferredClusterDimension([low(v[0]), high(v[0]), low(v[1])])
+                }
+                launch_attribute::LAUNCH_COMPLETION_EVENT => LaunchHint::LaunchCompletionEvent {
+                    event: handles.event(low(v[0]))?,
+                    flags: low(v[1]),
+                },
+                launch_attribute::PREFERRED_SHARED_MEMORY_CARVEOUT => {
+                    LaunchHint::PreferredSharedMemoryCarveout(low(v[0]))
+                }
+                other => {
+                    warn_limited!("ctx {ctx_id}: launch attribute {other} refused");
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+            })
+        })
+        .collect()
 }
 
 /// Loads a module; its globals (and whatever else the driver took for it)
@@ -541,8 +621,14 @@ impl Worker {
                 launch,
                 cluster,
                 cooperative,
+                attributes,
             } => {
                 let (function, stream) = handles.launch_target(launch)?;
+                let options = LaunchOptions {
+                    cluster: *cluster,
+                    cooperative: *cooperative != 0,
+                    hints: launch_hints(attributes, handles, tenant, ctx_id)?,
+                };
                 ctx.launch_kernel_ex(
                     function,
                     launch.grid,
@@ -550,8 +636,7 @@ impl Worker {
                     launch.shared_mem_bytes,
                     stream,
                     &launch.params,
-                    *cluster,
-                    *cooperative != 0,
+                    &options,
                 )
                 .map(empty)
             }

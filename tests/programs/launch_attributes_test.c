@@ -1,0 +1,232 @@
+/* launch_attributes_test: cuLaunchKernelEx with the launch attributes the
+ * driver accepts (issue 10): each reaches the host's driver, and the kernel
+ * runs as launched.
+ *
+ * Usage: launch_attributes_test --ptx reference_kernels.ptx
+ *
+ * - priority, memory sync domain and its map, cluster scheduling policy,
+ *   programmatic stream serialization, shared memory carveout, and an
+ *   access policy window over the launch's own buffer: each launch fills
+ *   its buffer, read back;
+ * - a launch completion event: NOT_READY behind a 20 ms kernel, then
+ *   complete after cuEventSynchronize; a programmatic event completes too;
+ * - an attribute only graph nodes take fails.
+ * Through rgpu (RGPU_SOCKET set), also: an access policy window over memory
+ * the process does not own is refused (the next synchronize returns
+ * CUDA_ERROR_INVALID_VALUE), as is an event that is not one.
+ *
+ * Prints "launch_attributes_test: N checks passed" (exit 0) or every failed
+ * check (exit 1). Declarations written from NVIDIA's public driver API
+ * reference. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rgpu_cuda.h"
+#include "checks.h"
+
+typedef struct {
+    unsigned int id;
+    unsigned int pad;
+    union {
+        unsigned char bytes[64];
+        struct {
+            void *base;
+            size_t bytes;
+            float hit_ratio;
+            int hit_property;
+            int miss_property;
+        } window;
+        struct {
+            CUevent event;
+            int flags;
+            int trigger_at_block_start;
+        } programmatic;
+        struct {
+            CUevent event;
+            int flags;
+        } completion;
+        int value;
+        unsigned char map[2];
+    } v;
+} LaunchAttribute;
+
+typedef struct {
+    unsigned int grid_x, grid_y, grid_z;
+    unsigned int block_x, block_y, block_z;
+    unsigned int shared_mem_bytes;
+    CUstream stream;
+    LaunchAttribute *attrs;
+    unsigned int num_attrs;
+} LaunchConfig;
+
+CUresult cuLaunchKernelEx(const LaunchConfig *config, CUfunction f, void **params, void **extra);
+
+enum {
+    ACCESS_POLICY_WINDOW = 1,
+    CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5,
+    PROGRAMMATIC_STREAM_SERIALIZATION = 6,
+    PROGRAMMATIC_EVENT = 7,
+    PRIORITY = 8,
+    MEM_SYNC_DOMAIN_MAP = 9,
+    MEM_SYNC_DOMAIN = 10,
+    LAUNCH_COMPLETION_EVENT = 12,
+    DEVICE_UPDATABLE_KERNEL_NODE = 13,
+    PREFERRED_SHARED_MEMORY_CARVEOUT = 14,
+};
+#define N 256
+#define EVENT_DISABLE_TIMING 2
+
+static CUfunction fill, spin;
+
+static LaunchConfig config_with(LaunchAttribute *attribute, unsigned int threads) {
+    LaunchConfig config = {1, 1, 1, threads, 1, 1, 0, NULL, attribute, attribute ? 1 : 0};
+    return config;
+}
+
+/* Fills `out` through cuLaunchKernelEx with `attribute`; the launch's
+ * result, after checking what it wrote. */
+static CUresult fill_with(LaunchAttribute *attribute, CUdeviceptr out, unsigned int base) {
+    unsigned int n = N;
+    void *params[] = {&out, &base, &n};
+    LaunchConfig config = config_with(attribute, N);
+    CUresult rc = cuLaunchKernelEx(&config, fill, params, NULL);
+    if (rc != CUDA_SUCCESS) return rc;
+    unsigned int host[N];
+    CHECK_CU(cuMemcpyDtoH(host, out, sizeof host));
+    int wrong = 0;
+    for (int i = 0; i < N; i++) wrong += host[i] != base + (unsigned int)i;
+    CHECK_EQ_INT(wrong, 0);
+    return CUDA_SUCCESS;
+}
+
+static int run(int through_rgpu) {
+    CUdeviceptr out = 0;
+    REQUIRE_CU(cuMemAlloc(&out, N * sizeof(unsigned int)));
+
+    LaunchAttribute a;
+    struct {
+        unsigned int id;
+        int value;
+        const char *name;
+    } plain[] = {
+        {PRIORITY, -1, "priority"},
+        {MEM_SYNC_DOMAIN, 1, "memory sync domain"},
+        {CLUSTER_SCHEDULING_POLICY_PREFERENCE, 1, "cluster scheduling policy"},
+        {PROGRAMMATIC_STREAM_SERIALIZATION, 1, "programmatic stream serialization"},
+        {PREFERRED_SHARED_MEMORY_CARVEOUT, 50, "shared memory carveout"},
+    };
+    for (unsigned int i = 0; i < sizeof plain / sizeof plain[0]; i++) {
+        memset(&a, 0, sizeof a);
+        a.id = plain[i].id;
+        a.v.value = plain[i].value;
+        CUresult rc = fill_with(&a, out, 1000 * (i + 1));
+        printf("%s: rc %d %s\n", plain[i].name, rc, error_name(rc));
+        CHECK_EQ_INT(rc, CUDA_SUCCESS);
+    }
+    memset(&a, 0, sizeof a);
+    a.id = MEM_SYNC_DOMAIN_MAP;
+    a.v.map[0] = 0;
+    a.v.map[1] = 1;
+    CHECK_CU(fill_with(&a, out, 7000));
+    memset(&a, 0, sizeof a);
+    a.id = ACCESS_POLICY_WINDOW;
+    a.v.window.base = (void *)(uintptr_t)out;
+    a.v.window.bytes = N * sizeof(unsigned int);
+    a.v.window.hit_ratio = 0.5f;
+    a.v.window.hit_property = 2; /* persisting */
+    a.v.window.miss_property = 1; /* streaming */
+    CHECK_CU(fill_with(&a, out, 8000));
+
+    /* Events the launch records. */
+    CUevent done = NULL, programmatic = NULL;
+    REQUIRE_CU(cuEventCreate(&done, EVENT_DISABLE_TIMING));
+    REQUIRE_CU(cuEventCreate(&programmatic, EVENT_DISABLE_TIMING));
+    uint64_t ns = 20 * 1000 * 1000;
+    void *spin_params[] = {&ns};
+    memset(&a, 0, sizeof a);
+    a.id = LAUNCH_COMPLETION_EVENT;
+    a.v.completion.event = done;
+    LaunchConfig config = config_with(&a, 1);
+    CHECK_CU(cuLaunchKernelEx(&config, spin, spin_params, NULL));
+    CHECK_RC(cuEventQuery(done), CUDA_ERROR_NOT_READY);
+    CHECK_CU(cuEventSynchronize(done));
+    CHECK_CU(cuEventQuery(done));
+    memset(&a, 0, sizeof a);
+    a.id = PROGRAMMATIC_EVENT;
+    a.v.programmatic.event = programmatic;
+    CHECK_CU(fill_with(&a, out, 9000));
+    CHECK_CU(cuEventSynchronize(programmatic));
+    CHECK_CU(cuEventQuery(programmatic));
+
+    /* A graph node's attribute is no launch's. */
+    memset(&a, 0, sizeof a);
+    a.id = DEVICE_UPDATABLE_KERNEL_NODE;
+    a.v.value = 1;
+    CHECK_CU_FAILS(fill_with(&a, out, 1));
+    cuCtxSynchronize();
+
+    if (through_rgpu) {
+        /* A window over memory this process does not own: refused. */
+        CUdeviceptr gone = 0;
+        REQUIRE_CU(cuMemAlloc(&gone, 1 << 20));
+        CHECK_CU(cuMemFree(gone));
+        memset(&a, 0, sizeof a);
+        a.id = ACCESS_POLICY_WINDOW;
+        a.v.window.base = (void *)(uintptr_t)gone;
+        a.v.window.bytes = 1 << 20;
+        a.v.window.hit_ratio = 1.0f;
+        a.v.window.hit_property = 2;
+        a.v.window.miss_property = 1;
+        unsigned int base = 1, n = N;
+        void *params[] = {&out, &base, &n};
+        config = config_with(&a, N);
+        CHECK_CU(cuLaunchKernelEx(&config, fill, params, NULL));
+        CHECK_RC(cuCtxSynchronize(), CUDA_ERROR_INVALID_VALUE);
+        /* An event pointer that is no event. */
+        memset(&a, 0, sizeof a);
+        a.id = LAUNCH_COMPLETION_EVENT;
+        a.v.completion.event = (CUevent)(uintptr_t)0x1234;
+        CHECK_RC(cuLaunchKernelEx(&config, fill, params, NULL), CUDA_ERROR_INVALID_HANDLE);
+        CHECK_CU(cuCtxSynchronize());
+    }
+    CHECK_CU(cuEventDestroy(done));
+    CHECK_CU(cuEventDestroy(programmatic));
+    CHECK_CU(cuMemFree(out));
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *ptx_path = NULL;
+    for (int i = 1; i + 1 < argc; i += 2)
+        if (!strcmp(argv[i], "--ptx")) ptx_path = argv[i + 1];
+    if (!ptx_path) {
+        fprintf(stderr, "usage: launch_attributes_test --ptx reference_kernels.ptx\n");
+        return 2;
+    }
+    char *ptx = read_file(ptx_path);
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule module;
+    if (!ptx || cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+        cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+        cuModuleLoadData(&module, ptx) != CUDA_SUCCESS ||
+        cuModuleGetFunction(&fill, module, "rgpu_fill_index") != CUDA_SUCCESS ||
+        cuModuleGetFunction(&spin, module, "rgpu_spin") != CUDA_SUCCESS) {
+        printf("FAIL: setup (PTX, context, module)\n");
+        return 1;
+    }
+    run(getenv("RGPU_SOCKET") != NULL);
+    cuModuleUnload(module);
+    cuDevicePrimaryCtxRelease(dev);
+    free(ptx);
+    if (checks_failed) {
+        printf("launch_attributes_test: %ld checks failed, %ld passed\n", checks_failed, checks_passed);
+        return 1;
+    }
+    printf("launch_attributes_test: %ld checks passed\n", checks_passed);
+    return 0;
+}
