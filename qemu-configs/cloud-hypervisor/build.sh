@@ -103,7 +103,7 @@ fi
 if [ "${BUILD_VMM:-0}" = 1 ]; then
     if (cd "$tree" && cargo build -q --release "${cargo_args[@]}" -p cloud-hypervisor) >"$work/vmm.log" 2>&1 &&
         "$CARGO_TARGET_DIR/release/cloud-hypervisor" --help | grep -q -- '--generic-vhost-user'; then
-        pass "cloud-hypervisor builds ($("$CARGO_TARGET_DIR/release/cloud-hypervisor" --version)) and takes --generic-vhost-user"
+        pass "cloud-hypervisor builds ($("$CARGO_TARGET_DIR/release/cloud-hypervisor" --version | head -n1)) and takes --generic-vhost-user"
     else
         fail "cloud-hypervisor build" "$(tail -n 5 "$work/vmm.log")"
     fi
