@@ -23,6 +23,7 @@ pub mod limits;
 pub mod log_limit;
 pub mod module_cache;
 pub mod session;
+pub mod settings;
 pub mod tenant;
 mod worker;
 
@@ -34,6 +35,7 @@ pub use counters::{CounterKind, CounterPage, Counters};
 pub use limits::SessionLimits;
 pub use module_cache::ModuleCache;
 pub use session::{Completion, Session, SessionError};
+pub use settings::SessionSettings;
 pub use tenant::{Overdue, Tenant};
 
 /// The guest memory type of the daemon (vhost-user shared memory regions).

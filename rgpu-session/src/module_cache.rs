@@ -8,9 +8,9 @@
 //! images first; an image larger than the whole budget is not kept.
 //!
 //! The daemon serves each connection in a process of its own, so the cache
-//! of one process would not outlive its connection. When
-//! `RGPU_MODULE_CACHE_DIR` names a directory (the daemon's parent process
-//! creates a private one for its children), images are also kept there,
+//! of one process would not outlive its connection. When the settings name
+//! a directory (`--module-cache-dir`; the daemon's parent process creates a
+//! private one for each tenant's children), images are also kept there,
 //! one file per image named by its hash, so that later processes find them:
 //! a file is written under a temporary name and renamed, so it is complete
 //! when seen; it is hashed again when read, so a damaged file is a miss;
@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
@@ -28,8 +28,9 @@ use sha2::{Digest, Sha256};
 /// A SHA-256 digest.
 pub type ImageHash = [u8; 32];
 
-/// Budget of the shared cache unless `RGPU_MODULE_CACHE_MB` says otherwise.
-const DEFAULT_CAPACITY_MB: u64 = 1024;
+/// Budget of the cache unless `--module-cache-mb` says otherwise.
+/// The cache's size when nobody says (`--module-cache-mb`).
+pub const DEFAULT_CAPACITY_MB: u64 = 1024;
 
 /// The SHA-256 of `bytes`.
 pub fn image_hash(bytes: &[u8]) -> ImageHash {
@@ -87,30 +88,20 @@ impl ModuleCache {
         }
     }
 
-    /// The daemon's cache, shared by every session: sized by
-    /// `RGPU_MODULE_CACHE_MB` (default 1024; 0 turns caching off), also
-    /// kept in `RGPU_MODULE_CACHE_DIR` if that is set.
-    pub fn shared() -> Arc<ModuleCache> {
-        static SHARED: OnceLock<Arc<ModuleCache>> = OnceLock::new();
-        SHARED
-            .get_or_init(|| {
-                let mb = std::env::var("RGPU_MODULE_CACHE_MB")
-                    .ok()
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .unwrap_or(DEFAULT_CAPACITY_MB);
-                let capacity = mb.saturating_mul(1 << 20);
-                Arc::new(match std::env::var_os("RGPU_MODULE_CACHE_DIR") {
-                    Some(dir) if !dir.is_empty() => {
-                        log::debug!("module cache: {mb} MiB, shared in {dir:?}");
-                        ModuleCache::with_directory(capacity, dir.into())
-                    }
-                    _ => {
-                        log::debug!("module cache: {mb} MiB");
-                        ModuleCache::new(capacity)
-                    }
-                })
-            })
-            .clone()
+    /// A cache of `megabytes` MiB (0 turns caching off), also kept in
+    /// `directory` if given (shared by the processes that name it).
+    pub fn configured(megabytes: u64, directory: Option<PathBuf>) -> Self {
+        let capacity = megabytes.saturating_mul(1 << 20);
+        match directory {
+            Some(dir) if !dir.as_os_str().is_empty() => {
+                log::debug!("module cache: {megabytes} MiB, shared in {}", dir.display());
+                ModuleCache::with_directory(capacity, dir)
+            }
+            _ => {
+                log::debug!("module cache: {megabytes} MiB");
+                ModuleCache::new(capacity)
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {

@@ -104,6 +104,8 @@ pub struct Tenant {
     /// What the driver holds for this process beyond its allocations,
     /// charged to `budget`.
     driver_memory: DriverMemory,
+    /// How its sessions run (the daemon's command line).
+    settings: crate::SessionSettings,
 }
 
 /// A session the watchdog found waiting too long.
@@ -154,16 +156,31 @@ impl Tenant {
     }
 
     /// A tenant whose sessions take device memory from `budget` (if any)
-    /// and GPU time as `compute` grants it (if any).
+    /// and GPU time as `compute` grants it (if any), and run as `settings`
+    /// say.
     pub fn with_shares(
         budget: Option<Arc<dyn MemoryBudget>>,
         compute: Option<Arc<dyn ComputeGate>>,
+        settings: crate::SessionSettings,
     ) -> Arc<Self> {
         Arc::new(Self {
             budget,
             compute,
+            settings,
             ..Self::default()
         })
+    }
+
+    /// A tenant whose sessions run as `settings` say.
+    pub fn with_settings(settings: crate::SessionSettings) -> Arc<Self> {
+        Arc::new(Self {
+            settings,
+            ..Self::default()
+        })
+    }
+
+    pub(crate) fn settings(&self) -> &crate::SessionSettings {
+        &self.settings
     }
 
     pub(crate) fn compute_gate(&self) -> Option<&Arc<dyn ComputeGate>> {

@@ -70,7 +70,6 @@ fn blobs_named(command: &Command) -> impl Iterator<Item = u32> {
 /// Commands executed between two looks at the message queue, so detach and
 /// shutdown are not starved by a guest that keeps the ring full.
 const COMMANDS_PER_ROUND: usize = 256;
-const DEFAULT_SPIN_US: u64 = 50;
 
 pub enum Message {
     Attach(Arc<Blob>),
@@ -201,14 +200,6 @@ enum Drained {
     ShutDown,
 }
 
-fn spin_from_env() -> Duration {
-    let micros = std::env::var("RGPU_HOST_SPIN_US")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(DEFAULT_SPIN_US);
-    Duration::from_micros(micros)
-}
-
 impl Worker {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -230,8 +221,8 @@ impl Worker {
             debug_name,
             receiver,
             counters,
-            module_cache: ModuleCache::shared(),
-            spin: spin_from_env(),
+            module_cache: Arc::clone(&tenant.settings().module_cache),
+            spin: tenant.settings().spin,
             blobs: HashMap::new(),
             channel: None,
             pending: Vec::new(),

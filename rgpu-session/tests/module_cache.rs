@@ -1,6 +1,7 @@
-//! The daemon-wide module cache through sessions: an image sent once (by any
-//! session) loads again by hash alone; a hash the image does not have is
-//! refused; a miss is an answer, not an error.
+//! The module cache through sessions: an image sent once (by any session
+//! with the same settings, as the daemon gives every process of a tenant)
+//! loads again by hash alone; a hash the image does not have is refused; a
+//! miss is an answer, not an error.
 
 // A test fails by panicking: unwrap and expect are how it says so.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -15,10 +16,9 @@ use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CU
 use rgpu_proto::reply::FunctionInfo;
 use rgpu_proto::Command;
 use rgpu_session::module_cache::image_hash;
-use rgpu_session::Counters;
+use rgpu_session::{Counters, SessionSettings, Tenant};
 
-/// A PTX module unique to `tag`: the cache is shared by the whole test
-/// process, so each test uses images of its own.
+/// A PTX module unique to `tag`, so no test finds another's image.
 fn ptx(tag: &str) -> Vec<u8> {
     format!(
         "// {tag}\n.version 8.0\n.target sm_80\n.address_size 64\n\
@@ -53,8 +53,15 @@ fn an_image_sent_once_loads_by_hash_in_any_session() {
     let executor = Arc::new(SimExecutor::new());
     let counters = Arc::new(Counters::default());
 
+    // Two tenants (two guests) of one daemon: their settings share the
+    // cache.
+    let settings = SessionSettings::default();
     let mut first = Guest::new();
-    let session = first.start(executor.clone(), counters.clone());
+    let session = first.start_in(
+        executor.clone(),
+        counters.clone(),
+        Tenant::with_settings(settings.clone()),
+    );
     // Not cached yet: NOT_FOUND, the handle stays free, no error counted.
     let (result, _) = first.call(&session, Command::ModuleLoadCached { module: 1, hash });
     assert_eq!(result, CUDA_ERROR_NOT_FOUND);
@@ -81,7 +88,7 @@ fn an_image_sent_once_loads_by_hash_in_any_session() {
 
     // Another session (another process, another VM) gets it by hash alone.
     let mut second = Guest::new();
-    let session = second.start(executor, counters.clone());
+    let session = second.start_in(executor, counters.clone(), Tenant::with_settings(settings));
     let (result, _) = second.call(&session, Command::ModuleLoadCached { module: 5, hash });
     assert_eq!(result, CUDA_SUCCESS);
     assert_eq!(fill_index_info(&mut second, &session, 5).params.len(), 3);

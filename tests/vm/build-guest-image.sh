@@ -14,9 +14,9 @@
 # SRC=DEST copies a file into the image (a test script as /test.sh, test
 # programs). The image has users `cuda` and `cuda2` in group render, and
 # /sbin/rgpu-test-init: it mounts what a minimal system needs, loads
-# virtio-gpu, gives the render node to group render as the package's udev
-# rule would (no udev runs), prints the boot markers the VM tests read, runs
-# /test.sh and powers off.
+# virtio-gpu, then runs tests/vm/guest-boot-run.sh (the render node to group
+# render, as the package's udev rule would where udev runs; the boot
+# markers; /test.sh) and powers off.
 #
 # The base system (debootstrap minbase, linux-image-amd64, initramfs-tools)
 # is built once under $RGPU_CACHE/guest-image-base (default
@@ -88,6 +88,7 @@ for spec in "$@"; do
     install -D -m 0755 "$src" "$stage$dest"
 done
 
+install -D -m 0644 "$(dirname "$0")/guest-boot-run.sh" "$stage/lib/rgpu/boot-run.sh"
 cat >"$stage/sbin/rgpu-test-init" <<'INIT'
 #!/bin/sh
 # PID 1 of rgpu's test image (tests/vm/build-guest-image.sh).
@@ -100,27 +101,7 @@ mount -t tmpfs tmpfs /run
 echo "RGPU-BOOT kernel $(uname -r) from the disk image (root $(findmnt -n -o SOURCE /))"
 echo "RGPU-BOOT rgpu-guest $(dpkg-query -W -f '${Version}' rgpu-guest) installed by dpkg"
 modprobe virtio-gpu || echo "RGPU-BOOT modprobe virtio-gpu failed"
-i=0
-while ! ls /dev/dri/renderD* >/dev/null 2>&1 && [ $i -lt 50 ]; do
-    sleep 0.1
-    i=$((i + 1))
-done
-# What the package's udev rule does where udev runs.
-for node in /dev/dri/renderD*; do
-    [ -e "$node" ] || continue
-    chown root:render "$node"
-    chmod 0660 "$node"
-    echo "RGPU-BOOT node $(ls -l "$node")"
-done
-dmesg | grep -i -E 'virtio.gpu|\[drm\]' | sed 's/^/RGPU-DMESG /'
-echo "RGPU-BOOT ready"
-if [ -x /test.sh ]; then
-    /test.sh
-    echo "RGPU-TEST-SH-EXIT rc=$?"
-else
-    echo "RGPU-TEST-SH-EXIT rc=127 (no /test.sh)"
-fi
-sync
+. /lib/rgpu/boot-run.sh
 mount -o remount,ro / 2>/dev/null
 echo o >/proc/sysrq-trigger
 sleep 10

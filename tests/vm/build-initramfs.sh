@@ -231,6 +231,7 @@ rgpu_wait_line() {
 }
 FUNCTIONS
 
+install -m 0644 "$HERE/guest-boot-run.sh" "$STAGE/lib/rgpu/boot-run.sh"
 cat >"$STAGE/init" <<'INIT'
 #!/bin/sh
 export PATH=/bin:/sbin
@@ -244,28 +245,7 @@ echo "RGPU-BOOT kernel $(uname -r)"
 for module in $(cat /etc/rgpu-modules); do
     insmod "/lib/modules/$module" || echo "RGPU-BOOT insmod $module failed"
 done
-# What a udev rule does on a real distribution (render nodes belong to the
-# render group).
-i=0
-while ! ls /dev/dri/renderD* >/dev/null 2>&1 && [ $i -lt 50 ]; do
-    sleep 0.1
-    i=$((i + 1))
-done
-for node in /dev/dri/renderD*; do
-    [ -e "$node" ] || continue
-    chown root:render "$node"
-    chmod 0660 "$node"
-    echo "RGPU-BOOT node $(ls -l "$node")"
-done
-dmesg | grep -i -E 'virtio.gpu|\[drm\]' | sed 's/^/RGPU-DMESG /'
-echo "RGPU-BOOT ready"
-if [ -x /test.sh ]; then
-    /test.sh
-    echo "RGPU-TEST-SH-EXIT rc=$?"
-else
-    echo "RGPU-TEST-SH-EXIT rc=127 (no /test.sh)"
-fi
-sync
+. /lib/rgpu/boot-run.sh
 poweroff -f
 INIT
 chmod 0755 "$STAGE/init"

@@ -14,7 +14,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use log::{error, info, warn};
 use rgpu_executor::Executor;
-use rgpu_session::{ComputeGate, Counters, MemoryBudget, Tenant};
+use rgpu_session::{ComputeGate, Counters, MemoryBudget, SessionSettings, Tenant};
 use vhost_device_rgpu::config::{parse_size, Config, DaemonSettings, TenantSettings};
 use vhost_device_rgpu::signals::CreatedFiles;
 use vhost_device_rgpu::supervisor::{Message, Notifier};
@@ -138,6 +138,18 @@ struct Args {
     /// 127.0.0.1:9400; port 0 picks a free port, which the log names).
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// How long a session's host thread polls its ring for more work
+    /// before it sleeps, in microseconds.
+    #[arg(long, value_name = "US", env = "RGPU_HOST_SPIN_US", default_value_t = rgpu_session::settings::DEFAULT_SPIN_US)]
+    host_spin_us: u64,
+    /// Module images kept for reuse across the guest processes of a
+    /// tenant, in MiB (0: none).
+    #[arg(long, value_name = "MIB", env = "RGPU_MODULE_CACHE_MB", default_value_t = rgpu_session::module_cache::DEFAULT_CAPACITY_MB)]
+    module_cache_mb: u64,
+    /// Also keep module images in this directory, for every process that
+    /// names it (default: a private directory per tenant).
+    #[arg(long, value_name = "DIR", env = "RGPU_MODULE_CACHE_DIR")]
+    module_cache_dir: Option<PathBuf>,
     /// Internal: the tenant's memory budget page.
     #[arg(long, value_name = "N", hide = true)]
     tenant_fd: Option<RawFd>,
@@ -251,7 +263,11 @@ fn run(args: Args) -> Result<(), String> {
                 args.kernel_timeout_s.to_string().into(),
                 "--worker-seccomp".into(),
                 args.worker_seccomp.name().into(),
-            ],
+            ]
+            .into_iter()
+            .chain(session_args(&args))
+            .collect(),
+            private_module_cache: args.module_cache_dir.is_none(),
             max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
             handshake_timeout: Duration::from_secs(args.handshake_timeout_s),
             grace: CHILDREN_GRACE,
@@ -427,7 +443,23 @@ fn executor_args(args: &Args) -> Vec<OsString> {
             "--worker-seccomp".into(),
             args.worker_seccomp.name().into(),
         ])
+        .chain(session_args(args))
         .collect()
+}
+
+/// The sessions' settings as a child gets them.
+fn session_args(args: &Args) -> Vec<OsString> {
+    let mut out: Vec<OsString> = vec![
+        "--host-spin-us".into(),
+        args.host_spin_us.to_string().into(),
+        "--module-cache-mb".into(),
+        args.module_cache_mb.to_string().into(),
+    ];
+    if let Some(dir) = &args.module_cache_dir {
+        out.push("--module-cache-dir".into());
+        out.push(dir.into());
+    }
+    out
 }
 
 /// A worker process: runs one guest process's contexts for the connection
@@ -450,12 +482,18 @@ fn serve_worker(args: Args) -> Result<(), String> {
     seccomp::install(args.worker_seccomp).map_err(|e| e.to_string())?;
     let kernel_timeout =
         (args.kernel_timeout_s > 0).then(|| Duration::from_secs(args.kernel_timeout_s));
+    let settings = SessionSettings::new(
+        args.host_spin_us,
+        args.module_cache_mb,
+        args.module_cache_dir.clone(),
+    );
     let tenant = match inherit_tenant(args.tenant_fd)? {
         Some(page) => Tenant::with_shares(
             Some(Arc::clone(&page) as Arc<dyn MemoryBudget>),
             Some(page as Arc<dyn ComputeGate>),
+            settings,
         ),
-        None => Tenant::new(),
+        None => Tenant::with_settings(settings),
     };
     worker_process::serve::serve(link, executor, Arc::new(counters), kernel_timeout, tenant)
         .map_err(|e| e.to_string())

@@ -33,7 +33,7 @@
 //! Each child counts into a page shared with the parent
 //! ([`crate::shared_counters`]); the stats socket sums them
 //! ([`Supervisor::totals`]). Module images are shared through a private
-//! directory the parent creates (`RGPU_MODULE_CACHE_DIR`, see
+//! directory the parent creates (`--module-cache-dir` of its children, see
 //! `rgpu_session::ModuleCache`), so an image still crosses from guests once.
 
 use std::collections::BTreeMap;
@@ -69,9 +69,6 @@ const KILLED_GRACE: Duration = Duration::from_secs(2);
 
 /// How often, at most, the parent says that it is at its connection limit.
 const AT_LIMIT_LOG_INTERVAL: Duration = Duration::from_secs(60);
-
-/// Where the children's module caches keep images (rgpu_session reads it).
-const MODULE_CACHE_DIR_ENV: &str = "RGPU_MODULE_CACHE_DIR";
 
 /// Name of that directory: this prefix, the parent's pid, a random suffix.
 const MODULE_DIRECTORY_PREFIX: &str = "rgpu-modules";
@@ -278,9 +275,10 @@ impl Supervisor {
         max_connections: usize,
         handshake_timeout: Duration,
         tenant: Arc<TenantPage>,
+        private_module_cache: bool,
     ) -> Result<Self, SupervisorError> {
         let executable = std::env::current_exe().map_err(SupervisorError::Executable)?;
-        let module_directory = if std::env::var_os(MODULE_CACHE_DIR_ENV).is_some() {
+        let module_directory = if !private_module_cache {
             None
         } else {
             match private_directory(MODULE_DIRECTORY_PREFIX) {
@@ -488,7 +486,7 @@ impl Supervisor {
             .args(&self.child_args)
             .stdin(Stdio::null());
         if let Some(dir) = &self.module_directory {
-            command.env(MODULE_CACHE_DIR_ENV, dir);
+            command.arg("--module-cache-dir").arg(dir);
         }
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };

@@ -104,6 +104,9 @@ pub struct TenantLaunch {
     /// Arguments of every connection process after `--tenant-name NAME
     /// --gpu N`: the executor, timeouts, seccomp mode.
     pub child_args: Vec<OsString>,
+    /// Give each tenant's processes a private module cache directory (no
+    /// `--module-cache-dir` given).
+    pub private_module_cache: bool,
     /// Per tenant (`--max-connections`).
     pub max_connections: usize,
     pub handshake_timeout: Duration,
@@ -485,6 +488,7 @@ impl Tenants {
             self.launch.max_connections,
             self.launch.handshake_timeout,
             Arc::clone(&budget),
+            self.launch.private_module_cache,
         ) {
             Ok(supervisor) => Arc::new(supervisor),
             Err(source) => {

@@ -128,6 +128,19 @@ impl Guest {
         self.bind(session)
     }
 
+    /// [`Guest::start`], the session counted in `tenant` (whose settings,
+    /// the module cache among them, it runs with).
+    pub fn start_in(
+        &self,
+        executor: Arc<dyn Executor>,
+        counters: Arc<Counters>,
+        tenant: Arc<rgpu_session::Tenant>,
+    ) -> Session {
+        let session =
+            Session::spawn_in_tenant(7, "test".into(), 0, executor, counters, tenant).unwrap();
+        self.bind(session)
+    }
+
     /// Attaches both blobs to a new session and binds the channel.
     pub fn bind(&self, session: Session) -> Session {
         session.attach_blob(Arc::new(

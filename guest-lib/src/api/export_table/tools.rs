@@ -64,6 +64,10 @@ pub static HOOKS_TABLE: [Slot; 7] = [
 /// Memory the runtime reads and writes through the pointer handed out.
 /// `N` entries are reported; the backing store is `M` entries, so a
 /// runtime that counts the size in bytes, or in wider words, stays inside.
+/// Aligned to a cache line, as the driver's own buffers are: a runtime that
+/// reads it in 64-bit words must not find it 4-aligned only (it was, in
+/// one build, by where the linker put it).
+#[repr(C, align(64))]
 pub struct HookBuffer<const N: usize, const M: usize>(UnsafeCell<[u32; M]>);
 
 // SAFETY: only the application's runtime touches the contents, through the
