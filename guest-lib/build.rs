@@ -21,6 +21,8 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 
+use rgpu_shim::build::{read, read_exports, read_implemented, unsupported_stubs};
+
 const EXPORTS: &str = "data/libcuda-580.159-exports.txt";
 const PROC_TABLE: &str = "data/proc-address-table-580.159.tsv";
 const DECLARATIONS: &str = "src/exports.rs";
@@ -32,12 +34,16 @@ fn main() {
     // The application (and NVIDIA's runtime) loads "libcuda.so.1".
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libcuda.so.1");
 
-    let exports = read_exports();
-    let implemented = read_implemented(&exports);
+    let exports = read_exports(EXPORTS);
+    let implemented = read_implemented(DECLARATIONS, "cu", &exports);
     let out_dir = env::var("OUT_DIR").expect("cargo sets OUT_DIR");
     let out = Path::new(&out_dir);
 
-    write(out, "unsupported.rs", &unsupported(&exports, &implemented));
+    write(
+        out,
+        "unsupported.rs",
+        &unsupported_stubs(&exports, &implemented, "crate::entry::API"),
+    );
     write(
         out,
         "symbol_table.rs",
@@ -48,59 +54,6 @@ fn main() {
 
 fn write(dir: &Path, name: &str, text: &str) {
     fs::write(dir.join(name), text).unwrap_or_else(|e| panic!("writing {name}: {e}"));
-}
-
-fn read(path: &str) -> String {
-    fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
-}
-
-fn read_exports() -> BTreeSet<String> {
-    read(EXPORTS)
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
-
-/// The names declared as `fn cuName(` in the `cuda_api!` list.
-fn read_implemented(exports: &BTreeSet<String>) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    for line in read(DECLARATIONS).lines() {
-        let Some(rest) = line.trim_start().strip_prefix("fn ") else {
-            continue;
-        };
-        let Some((name, _)) = rest.split_once('(') else {
-            continue;
-        };
-        if !name.starts_with("cu") {
-            continue;
-        }
-        assert!(
-            exports.contains(name),
-            "{DECLARATIONS} implements {name}, which NVIDIA's driver does not export"
-        );
-        assert!(names.insert(name.to_owned()), "{name} is declared twice");
-    }
-    assert!(
-        !names.is_empty(),
-        "no implemented symbols found in {DECLARATIONS}"
-    );
-    names
-}
-
-fn unsupported(exports: &BTreeSet<String>, implemented: &BTreeSet<String>) -> String {
-    let missing: Vec<&String> = exports.difference(implemented).collect();
-    let mut s = String::new();
-    writeln!(s, "pub(crate) const COUNT: usize = {};", missing.len()).unwrap();
-    for (index, name) in missing.iter().enumerate() {
-        writeln!(
-            s,
-            "#[no_mangle]\npub extern \"C\" fn {name}() -> u32 {{ report({index}, \"{name}\") }}"
-        )
-        .unwrap();
-    }
-    s
 }
 
 fn symbol_table(exports: &BTreeSet<String>, implemented: &BTreeSet<String>) -> String {

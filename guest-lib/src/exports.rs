@@ -24,7 +24,8 @@ use crate::api::{
     stream, stream_ordered, unified_copy, vmm,
 };
 
-crate::entry::cuda_api! {
+rgpu_shim::exported_api! {
+    crate::entry::API;
     fn cuInit(flags: c_uint) => init::init;
     fn cuDriverGetVersion(version: *mut c_int) => init::driver_get_version;
     fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) => proc_address::get_proc_address;

@@ -19,7 +19,6 @@ pub mod device_status;
 mod entry;
 pub mod exports;
 pub mod image;
-mod logging;
 pub mod params;
 mod pinned;
 mod state;

@@ -12,7 +12,8 @@ use crate::abi::{
 };
 use crate::{device, error, system};
 
-crate::entry::nvml_api! {
+rgpu_shim::exported_api! {
+    crate::entry::API;
     fn nvmlInit() => system::init;
     fn nvmlInit_v2() => system::init;
     fn nvmlInitWithFlags(flags: c_uint) => system::init_with_flags;

@@ -21,7 +21,6 @@ mod entry;
 pub mod error;
 pub mod exports;
 mod libcuda;
-mod logging;
 mod out;
 mod state;
 pub mod system;
