@@ -9,15 +9,8 @@
 
 use thiserror::Error;
 
-/// `__fatBinC_Wrapper_t` magic.
-pub const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43B1;
-/// Fatbin header magic.
-pub const FATBIN_MAGIC: u32 = 0xBA55_ED50;
-const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
-const ELF64_HEADER_SIZE: u64 = 64;
-const ELF64_SECTION_HEADER_SIZE: u64 = 64;
-const ELF64_PROGRAM_HEADER_SIZE: u64 = 56;
-const SHT_NOBITS: u32 = 8;
+use rgpu_proto::elf;
+use rgpu_proto::fatbin::{FATBIN_MAGIC, WRAPPER_MAGIC};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageKind {
@@ -46,12 +39,12 @@ pub fn classify(image: &[u8]) -> Result<ImageKind, ImageError> {
     if image.is_empty() {
         return Err(ImageError::Empty);
     }
-    if image.starts_with(ELF_MAGIC) {
+    if image.starts_with(&elf::MAGIC) {
         check_elf(image)?;
         return Ok(ImageKind::Cubin);
     }
-    match read_u32(image, 0) {
-        Some(FATBIN_WRAPPER_MAGIC) => return Err(ImageError::FatbinWrapper),
+    match elf::le_u32(image, 0) {
+        Some(WRAPPER_MAGIC) => return Err(ImageError::FatbinWrapper),
         Some(FATBIN_MAGIC) => {
             check_fatbin(image)?;
             return Ok(ImageKind::Fatbin);
@@ -64,76 +57,19 @@ pub fn classify(image: &[u8]) -> Result<ImageKind, ImageError> {
     Err(ImageError::Unknown)
 }
 
-fn read_u16(image: &[u8], at: u64) -> Option<u64> {
-    let at = usize::try_from(at).ok()?;
-    let bytes = image.get(at..at.checked_add(2)?)?;
-    Some(u16::from_le_bytes(bytes.try_into().ok()?).into())
-}
-
-fn read_u32(image: &[u8], at: u64) -> Option<u32> {
-    let at = usize::try_from(at).ok()?;
-    let bytes = image.get(at..at.checked_add(4)?)?;
-    Some(u32::from_le_bytes(bytes.try_into().ok()?))
-}
-
-fn read_u64(image: &[u8], at: u64) -> Option<u64> {
-    let at = usize::try_from(at).ok()?;
-    let bytes = image.get(at..at.checked_add(8)?)?;
-    Some(u64::from_le_bytes(bytes.try_into().ok()?))
-}
-
-/// `offset + count * entry <= len`, without overflow.
-fn table_fits(len: u64, offset: u64, count: u64, entry: u64) -> bool {
-    count
-        .checked_mul(entry)
-        .and_then(|size| size.checked_add(offset))
-        .is_some_and(|end| end <= len)
-}
-
 fn check_elf(image: &[u8]) -> Result<(), ImageError> {
+    // Everything the header describes must lie inside the image: the
+    // driver follows those offsets.
     let len = image.len() as u64;
-    let header = ImageError::OutOfBounds("ELF header");
-    // 64-bit little-endian only: what nvcc writes for every current GPU.
-    if len < ELF64_HEADER_SIZE || image.get(4) != Some(&2) || image.get(5) != Some(&1) {
+    if len < elf::HEADER_SIZE {
         return Err(ImageError::Unknown);
     }
-    let phoff = read_u64(image, 0x20).ok_or(header.clone())?;
-    let shoff = read_u64(image, 0x28).ok_or(header.clone())?;
-    let phentsize = read_u16(image, 0x36).ok_or(header.clone())?;
-    let phnum = read_u16(image, 0x38).ok_or(header.clone())?;
-    let shentsize = read_u16(image, 0x3a).ok_or(header.clone())?;
-    let shnum = read_u16(image, 0x3c).ok_or(header)?;
-    if phnum > 0 {
-        if phentsize < ELF64_PROGRAM_HEADER_SIZE || !table_fits(len, phoff, phnum, phentsize) {
-            return Err(ImageError::OutOfBounds("ELF program header table"));
-        }
-        for i in 0..phnum {
-            let at = phoff + i * phentsize;
-            let offset = read_u64(image, at + 8);
-            let file_size = read_u64(image, at + 0x20);
-            match (offset, file_size) {
-                (Some(offset), Some(size)) if table_fits(len, offset, 1, size) => {}
-                _ => return Err(ImageError::OutOfBounds("ELF segment")),
-            }
-        }
+    match elf::extent(&mut |offset, n| elf::slice_at(image, offset, n), len) {
+        Ok(_) => Ok(()),
+        // 64-bit little-endian only: what nvcc writes for every current GPU.
+        Err(elf::ElfError::Unsupported { .. }) => Err(ImageError::Unknown),
+        Err(elf::ElfError::Malformed(what)) => Err(ImageError::OutOfBounds(what)),
     }
-    if shnum > 0 {
-        if shentsize < ELF64_SECTION_HEADER_SIZE || !table_fits(len, shoff, shnum, shentsize) {
-            return Err(ImageError::OutOfBounds("ELF section header table"));
-        }
-        for i in 0..shnum {
-            let at = shoff + i * shentsize;
-            let kind = read_u32(image, at + 4);
-            let offset = read_u64(image, at + 0x18);
-            let size = read_u64(image, at + 0x20);
-            match (kind, offset, size) {
-                (Some(SHT_NOBITS), Some(_), Some(_)) => {}
-                (Some(_), Some(offset), Some(size)) if table_fits(len, offset, 1, size) => {}
-                _ => return Err(ImageError::OutOfBounds("ELF section")),
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Header: magic `u32`, version `u16`, header size `u16`, size of the
@@ -156,7 +92,7 @@ mod tests {
 
     fn elf(shoff: u64, shnum: u16, section_offset: u64, section_size: u64) -> Vec<u8> {
         let mut image = vec![0u8; 256];
-        image[..4].copy_from_slice(ELF_MAGIC);
+        image[..4].copy_from_slice(&elf::MAGIC);
         image[4] = 2;
         image[5] = 1;
         image[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
@@ -201,15 +137,15 @@ mod tests {
     fn rejects_headers_pointing_outside() {
         assert_eq!(
             classify(&elf(64, 1, 128, 129)),
-            Err(ImageError::OutOfBounds("ELF section"))
+            Err(ImageError::OutOfBounds("section out of bounds"))
         );
         assert_eq!(
             classify(&elf(u64::MAX - 10, 2, 0, 0)),
-            Err(ImageError::OutOfBounds("ELF section header table"))
+            Err(ImageError::OutOfBounds("header table out of bounds"))
         );
         assert_eq!(
             classify(&elf(200, 1, 0, 0)),
-            Err(ImageError::OutOfBounds("ELF section header table"))
+            Err(ImageError::OutOfBounds("header table out of bounds"))
         );
         // The container runs past the image.
         assert_eq!(
@@ -238,7 +174,7 @@ mod tests {
 
     #[test]
     fn rejects_wrappers_and_unknown_bytes() {
-        let mut wrapper = FATBIN_WRAPPER_MAGIC.to_le_bytes().to_vec();
+        let mut wrapper = WRAPPER_MAGIC.to_le_bytes().to_vec();
         wrapper.extend_from_slice(&[1, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 0]);
         assert_eq!(classify(&wrapper), Err(ImageError::FatbinWrapper));
         assert_eq!(classify(b""), Err(ImageError::Empty));

@@ -13,6 +13,7 @@ pub mod capset;
 pub mod channel;
 pub mod command;
 pub mod cuda_result;
+pub mod elf;
 pub mod fatbin;
 pub mod process_group;
 pub mod reply;

@@ -226,7 +226,7 @@ pub(crate) fn load_from_file(
     if image.is_empty() {
         return Err(CUDA_ERROR_INVALID_IMAGE);
     }
-    let binary = image.starts_with(b"\x7fELF")
+    let binary = image.starts_with(&rgpu_proto::elf::MAGIC)
         || image.starts_with(&rgpu_proto::fatbin::FATBIN_MAGIC.to_le_bytes());
     if !binary && image.last() != Some(&0) {
         image.push(0);
