@@ -12,7 +12,8 @@
 #       libnvidia-ml.so.1 in /usr/lib/rgpu with an ld.so.conf.d entry,
 #       rgpu-run (the LD_PRELOAD wrapper), rgpu-diag, the udev rule
 #
-# Release binaries come from `cargo build --release` (CARGO_TARGET_DIR is
+# Release binaries come from `cargo build --release --no-default-features`
+# (the daemon without the sim executor, a test fixture; CARGO_TARGET_DIR is
 # honoured). Prints the two paths.
 set -euo pipefail
 out=${1:?usage: scripts/package.sh OUTDIR}
@@ -21,8 +22,9 @@ root=$(pwd)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
-echo "package.sh: building release binaries (cargo build --release)"
-cargo build --release -p vhost-device-rgpu -p guest-lib -p rgpu-nvml -p rgpu-transport
+echo "package.sh: building release binaries (cargo build --release --no-default-features)"
+cargo build --release --no-default-features -p vhost-device-rgpu -p guest-lib -p rgpu-nvml \
+    -p rgpu-transport
 target=${CARGO_TARGET_DIR:-$root/target}/release
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 arch=$(dpkg --print-architecture)

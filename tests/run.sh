@@ -26,4 +26,4 @@ cargo test --workspace
 # The Debian packages build, hold what they must, and their units start the
 # daemon (issue 12).
 bash scripts/package.sh target/packages
-bash tests/packaging/check-packages.sh target/packages
+RGPU_SIM_DAEMON=target/debug/vhost-device-rgpu bash tests/packaging/check-packages.sh target/packages

@@ -19,8 +19,10 @@
 pub mod cuda;
 pub mod image;
 pub mod nvml;
+#[cfg(feature = "sim")]
 mod occupancy;
 pub mod ptx;
+#[cfg(feature = "sim")]
 pub mod sim;
 
 use rgpu_proto::capset::DeviceInfo;

@@ -6,7 +6,7 @@
 set -euo pipefail
 dir=${1:?usage: make-bundle.sh DIR}
 cd "$(dirname "$0")/../.."
-cargo build --release -p vhost-device-rgpu -p guest-lib -p rgpu-nvml
+cargo build --release --no-default-features -p vhost-device-rgpu -p guest-lib -p rgpu-nvml
 target=${CARGO_TARGET_DIR:-$(pwd)/target}/release
 mkdir -p "$dir"
 cp "$target/vhost-device-rgpu" "$target/libcuda.so" "$target/libnvidia_ml.so" "$dir/"

@@ -19,7 +19,8 @@
 #
 # Environment: NATIVE_LIBCUDA (default /usr/local/nvidia/lib64/libcuda.so.1),
 # CUDA_HOME (default /usr/local/cuda), SKIP_BENCH=1 to leave the benchmark out,
-# RGPU_EXECUTOR (default cuda; sim only to try the script without a GPU).
+# RGPU_EXECUTOR (default cuda; sim only with a bundle built with the default
+# features, which make-bundle.sh leaves out, to try the script without a GPU).
 set -uo pipefail
 
 bundle=$(cd "${1:-$(dirname "$0")}" && pwd)

@@ -6,11 +6,13 @@
 #
 #   1. each package holds what it must (dpkg-deb --contents);
 #   2. systemd-analyze verify accepts the host package's units;
-#   3. rgpu.service's ExecStart, run as written with the example config
+#   3. the packaged daemon leaves the sim executor out;
+#   4. rgpu.service's ExecStart, run as written with the example config
 #      (its /run/rgpu paths moved to a temporary folder, the sim executor
-#      added: CI has no GPU), serves the example's tenant on a 0660 socket
-#      and root's 0600 control socket, which lists it;
-#   4. rgpu@.service's ExecStart, started by systemd-socket-activate with
+#      added: CI has no GPU, so the daemon is $RGPU_SIM_DAEMON, a build of
+#      the same source with the test fixture), serves the example's tenant
+#      on a 0660 socket and root's 0600 control socket, which lists it;
+#   5. rgpu@.service's ExecStart, started by systemd-socket-activate with
 #      the listening socket as descriptor 3 (as rgpu@.socket does), serves
 #      the guest package's rgpu-diag.
 # Prints "PASS ..." per check, "FAIL ..." with the reason; exit 1 on any
@@ -78,6 +80,7 @@ dpkg-deb -x "$host_deb" "$host"
 dpkg-deb -x "$guest_deb" "$guest"
 daemon=$host/usr/bin/vhost-device-rgpu
 units=$host/lib/systemd/system
+sim_daemon=${RGPU_SIM_DAEMON:-}
 
 # 2. The units, with ExecStart pointing at the extracted daemon (verify
 # checks that the command exists), templates instantiated.
@@ -94,16 +97,30 @@ else
     fail "systemd-analyze verify" "$verify"
 fi
 
-# ExecStart of UNIT, its binary replaced by the extracted daemon.
+# 3. The test fixture is no part of the package.
+if refusal=$("$daemon" --executor sim --socket-path "$work/none.sock" 2>&1); then
+    fail "the packaged daemon leaves the sim executor out" "it accepted --executor sim"
+elif grep -q "invalid value 'sim'" <<<"$refusal"; then
+    pass "the packaged daemon leaves the sim executor out"
+else
+    fail "the packaged daemon leaves the sim executor out" "$refusal"
+fi
+if [ ! -x "$sim_daemon" ]; then
+    fail "RGPU_SIM_DAEMON" "set it to a vhost-device-rgpu built with the sim executor (tests/run.sh does)"
+    echo "packages: $failures failure(s)"
+    exit 1
+fi
+
+# ExecStart of UNIT, its binary replaced by the sim build of the daemon.
 exec_start() {
-    sed -n 's/^ExecStart=//p' "$units/$1" | sed "s|/usr/bin/vhost-device-rgpu|$daemon|"
+    sed -n 's/^ExecStart=//p' "$units/$1" | sed "s|/usr/bin/vhost-device-rgpu|$sim_daemon|"
 }
 wait_for_socket() {
     for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done
     return 1
 }
 
-# 3. rgpu.service with the example config.
+# 4. rgpu.service with the example config.
 run=$work/run
 mkdir -p "$run"
 sed -e "s|/run/rgpu/|$run/|g" -e 's|127.0.0.1:9400|127.0.0.1:0|' \
@@ -118,7 +135,7 @@ if wait_for_socket "$run/local.sock" && wait_for_socket "$run/control.sock"; the
     else
         fail "socket modes" "local.sock and control.sock are $modes, not 660 600"
     fi
-    if listing=$("$daemon" ctl --control-socket "$run/control.sock" list 2>&1) &&
+    if listing=$("$sim_daemon" ctl --control-socket "$run/control.sock" list 2>&1) &&
         grep -q '^local ' <<<"$listing"; then
         pass "ctl list names the example's tenant \"local\""
     else
@@ -128,7 +145,7 @@ else
     fail "rgpu.service's command" "no sockets; its log: $(tail -n 5 "$work/service.log")"
 fi
 
-# 4. rgpu@.service, socket-activated.
+# 5. rgpu@.service, socket-activated.
 read -r -a command <<<"$(exec_start rgpu@.service | sed 's/ \$RGPU_ARGS//')"
 systemd-socket-activate --listen="$run/activated.sock" \
     env RGPU_LOG=info "${command[@]}" --executor sim >"$work/activated.log" 2>&1 &

@@ -16,7 +16,7 @@
 set -euo pipefail
 dir=${1:?usage: make-gpu-vm-bundle.sh DIR}
 cd "$(dirname "$0")/../.."
-cargo build --release -p vhost-device-rgpu -p guest-lib -p rgpu-transport
+cargo build --release --no-default-features -p vhost-device-rgpu -p guest-lib -p rgpu-transport
 target=${CARGO_TARGET_DIR:-$(pwd)/target}/release
 mkdir -p "$dir"
 strip --strip-debug -o "$dir/vhost-device-rgpu" "$target/vhost-device-rgpu"

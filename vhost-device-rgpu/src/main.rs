@@ -43,7 +43,9 @@ enum ExecutorKind {
     /// NVIDIA's driver (libcuda), the real thing.
     Cuda,
     /// Host memory and a few reference kernels: a test fixture for machines
-    /// without a GPU, not a way to run real programs.
+    /// without a GPU, not a way to run real programs (left out of the
+    /// packaged daemon).
+    #[cfg(feature = "sim")]
     Sim,
 }
 
@@ -52,6 +54,7 @@ impl ExecutorKind {
     fn name(self) -> &'static str {
         match self {
             Self::Cuda => "cuda",
+            #[cfg(feature = "sim")]
             Self::Sim => "sim",
         }
     }
@@ -200,6 +203,7 @@ enum Tool {
 
 /// The executor; `announce` says once (in the connection process) that a
 /// `sim` one is no GPU.
+#[cfg_attr(not(feature = "sim"), allow(unused_variables))]
 fn make_executor(
     kind: ExecutorKind,
     gpu: u32,
@@ -209,6 +213,7 @@ fn make_executor(
         ExecutorKind::Cuda => rgpu_executor::cuda::CudaExecutor::new(gpu)
             .map(|e| Arc::new(e) as Arc<dyn Executor>)
             .map_err(|e| e.to_string()),
+        #[cfg(feature = "sim")]
         ExecutorKind::Sim => {
             if announce {
                 warn!("executor `sim`: a test fixture without a GPU; real programs will not run");
