@@ -13,7 +13,8 @@
  * - an attribute only graph nodes take fails.
  * Through rgpu (RGPU_SOCKET set), also: an access policy window over memory
  * the process does not own is refused (the next synchronize returns
- * CUDA_ERROR_INVALID_VALUE), as is an event that is not one.
+ * CUDA_ERROR_INVALID_VALUE), as are an event that is not one and an event
+ * of another context (CUDA_ERROR_INVALID_HANDLE at once).
  *
  * Prints "launch_attributes_test: N checks passed" (exit 0) or every failed
  * check (exit 1). Declarations written from NVIDIA's public driver API
@@ -64,6 +65,8 @@ typedef struct {
 } LaunchConfig;
 
 CUresult cuLaunchKernelEx(const LaunchConfig *config, CUfunction f, void **params, void **extra);
+CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice device);
+CUresult cuCtxDestroy(CUcontext ctx);
 
 enum {
     ACCESS_POLICY_WINDOW = 1,
@@ -103,7 +106,7 @@ static CUresult fill_with(LaunchAttribute *attribute, CUdeviceptr out, unsigned 
     return CUDA_SUCCESS;
 }
 
-static int run(int through_rgpu) {
+static int run(int through_rgpu, CUdevice dev, CUcontext primary) {
     CUdeviceptr out = 0;
     REQUIRE_CU(cuMemAlloc(&out, N * sizeof(unsigned int)));
 
@@ -192,6 +195,21 @@ static int run(int through_rgpu) {
         a.v.completion.event = (CUevent)(uintptr_t)0x1234;
         CHECK_RC(cuLaunchKernelEx(&config, fill, params, NULL), CUDA_ERROR_INVALID_HANDLE);
         CHECK_CU(cuCtxSynchronize());
+        /* An event of another context. */
+        CUcontext other = NULL;
+        CUevent foreign = NULL;
+        if (cuCtxCreate_v2(&other, 0, dev) == CUDA_SUCCESS) {
+            CHECK_CU(cuEventCreate(&foreign, EVENT_DISABLE_TIMING));
+            CHECK_CU(cuCtxSetCurrent(primary));
+            a.v.completion.event = foreign;
+            CHECK_RC(cuLaunchKernelEx(&config, fill, params, NULL), CUDA_ERROR_INVALID_HANDLE);
+            CHECK_CU(cuCtxSetCurrent(other));
+            CHECK_CU(cuEventDestroy(foreign));
+            CHECK_CU(cuCtxDestroy(other));
+            CHECK_CU(cuCtxSetCurrent(primary));
+        } else {
+            fail(__LINE__, "cuCtxCreate for the foreign event");
+        }
     }
     CHECK_CU(cuEventDestroy(done));
     CHECK_CU(cuEventDestroy(programmatic));
@@ -219,7 +237,7 @@ int main(int argc, char **argv) {
         printf("FAIL: setup (PTX, context, module)\n");
         return 1;
     }
-    run(getenv("RGPU_SOCKET") != NULL);
+    run(getenv("RGPU_SOCKET") != NULL, dev, ctx);
     cuModuleUnload(module);
     cuDevicePrimaryCtxRelease(dev);
     free(ptx);

@@ -18,9 +18,10 @@ fn event(handle: CUevent) -> Result<Arc<Event>, u32> {
     EVENTS.get(handle).ok_or(CUDA_ERROR_INVALID_HANDLE)
 }
 
-/// The handle the host knows `event` by (a launch attribute names it).
-pub(crate) fn guest_handle(event_ptr: CUevent) -> Result<u32, u32> {
-    event(event_ptr).map(|e| e.handle)
+/// The event a launch attribute names: the host knows it by its handle,
+/// and it must belong to the launch's context.
+pub(crate) fn named(event_ptr: CUevent) -> Result<Arc<Event>, u32> {
+    event(event_ptr)
 }
 
 pub(crate) fn create(phevent: *mut CUevent, flags: c_uint) -> Result<(), u32> {

@@ -4,6 +4,7 @@
 //! `CUfunction` is expected and runs in the context of the stream.
 
 use std::ffi::{c_uint, c_void};
+use std::sync::Arc;
 
 use rgpu_proto::command::{launch_attribute, Launch, LaunchAttr, MAX_LAUNCH_ATTRIBUTES};
 use rgpu_proto::cuda_result::*;
@@ -13,7 +14,7 @@ use crate::abi::{CUdevice, CUevent, CUfunction, CUstream};
 use crate::api::context::same_context;
 use crate::api::library::function_or_kernel;
 use crate::params::marshal;
-use crate::state::{driver, resolve_stream};
+use crate::state::{driver, resolve_stream, Event};
 
 /// `CUlaunchConfig`.
 #[repr(C)]
@@ -69,10 +70,14 @@ const MAX_ATTRIBUTES: c_uint = 64;
 
 /// `attribute` as it travels to the host: the first 32 bytes of its value
 /// union as four words, an event as this process's handle of it (checked
-/// here: the host knows no guest pointers). `None`: nothing to send
-/// (`IGNORE`). An attribute the host does not take fails the launch now,
-/// saying which, rather than later and silently.
-fn wire_attribute(attribute: &LaunchAttribute) -> Result<Option<LaunchAttr>, u32> {
+/// here: the host knows no guest pointers; the event goes to `events`, so
+/// the launch can check its context). `None`: nothing to send (`IGNORE`).
+/// An attribute the host does not take fails the launch now, saying which,
+/// rather than later and silently.
+fn wire_attribute(
+    attribute: &LaunchAttribute,
+    events: &mut Vec<Arc<Event>>,
+) -> Result<Option<LaunchAttr>, u32> {
     let w = &attribute.value;
     let mut value = [0u64; 4];
     for (i, v) in value.iter_mut().enumerate() {
@@ -81,8 +86,9 @@ fn wire_attribute(attribute: &LaunchAttribute) -> Result<Option<LaunchAttr>, u32
     match attribute.id {
         launch_attribute::IGNORE => return Ok(None),
         launch_attribute::PROGRAMMATIC_EVENT | launch_attribute::LAUNCH_COMPLETION_EVENT => {
-            let event = value[0] as usize as CUevent;
-            value[0] = u64::from(crate::api::event::guest_handle(event)?);
+            let event = crate::api::event::named(value[0] as usize as CUevent)?;
+            value[0] = u64::from(event.handle);
+            events.push(event);
         }
         launch_attribute::ACCESS_POLICY_WINDOW
         | launch_attribute::SYNCHRONIZATION_POLICY
@@ -145,11 +151,13 @@ fn check_geometry(
 
 /// What a `cuLaunchKernelEx` asks beyond an ordinary launch: a cluster
 /// shape (all zero: none), a cooperative launch, and its other attributes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Default)]
 struct LaunchShape {
     cluster: [u32; 3],
     cooperative: bool,
     attributes: Vec<LaunchAttr>,
+    /// Events the attributes name: they must be the launch context's.
+    events: Vec<Arc<Event>>,
 }
 
 impl LaunchShape {
@@ -202,6 +210,9 @@ fn launch_shaped(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let (ctx, stream) = resolve_stream(stream, per_thread)?;
+    for event in &shape.events {
+        same_context(&ctx, &event.context)?;
+    }
     check_geometry(ctx.device, grid, block, shared_mem_bytes)?;
     let function = function_or_kernel(f, &ctx)?;
     same_context(&ctx, &function.context)?;
@@ -378,7 +389,9 @@ fn launch_ex(
                 shape.cluster.copy_from_slice(&attribute.value[..3]);
             }
             launch_attribute::COOPERATIVE => shape.cooperative = attribute.value[0] != 0,
-            _ => shape.attributes.extend(wire_attribute(attribute)?),
+            _ => shape
+                .attributes
+                .extend(wire_attribute(attribute, &mut shape.events)?),
         }
     }
     if shape.attributes.len() > MAX_LAUNCH_ATTRIBUTES {
@@ -438,7 +451,7 @@ mod tests {
             &[0x1000, 0x7f, 4096, 0, 0x3f00_0000, 1, 2],
         );
         assert_eq!(
-            wire_attribute(&window),
+            wire_attribute(&window, &mut Vec::new()),
             Ok(Some(LaunchAttr {
                 id: launch_attribute::ACCESS_POLICY_WINDOW,
                 value: [0x7f_0000_1000, 4096, 0x1_3f00_0000, 2],
@@ -446,16 +459,16 @@ mod tests {
         );
         let priority = attribute(launch_attribute::PRIORITY, &[3]);
         assert_eq!(
-            wire_attribute(&priority).map(|a| a.map(|a| a.value[0])),
+            wire_attribute(&priority, &mut Vec::new()).map(|a| a.map(|a| a.value[0])),
             Ok(Some(3))
         );
         assert_eq!(
-            wire_attribute(&attribute(launch_attribute::IGNORE, &[9])),
+            wire_attribute(&attribute(launch_attribute::IGNORE, &[9]), &mut Vec::new()),
             Ok(None)
         );
         // One the host does not take (a graph node's) fails now.
         assert_eq!(
-            wire_attribute(&attribute(13, &[1])),
+            wire_attribute(&attribute(13, &[1]), &mut Vec::new()),
             Err(CUDA_ERROR_NOT_SUPPORTED)
         );
     }
