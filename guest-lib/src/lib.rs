@@ -14,6 +14,7 @@
 
 pub mod abi;
 pub mod api;
+mod context_storage;
 mod device_ranges;
 pub mod device_status;
 mod entry;

@@ -88,7 +88,7 @@ pub(crate) fn destroy(ctx: CUcontext) -> Result<(), u32> {
     CONTEXTS.remove(ctx);
     state::forget_current(&context);
     context.close();
-    crate::api::export_table::context_destroyed(ctx);
+    crate::context_storage::context_destroyed(ctx);
     Ok(())
 }
 

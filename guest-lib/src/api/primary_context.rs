@@ -8,7 +8,6 @@ use std::sync::{Arc, MutexGuard};
 use rgpu_proto::cuda_result::*;
 
 use crate::abi::{write_out, CUcontext, CUdevice};
-use crate::api::export_table;
 use crate::state::{self, driver, Context, Primary, CONTEXTS};
 
 fn lock(device: CUdevice) -> Result<MutexGuard<'static, Primary>, u32> {
@@ -61,7 +60,7 @@ fn close(primary: &mut Primary) -> Option<CUcontext> {
 /// call back into the driver, so never under the primary's lock).
 fn closed(handle: Option<CUcontext>) {
     if let Some(handle) = handle {
-        export_table::context_destroyed(handle);
+        crate::context_storage::context_destroyed(handle);
     }
 }
 

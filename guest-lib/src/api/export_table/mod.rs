@@ -38,8 +38,6 @@ use rgpu_proto::cuda_result::*;
 
 use crate::abi::write_out;
 
-pub(crate) use storage::context_destroyed;
-
 /// One slot of a table: a function's address or the table's byte size.
 #[derive(Clone, Copy)]
 #[repr(transparent)]

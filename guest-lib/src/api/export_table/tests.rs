@@ -172,7 +172,7 @@ extern "C" fn record_destruction(ctx: *mut c_void, key: *mut c_void, value: *mut
 
 #[test]
 fn context_local_storage_round_trip_and_destructors() {
-    use super::storage::{forget_at, lookup_at, store_at};
+    use crate::context_storage::{context_destroyed, forget_at, lookup_at, store_at};
     let (ctx, other) = (0xC0_0000usize, 0xC1_0000usize);
     assert_eq!(lookup_at(ctx, 1), Err(CUDA_ERROR_INVALID_HANDLE));
     store_at(ctx, 1, 0x100, Some(record_destruction)).unwrap();
