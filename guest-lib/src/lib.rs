@@ -24,6 +24,7 @@ pub mod params;
 mod pinned;
 mod state;
 pub mod symbols;
+mod transport_error;
 pub mod unsupported;
 
 /// Present only in rgpu's libcuda: the daemon refuses to load a libcuda that

@@ -9,7 +9,7 @@ use rgpu_proto::cuda_result::*;
 use rgpu_proto::BlobRange;
 use rgpu_transport::Carrier;
 
-use crate::state::{carrier_error, Context};
+use crate::transport_error::carrier_error;
 
 struct PinnedBlock {
     size: u64,
@@ -25,21 +25,38 @@ struct PinnedBlock {
 
 static PINNED: RwLock<BTreeMap<usize, Arc<PinnedBlock>>> = RwLock::new(BTreeMap::new());
 
-/// Allocates `size` bytes of blob memory in `ctx` and returns its address.
-pub(crate) fn alloc(carrier: &dyn Carrier, ctx: &Context, size: u64) -> Result<*mut u8, u32> {
+/// The context that allocates pinned memory, as the registry keeps it (the
+/// registry knows no contexts: it sits below them).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Owner {
+    /// Its virtio-gpu context.
+    pub ctx_id: u32,
+    pub device: i32,
+    /// Its `CUcontext` value.
+    pub context: usize,
+}
+
+/// Allocates `size` bytes of blob memory for `owner` and returns its
+/// address; `buffer_id` is what pointer queries report for it.
+pub(crate) fn alloc(
+    carrier: &dyn Carrier,
+    owner: Owner,
+    buffer_id: u64,
+    size: u64,
+) -> Result<*mut u8, u32> {
     if size == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let blob = carrier
-        .create_blob(ctx.ctx_id(), size)
+        .create_blob(owner.ctx_id, size)
         .map_err(carrier_error)?;
     let block = Arc::new(PinnedBlock {
         size: blob.size.max(size),
         resource_id: blob.resource_id,
-        buffer_id: crate::state::new_id(),
-        context: ctx as *const Context as usize,
-        device: ctx.device,
-        attached: Mutex::new(vec![ctx.ctx_id()]),
+        buffer_id,
+        context: owner.context,
+        device: owner.device,
+        attached: Mutex::new(vec![owner.ctx_id]),
     });
     PINNED
         .write()
@@ -73,10 +90,11 @@ pub(crate) fn free(carrier: &dyn Carrier, ptr: *mut u8) -> Result<(), u32> {
 }
 
 /// The blob range that holds `[ptr, ptr + len)` entirely, attaching the blob
-/// to `ctx` on first use there; `None` for memory that is not pinned.
+/// to virtio-gpu context `ctx_id` on first use there; `None` for memory that
+/// is not pinned.
 pub(crate) fn blob_range(
     carrier: &dyn Carrier,
-    ctx: &Context,
+    ctx_id: u32,
     ptr: usize,
     len: u64,
 ) -> Result<Option<BlobRange>, u32> {
@@ -85,11 +103,11 @@ pub(crate) fn blob_range(
     };
     {
         let mut attached = block.attached.lock().map_err(|_| CUDA_ERROR_UNKNOWN)?;
-        if !attached.contains(&ctx.ctx_id()) {
+        if !attached.contains(&ctx_id) {
             carrier
-                .attach_blob(ctx.ctx_id(), block.resource_id)
+                .attach_blob(ctx_id, block.resource_id)
                 .map_err(carrier_error)?;
-            attached.push(ctx.ctx_id());
+            attached.push(ctx_id);
         }
     }
     Ok(Some(BlobRange {

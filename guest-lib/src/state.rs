@@ -74,15 +74,7 @@ impl Driver {
     }
 }
 
-/// Maps a transport failure to a CUDA result (and says why in the log).
-pub(crate) fn carrier_error(error: CarrierError) -> u32 {
-    log::error!("rgpu: transport failure: {error}");
-    match error {
-        CarrierError::OutOfMemory(_) => CUDA_ERROR_OUT_OF_MEMORY,
-        CarrierError::ContextLost(_) => CUDA_ERROR_CONTEXT_IS_DESTROYED,
-        _ => CUDA_ERROR_UNKNOWN,
-    }
-}
+pub(crate) use crate::transport_error::carrier_error;
 
 /// Process-wide unique ids, never reused: context ids (`cuCtxGetId`),
 /// stream ids (`cuStreamGetId`) and buffer ids of allocations

@@ -87,7 +87,17 @@ pub(crate) fn alloc_host(pp: *mut *mut c_void, size: usize) -> Result<(), u32> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let ctx = current()?;
-    let ptr = pinned::alloc(driver()?.carrier.as_ref(), &ctx, size as u64)?;
+    let owner = pinned::Owner {
+        ctx_id: ctx.ctx_id(),
+        device: ctx.device,
+        context: std::sync::Arc::as_ptr(&ctx) as usize,
+    };
+    let ptr = pinned::alloc(
+        driver()?.carrier.as_ref(),
+        owner,
+        crate::state::new_id(),
+        size as u64,
+    )?;
     write_out(pp, ptr.cast())
 }
 
@@ -114,7 +124,12 @@ fn blob_range(
     host: *const c_void,
     len: usize,
 ) -> Result<Option<rgpu_proto::BlobRange>, u32> {
-    pinned::blob_range(driver()?.carrier.as_ref(), ctx, host as usize, len as u64)
+    pinned::blob_range(
+        driver()?.carrier.as_ref(),
+        ctx.ctx_id(),
+        host as usize,
+        len as u64,
+    )
 }
 
 pub(crate) fn htod(
