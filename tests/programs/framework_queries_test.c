@@ -22,6 +22,7 @@
 
 #include "rgpu_cuda.h"
 #include "checks.h"
+#include "rgpu_launch.h"
 
 #define cuMemGetAddressRange cuMemGetAddressRange_v2
 
@@ -45,26 +46,6 @@
 #define STREAM_CAPTURE_STATUS_NONE 0
 #define FUNC_CACHE_PREFER_SHARED 1
 #define FUNC_CACHE_PREFER_L1 2
-#define LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION 4
-
-typedef struct {
-    unsigned int id;
-    char pad[4];
-    union {
-        char bytes[64];
-        unsigned int dims[3];
-    } value;
-} LaunchAttribute;
-
-typedef struct {
-    unsigned int grid_x, grid_y, grid_z;
-    unsigned int block_x, block_y, block_z;
-    unsigned int shared_mem_bytes;
-    CUstream stream;
-    LaunchAttribute *attrs;
-    unsigned int num_attrs;
-} LaunchConfig;
-
 typedef size_t (*BlockToDynamicSmem)(int block_size);
 
 CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr);
@@ -348,12 +329,10 @@ static int launch_with_big_shared_memory(CUfunction add) {
     return 0;
 }
 
-CUresult cuLaunchKernelEx(const LaunchConfig *config, CUfunction f, void **params, void **extra);
 CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int grid_x, unsigned int grid_y,
                                    unsigned int grid_z, unsigned int block_x, unsigned int block_y,
                                    unsigned int block_z, unsigned int shared_mem_bytes,
                                    CUstream stream, void **params);
-#define LAUNCH_ATTRIBUTE_COOPERATIVE 2
 
 /* cuLaunchKernelEx in thread-block clusters of 2 and cooperatively (what
  * cuDNN's Hopper kernels ask for), and cuLaunchCooperativeKernel: the

@@ -28,58 +28,11 @@
 
 #include "rgpu_cuda.h"
 #include "checks.h"
+#include "rgpu_launch.h"
 
-typedef struct {
-    unsigned int id;
-    unsigned int pad;
-    union {
-        unsigned char bytes[64];
-        struct {
-            void *base;
-            size_t bytes;
-            float hit_ratio;
-            int hit_property;
-            int miss_property;
-        } window;
-        struct {
-            CUevent event;
-            int flags;
-            int trigger_at_block_start;
-        } programmatic;
-        struct {
-            CUevent event;
-            int flags;
-        } completion;
-        int value;
-        unsigned char map[2];
-    } v;
-} LaunchAttribute;
-
-typedef struct {
-    unsigned int grid_x, grid_y, grid_z;
-    unsigned int block_x, block_y, block_z;
-    unsigned int shared_mem_bytes;
-    CUstream stream;
-    LaunchAttribute *attrs;
-    unsigned int num_attrs;
-} LaunchConfig;
-
-CUresult cuLaunchKernelEx(const LaunchConfig *config, CUfunction f, void **params, void **extra);
 CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice device);
 CUresult cuCtxDestroy(CUcontext ctx);
 
-enum {
-    ACCESS_POLICY_WINDOW = 1,
-    CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5,
-    PROGRAMMATIC_STREAM_SERIALIZATION = 6,
-    PROGRAMMATIC_EVENT = 7,
-    PRIORITY = 8,
-    MEM_SYNC_DOMAIN_MAP = 9,
-    MEM_SYNC_DOMAIN = 10,
-    LAUNCH_COMPLETION_EVENT = 12,
-    DEVICE_UPDATABLE_KERNEL_NODE = 13,
-    PREFERRED_SHARED_MEMORY_CARVEOUT = 14,
-};
 #define N 256
 #define EVENT_DISABLE_TIMING 2
 
@@ -116,32 +69,32 @@ static int run(int through_rgpu, CUdevice dev, CUcontext primary) {
         int value;
         const char *name;
     } plain[] = {
-        {PRIORITY, -1, "priority"},
-        {MEM_SYNC_DOMAIN, 1, "memory sync domain"},
-        {CLUSTER_SCHEDULING_POLICY_PREFERENCE, 1, "cluster scheduling policy"},
-        {PROGRAMMATIC_STREAM_SERIALIZATION, 1, "programmatic stream serialization"},
-        {PREFERRED_SHARED_MEMORY_CARVEOUT, 50, "shared memory carveout"},
+        {LAUNCH_ATTRIBUTE_PRIORITY, -1, "priority"},
+        {LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, 1, "memory sync domain"},
+        {LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE, 1, "cluster scheduling policy"},
+        {LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1, "programmatic stream serialization"},
+        {LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 50, "shared memory carveout"},
     };
     for (unsigned int i = 0; i < sizeof plain / sizeof plain[0]; i++) {
         memset(&a, 0, sizeof a);
         a.id = plain[i].id;
-        a.v.value = plain[i].value;
+        a.value.number = plain[i].value;
         CUresult rc = fill_with(&a, out, 1000 * (i + 1));
         printf("%s: rc %d %s\n", plain[i].name, rc, error_name(rc));
         CHECK_EQ_INT(rc, CUDA_SUCCESS);
     }
     memset(&a, 0, sizeof a);
-    a.id = MEM_SYNC_DOMAIN_MAP;
-    a.v.map[0] = 0;
-    a.v.map[1] = 1;
+    a.id = LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP;
+    a.value.map[0] = 0;
+    a.value.map[1] = 1;
     CHECK_CU(fill_with(&a, out, 7000));
     memset(&a, 0, sizeof a);
-    a.id = ACCESS_POLICY_WINDOW;
-    a.v.window.base = (void *)(uintptr_t)out;
-    a.v.window.bytes = N * sizeof(unsigned int);
-    a.v.window.hit_ratio = 0.5f;
-    a.v.window.hit_property = 2; /* persisting */
-    a.v.window.miss_property = 1; /* streaming */
+    a.id = LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW;
+    a.value.window.base = (void *)(uintptr_t)out;
+    a.value.window.bytes = N * sizeof(unsigned int);
+    a.value.window.hit_ratio = 0.5f;
+    a.value.window.hit_property = 2; /* persisting */
+    a.value.window.miss_property = 1; /* streaming */
     CHECK_CU(fill_with(&a, out, 8000));
 
     /* Events the launch records. */
@@ -151,24 +104,24 @@ static int run(int through_rgpu, CUdevice dev, CUcontext primary) {
     uint64_t ns = 20 * 1000 * 1000;
     void *spin_params[] = {&ns};
     memset(&a, 0, sizeof a);
-    a.id = LAUNCH_COMPLETION_EVENT;
-    a.v.completion.event = done;
+    a.id = LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT;
+    a.value.completion.event = done;
     LaunchConfig config = config_with(&a, 1);
     CHECK_CU(cuLaunchKernelEx(&config, spin, spin_params, NULL));
     CHECK_RC(cuEventQuery(done), CUDA_ERROR_NOT_READY);
     CHECK_CU(cuEventSynchronize(done));
     CHECK_CU(cuEventQuery(done));
     memset(&a, 0, sizeof a);
-    a.id = PROGRAMMATIC_EVENT;
-    a.v.programmatic.event = programmatic;
+    a.id = LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT;
+    a.value.programmatic.event = programmatic;
     CHECK_CU(fill_with(&a, out, 9000));
     CHECK_CU(cuEventSynchronize(programmatic));
     CHECK_CU(cuEventQuery(programmatic));
 
     /* A graph node's attribute is no launch's. */
     memset(&a, 0, sizeof a);
-    a.id = DEVICE_UPDATABLE_KERNEL_NODE;
-    a.v.value = 1;
+    a.id = LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE;
+    a.value.number = 1;
     CHECK_CU_FAILS(fill_with(&a, out, 1));
     cuCtxSynchronize();
 
@@ -178,12 +131,12 @@ static int run(int through_rgpu, CUdevice dev, CUcontext primary) {
         REQUIRE_CU(cuMemAlloc(&gone, 1 << 20));
         CHECK_CU(cuMemFree(gone));
         memset(&a, 0, sizeof a);
-        a.id = ACCESS_POLICY_WINDOW;
-        a.v.window.base = (void *)(uintptr_t)gone;
-        a.v.window.bytes = 1 << 20;
-        a.v.window.hit_ratio = 1.0f;
-        a.v.window.hit_property = 2;
-        a.v.window.miss_property = 1;
+        a.id = LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW;
+        a.value.window.base = (void *)(uintptr_t)gone;
+        a.value.window.bytes = 1 << 20;
+        a.value.window.hit_ratio = 1.0f;
+        a.value.window.hit_property = 2;
+        a.value.window.miss_property = 1;
         unsigned int base = 1, n = N;
         void *params[] = {&out, &base, &n};
         config = config_with(&a, N);
@@ -191,8 +144,8 @@ static int run(int through_rgpu, CUdevice dev, CUcontext primary) {
         CHECK_RC(cuCtxSynchronize(), CUDA_ERROR_INVALID_VALUE);
         /* An event pointer that is no event. */
         memset(&a, 0, sizeof a);
-        a.id = LAUNCH_COMPLETION_EVENT;
-        a.v.completion.event = (CUevent)(uintptr_t)0x1234;
+        a.id = LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT;
+        a.value.completion.event = (CUevent)(uintptr_t)0x1234;
         CHECK_RC(cuLaunchKernelEx(&config, fill, params, NULL), CUDA_ERROR_INVALID_HANDLE);
         CHECK_CU(cuCtxSynchronize());
         /* An event of another context. */
@@ -201,7 +154,7 @@ static int run(int through_rgpu, CUdevice dev, CUcontext primary) {
         if (cuCtxCreate_v2(&other, 0, dev) == CUDA_SUCCESS) {
             CHECK_CU(cuEventCreate(&foreign, EVENT_DISABLE_TIMING));
             CHECK_CU(cuCtxSetCurrent(primary));
-            a.v.completion.event = foreign;
+            a.value.completion.event = foreign;
             CHECK_RC(cuLaunchKernelEx(&config, fill, params, NULL), CUDA_ERROR_INVALID_HANDLE);
             CHECK_CU(cuCtxSetCurrent(other));
             CHECK_CU(cuEventDestroy(foreign));

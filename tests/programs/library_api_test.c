@@ -31,29 +31,11 @@
 
 #include "rgpu_cuda.h"
 #include "checks.h"
+#include "rgpu_launch.h"
 
 typedef struct CUlib_st *CUlibrary;
 typedef struct CUkern_st *CUkernel;
 
-typedef struct {
-    unsigned int id;
-    char pad[4];
-    union {
-        char bytes[64];
-        int priority;
-    } value;
-} LaunchAttribute;
-
-typedef struct {
-    unsigned int grid_x, grid_y, grid_z;
-    unsigned int block_x, block_y, block_z;
-    unsigned int shared_mem_bytes;
-    CUstream stream;
-    LaunchAttribute *attrs;
-    unsigned int num_attrs;
-} LaunchConfig;
-
-#define LAUNCH_ATTRIBUTE_PRIORITY 8
 #define FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 #define MODULE_EAGER_LOADING 1
 #define MODULE_LAZY_LOADING 2
@@ -79,7 +61,6 @@ CUresult cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t *offset, siz
 CUresult cuFuncGetParamInfo(CUfunction function, size_t index, size_t *offset, size_t *size);
 CUresult cuFuncGetName(const char **name, CUfunction function);
 CUresult cuModuleGetLoadingMode(int *mode);
-CUresult cuLaunchKernelEx(const LaunchConfig *config, CUfunction f, void **params, void **extra);
 CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice device);
 CUresult cuCtxDestroy_v2(CUcontext ctx);
 
