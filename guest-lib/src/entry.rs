@@ -9,6 +9,7 @@ pub(crate) const API: rgpu_shim::Api = rgpu_shim::Api {
     success: CUDA_SUCCESS,
     unknown: CUDA_ERROR_UNKNOWN,
     not_supported: CUDA_ERROR_NOT_SUPPORTED,
+    capture_logs: cfg!(test),
 };
 
 /// Runs one API call: a panic becomes `CUDA_ERROR_UNKNOWN`.

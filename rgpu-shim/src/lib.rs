@@ -22,25 +22,29 @@ pub struct Api {
     pub unknown: u32,
     /// What a stub returns.
     pub not_supported: u32,
+    /// Log through the test harness's capture (the library's own unit
+    /// tests: `cfg!(test)` of the library, not of this crate).
+    pub capture_logs: bool,
 }
 
 static LOGGING: Once = Once::new();
 
-/// `RGPU_LOG=info|debug|trace` (trace: one line per call), once.
-pub fn init_logging() {
+/// `RGPU_LOG=info|debug|trace` (trace: one line per call), once; with
+/// `capture`, through the test harness (see [`Api::capture_logs`]).
+pub fn init_logging(capture: bool) {
     LOGGING.call_once(|| {
         let env = env_logger::Env::new().filter_or("RGPU_LOG", "warn");
         // The application may have installed a logger of its own: keep it.
         // Unit tests capture what they log (shown when one fails).
         let _ = env_logger::Builder::from_env(env)
-            .is_test(cfg!(test))
+            .is_test(capture)
             .try_init();
     });
 }
 
 /// Runs one API call: a panic becomes `api.unknown`.
 pub fn run(api: &Api, name: &'static str, call: impl FnOnce() -> Result<(), u32>) -> u32 {
-    init_logging();
+    init_logging(api.capture_logs);
     match catch_unwind(AssertUnwindSafe(call)) {
         Ok(Ok(())) => api.success,
         Ok(Err(code)) => code,
@@ -68,7 +72,7 @@ pub fn trace_call(name: &str, args: &[String], result: u32) {
 /// What the stub of symbol `name` (number `index` of `logged`) does: logs
 /// once, returns `api.not_supported`.
 pub fn unsupported(api: &Api, logged: &[AtomicBool], index: usize, name: &str) -> u32 {
-    init_logging();
+    init_logging(api.capture_logs);
     let first = logged
         .get(index)
         .is_some_and(|flag| !flag.swap(true, Ordering::Relaxed));

@@ -9,4 +9,5 @@ pub(crate) const API: rgpu_shim::Api = rgpu_shim::Api {
     success: NVML_SUCCESS,
     unknown: NVML_ERROR_UNKNOWN,
     not_supported: NVML_ERROR_NOT_SUPPORTED,
+    capture_logs: cfg!(test),
 };

@@ -241,7 +241,7 @@ static CALLED: Mutex<BTreeSet<(usize, usize)>> = Mutex::new(BTreeSet::new());
 
 /// Logs the first call of a slot whose meaning is unknown.
 fn report_unknown_slot(table: usize, slot: usize, args: [usize; 4]) {
-    rgpu_shim::init_logging();
+    rgpu_shim::init_logging(crate::entry::API.capture_logs);
     let first = CALLED
         .lock()
         .map(|mut c| c.insert((table, slot)))
@@ -290,7 +290,7 @@ use unknown_slot;
 
 /// Logs a known slot's call at debug level.
 fn trace_slot(table: usize, slot: usize, what: std::fmt::Arguments<'_>) {
-    rgpu_shim::init_logging();
+    rgpu_shim::init_logging(crate::entry::API.capture_logs);
     if log::log_enabled!(log::Level::Debug) {
         let uuid = TABLES
             .get(table)

@@ -78,7 +78,7 @@ extern "C" fn load_compilers() -> u32 {
 
 fn log_extra_arguments(slot: usize, arg3: *mut c_void, arg4: *mut c_void, arg5: c_uint) {
     if !arg3.is_null() || !arg4.is_null() || arg5 != 0 {
-        rgpu_shim::init_logging();
+        rgpu_shim::init_logging(crate::entry::API.capture_logs);
         log::warn!(
             "rgpu: export table runtime interface slot {slot}: ignoring arguments \
              {arg3:?}, {arg4:?}, {arg5}"
