@@ -19,9 +19,9 @@ use crate::api::occupancy::BlockToDynamicSmem;
 use crate::api::stream_ordered::HostFn;
 use crate::api::vmm::{AccessDesc, AllocationProp, MemLocation};
 use crate::api::{
-    context, copy_2d, device, error, event, export_table, graph, host_register, init, launch,
-    library, memory, memory_pool, module, occupancy, pointer, primary_context, proc_address,
-    stream, stream_ordered, unified_copy, vmm,
+    context, copy_2d, device, error, event, export_table, function, graph, host_register, init,
+    launch, library, memory, memory_pool, module, occupancy, pointer, primary_context,
+    proc_address, stream, stream_ordered, unified_copy, vmm,
 };
 
 rgpu_shim::exported_api! {
@@ -155,10 +155,10 @@ rgpu_shim::exported_api! {
     fn cuModuleUnload(hmod: CUmodule) => module::unload;
     fn cuModuleGetFunction(hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char) => module::get_function;
     fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, hmod: CUmodule, name: *const c_char) => module::get_global;
-    fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, hfunc: CUfunction) => module::func_get_attribute;
-    fn cuFuncSetAttribute(hfunc: CUfunction, attrib: c_int, value: c_int) => module::func_set_attribute;
-    fn cuFuncSetCacheConfig(hfunc: CUfunction, config: c_int) => module::func_set_cache_config;
-    fn cuFuncSetSharedMemConfig(hfunc: CUfunction, config: c_int) => module::func_set_shared_mem_config;
+    fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, hfunc: CUfunction) => function::func_get_attribute;
+    fn cuFuncSetAttribute(hfunc: CUfunction, attrib: c_int, value: c_int) => function::func_set_attribute;
+    fn cuFuncSetCacheConfig(hfunc: CUfunction, config: c_int) => function::func_set_cache_config;
+    fn cuFuncSetSharedMemConfig(hfunc: CUfunction, config: c_int) => function::func_set_shared_mem_config;
     fn cuOccupancyMaxActiveBlocksPerMultiprocessor(num_blocks: *mut c_int, func: CUfunction, block_size: c_int, dynamic_smem_size: usize) => occupancy::max_active_blocks_default;
     fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(num_blocks: *mut c_int, func: CUfunction, block_size: c_int, dynamic_smem_size: usize, flags: c_uint) => occupancy::max_active_blocks_with_flags;
     fn cuOccupancyAvailableDynamicSMemPerBlock(dynamic_smem_size: *mut usize, func: CUfunction, num_blocks: c_int, block_size: c_int) => occupancy::available_dynamic_smem;

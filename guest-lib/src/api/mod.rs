@@ -7,6 +7,7 @@ pub mod device;
 pub mod error;
 pub mod event;
 pub mod export_table;
+pub mod function;
 pub mod graph;
 pub mod host_register;
 pub mod init;

@@ -16,7 +16,6 @@ use rgpu_proto::Command;
 use sha2::{Digest, Sha256};
 
 use crate::abi::{c_str, write_optional, write_out, CUdeviceptr, CUfunction, CUmodule};
-use crate::api::library::{function_or_kernel, KERNELS};
 use crate::image::image_bytes;
 use crate::state::{current, driver, Context, Function, Module, FUNCTIONS, MODULES};
 
@@ -223,31 +222,6 @@ pub(crate) fn function_attribute(f: &Function, attribute: c_int) -> Result<c_int
     Ok(v)
 }
 
-/// A `CUfunction` argument: a function, or a `CUkernel` resolved in the
-/// current context (NVIDIA's runtimes pass either).
-fn function_argument(function: CUfunction) -> Result<Arc<Function>, u32> {
-    driver()?;
-    if let Some(f) = FUNCTIONS.get(function) {
-        return Ok(f);
-    }
-    if KERNELS.get(function).is_none() {
-        return Err(CUDA_ERROR_INVALID_HANDLE);
-    }
-    function_or_kernel(function, &current()?)
-}
-
-pub(crate) fn func_get_attribute(
-    value: *mut c_int,
-    attribute: c_int,
-    function: CUfunction,
-) -> Result<(), u32> {
-    if value.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let f = function_argument(function)?;
-    write_out(value, function_attribute(&f, attribute)?)
-}
-
 /// Checks what the guest can of a `cuFuncSetAttribute` (the attributes
 /// cuda.h lets one set, and their ranges), so a bad value fails now rather
 /// than at the next synchronising call.
@@ -289,39 +263,6 @@ pub(crate) fn set_function_attribute(
     })?;
     f.invalidate();
     Ok(())
-}
-
-pub(crate) fn func_set_attribute(
-    function: CUfunction,
-    attribute: c_int,
-    value: c_int,
-) -> Result<(), u32> {
-    driver()?;
-    if let Some(kernel) = KERNELS.get(function) {
-        // A kernel's attribute holds in every context of the device.
-        return kernel.set_attribute(attribute, value, current()?.device);
-    }
-    let f = FUNCTIONS.get(function).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    set_function_attribute(&f, attribute, value)
-}
-
-/// A cache preference is a hint for the host driver: checked, accepted.
-pub(crate) fn func_set_cache_config(function: CUfunction, config: c_int) -> Result<(), u32> {
-    driver()?;
-    if FUNCTIONS.get(function).is_none() && KERNELS.get(function).is_none() {
-        return Err(CUDA_ERROR_INVALID_HANDLE);
-    }
-    check_cache_config(config)
-}
-
-/// Shared memory bank sizes are fixed on the GPUs rgpu serves: checked,
-/// accepted (cuda.h: no effect on such devices).
-pub(crate) fn func_set_shared_mem_config(function: CUfunction, config: c_int) -> Result<(), u32> {
-    driver()?;
-    if FUNCTIONS.get(function).is_none() && KERNELS.get(function).is_none() {
-        return Err(CUDA_ERROR_INVALID_HANDLE);
-    }
-    check_shared_mem_config(config)
 }
 
 /// `CUfunc_cache`: PREFER_NONE, _SHARED, _L1 or _EQUAL.
