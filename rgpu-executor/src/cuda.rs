@@ -74,6 +74,23 @@ struct LaunchAttribute {
     value: [u32; 16],
 }
 
+impl LaunchAttribute {
+    /// Attribute `id` whose value union starts with `words` (the rest zero).
+    fn new(id: u32, words: &[u32]) -> Self {
+        let mut value = [0u32; 16];
+        for (slot, word) in value.iter_mut().zip(words) {
+            *slot = *word;
+        }
+        Self { id, pad: 0, value }
+    }
+}
+
+/// The two halves of a 64-bit value (a pointer, a size) as the value
+/// union holds them.
+fn words(v: u64) -> [u32; 2] {
+    [v as u32, (v >> 32) as u32]
+}
+
 /// `CUlaunchConfig`, built here from plain integers rather than through
 /// cudarc's bindgen unions.
 #[repr(C)]
@@ -600,9 +617,8 @@ impl CudaContext {
     /// `hint` as the driver's `CUlaunchAttribute` (its value union laid
     /// out as cuda.h has it), with this context's event objects.
     fn launch_attribute(&self, hint: &LaunchHint) -> CuResult<LaunchAttribute> {
-        let mut value = [0u32; 16];
-        let split = |v: u64| [v as u32, (v >> 32) as u32];
-        let id = match *hint {
+        use launch_attribute as id;
+        Ok(match *hint {
             LaunchHint::AccessPolicyWindow {
                 base,
                 bytes,
@@ -610,62 +626,62 @@ impl CudaContext {
                 hit_property,
                 miss_property,
             } => {
-                value[..2].copy_from_slice(&split(base));
-                value[2..4].copy_from_slice(&split(bytes));
-                value[4] = hit_ratio.to_bits();
-                value[5] = hit_property;
-                value[6] = miss_property;
-                launch_attribute::ACCESS_POLICY_WINDOW
+                let [base_low, base_high] = words(base);
+                let [bytes_low, bytes_high] = words(bytes);
+                LaunchAttribute::new(
+                    id::ACCESS_POLICY_WINDOW,
+                    &[
+                        base_low,
+                        base_high,
+                        bytes_low,
+                        bytes_high,
+                        hit_ratio.to_bits(),
+                        hit_property,
+                        miss_property,
+                    ],
+                )
             }
             LaunchHint::SynchronizationPolicy(policy) => {
-                value[0] = policy;
-                launch_attribute::SYNCHRONIZATION_POLICY
+                LaunchAttribute::new(id::SYNCHRONIZATION_POLICY, &[policy])
             }
             LaunchHint::ClusterSchedulingPolicy(policy) => {
-                value[0] = policy;
-                launch_attribute::CLUSTER_SCHEDULING_POLICY_PREFERENCE
+                LaunchAttribute::new(id::CLUSTER_SCHEDULING_POLICY_PREFERENCE, &[policy])
             }
             LaunchHint::ProgrammaticStreamSerialization(allowed) => {
-                value[0] = u32::from(allowed);
-                launch_attribute::PROGRAMMATIC_STREAM_SERIALIZATION
+                LaunchAttribute::new(id::PROGRAMMATIC_STREAM_SERIALIZATION, &[u32::from(allowed)])
             }
             LaunchHint::ProgrammaticEvent {
                 event,
                 flags,
                 trigger_at_block_start,
             } => {
-                value[..2].copy_from_slice(&split(self.event(event)? as u64));
-                value[2] = flags;
-                value[3] = u32::from(trigger_at_block_start);
-                launch_attribute::PROGRAMMATIC_EVENT
+                let [low, high] = words(self.event(event)? as u64);
+                LaunchAttribute::new(
+                    id::PROGRAMMATIC_EVENT,
+                    &[low, high, flags, u32::from(trigger_at_block_start)],
+                )
             }
             LaunchHint::Priority(priority) => {
-                value[0] = priority as u32;
-                launch_attribute::PRIORITY
+                LaunchAttribute::new(id::PRIORITY, &[priority as u32])
             }
-            LaunchHint::MemSyncDomainMap { default, remote } => {
-                value[0] = u32::from(default) | u32::from(remote) << 8;
-                launch_attribute::MEM_SYNC_DOMAIN_MAP
-            }
+            LaunchHint::MemSyncDomainMap { default, remote } => LaunchAttribute::new(
+                id::MEM_SYNC_DOMAIN_MAP,
+                &[u32::from(default) | u32::from(remote) << 8],
+            ),
             LaunchHint::MemSyncDomain(domain) => {
-                value[0] = domain;
-                launch_attribute::MEM_SYNC_DOMAIN
+                LaunchAttribute::new(id::MEM_SYNC_DOMAIN, &[domain])
             }
             LaunchHint::PreferredClusterDimension(dims) => {
-                value[..3].copy_from_slice(&dims);
-                launch_attribute::PREFERRED_CLUSTER_DIMENSION
+                LaunchAttribute::new(id::PREFERRED_CLUSTER_DIMENSION, &dims)
             }
             LaunchHint::LaunchCompletionEvent { event, flags } => {
-                value[..2].copy_from_slice(&split(self.event(event)? as u64));
-                value[2] = flags;
-                launch_attribute::LAUNCH_COMPLETION_EVENT
+                let [low, high] = words(self.event(event)? as u64);
+                LaunchAttribute::new(id::LAUNCH_COMPLETION_EVENT, &[low, high, flags])
             }
             LaunchHint::PreferredSharedMemoryCarveout(carveout) => {
-                value[0] = carveout;
-                launch_attribute::PREFERRED_SHARED_MEMORY_CARVEOUT
+                LaunchAttribute::new(id::PREFERRED_SHARED_MEMORY_CARVEOUT, &[carveout])
             }
-        };
-        Ok(LaunchAttribute { id, pad: 0, value })
+        })
     }
 
     fn event(&self, event: u64) -> CuResult<sys::CUevent> {
@@ -1120,13 +1136,7 @@ impl ContextExecutor for CudaContext {
         query: &ClusterQuery,
     ) -> CuResult<i32> {
         let function = self.function(function)?;
-        let mut value = [0u32; 16];
-        value[..3].copy_from_slice(&query.cluster);
-        let attribute = LaunchAttribute {
-            id: launch_attribute::CLUSTER_DIMENSION,
-            pad: 0,
-            value,
-        };
+        let attribute = LaunchAttribute::new(launch_attribute::CLUSTER_DIMENSION, &query.cluster);
         // No cluster shape given: the function's own (compile-time) one.
         let with_cluster = query.cluster != [0; 3];
         let config = LaunchConfig {
@@ -1196,22 +1206,13 @@ impl ContextExecutor for CudaContext {
         let stream = self.stream(stream)?;
         let mut attributes = Vec::with_capacity(2 + options.hints.len());
         if options.cluster != [0; 3] {
-            let mut value = [0u32; 16];
-            value[..3].copy_from_slice(&options.cluster);
-            attributes.push(LaunchAttribute {
-                id: launch_attribute::CLUSTER_DIMENSION,
-                pad: 0,
-                value,
-            });
+            attributes.push(LaunchAttribute::new(
+                launch_attribute::CLUSTER_DIMENSION,
+                &options.cluster,
+            ));
         }
         if options.cooperative {
-            let mut value = [0u32; 16];
-            value[0] = 1;
-            attributes.push(LaunchAttribute {
-                id: launch_attribute::COOPERATIVE,
-                pad: 0,
-                value,
-            });
+            attributes.push(LaunchAttribute::new(launch_attribute::COOPERATIVE, &[1]));
         }
         for hint in &options.hints {
             attributes.push(self.launch_attribute(hint)?);
@@ -1533,6 +1534,16 @@ fn copy_into_words(words: &mut [u64], bytes: &[u8]) {
 mod tests {
     use super::*;
     use std::path::Path;
+
+    #[test]
+    fn launch_attributes_fill_the_value_union_from_its_start() {
+        assert_eq!(std::mem::size_of::<LaunchAttribute>(), 72);
+        let cluster = LaunchAttribute::new(launch_attribute::CLUSTER_DIMENSION, &[2, 1, 1]);
+        assert_eq!(cluster.id, launch_attribute::CLUSTER_DIMENSION);
+        assert_eq!(cluster.value[..4], [2, 1, 1, 0]);
+        assert!(cluster.value[3..].iter().all(|w| *w == 0));
+        assert_eq!(words(0x1234_5678_9abc_def0), [0x9abc_def0, 0x1234_5678]);
+    }
     use std::process::Command;
 
     #[test]

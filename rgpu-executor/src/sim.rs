@@ -1388,8 +1388,9 @@ impl ContextExecutor for SimContext {
                 return Err(CUDA_ERROR_INVALID_CLUSTER_SIZE);
             }
         }
-        // Hints change nothing here; events are checked first, as the
-        // driver does, and recorded once the kernel ran (its completion).
+        // Hints change nothing here (the session checked their values);
+        // events are checked first, as the driver does, and recorded once
+        // the kernel ran (its completion).
         let mut events = Vec::new();
         for hint in &options.hints {
             match *hint {
@@ -1399,9 +1400,6 @@ impl ContextExecutor for SimContext {
                         return Err(CUDA_ERROR_INVALID_HANDLE);
                     }
                     events.push(event);
-                }
-                LaunchHint::MemSyncDomain(domain) if domain > 1 => {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
                 }
                 _ => {}
             }
