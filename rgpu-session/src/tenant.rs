@@ -1,9 +1,11 @@
-//! A tenant: the sessions of one guest (a VM, or one local process), so that
-//! NVML's `DeviceStatus` can list what this guest runs on the GPU and
+//! A tenant: the sessions of one guest process (its worker process), so
+//! that NVML's `DeviceStatus` can list what this guest runs on the GPU and
 //! nothing of the other tenants.
 //!
-//! The host knows no guest process ids: it lists sessions (context id and
-//! device memory held), and the guest library maps them onto its processes.
+//! A session knows its guest process id from its context's debug name; the
+//! tenant-wide process list lives in the daemon's tenant page (through
+//! [`MemoryBudget::processes`]), this one's session list answers where there
+//! is no such page.
 //!
 //! A tenant also holds what its sessions share: the device ranges they may
 //! name ([`DeviceRanges`]: with unified addressing, every context of a
@@ -29,8 +31,8 @@ pub(crate) struct Usage {
     /// Unique among the tenant's sessions, ever: owns device ranges.
     pub(crate) member: u64,
     ctx_id: u32,
-    /// The guest process id its debug name carries (0: unknown).
-    pid: u32,
+    /// The guest process id its debug name carries.
+    pid: Option<u32>,
     device_memory: AtomicU64,
     has_context: AtomicBool,
     /// When the session started waiting for the GPU (nanoseconds since
@@ -58,7 +60,7 @@ impl Usage {
 
     /// The guest process id its debug name carries.
     pub(crate) fn pid(&self) -> Option<u32> {
-        (self.pid != 0).then_some(self.pid)
+        self.pid
     }
 
     pub(crate) fn has_context(&self) -> bool {
@@ -226,7 +228,7 @@ impl Tenant {
         let usage = Arc::new(Usage {
             member: self.next_member.fetch_add(1, Ordering::Relaxed),
             ctx_id,
-            pid: pid.unwrap_or(0),
+            pid,
             device_memory: AtomicU64::new(0),
             has_context: AtomicBool::new(false),
             waiting_since: AtomicU64::new(0),
@@ -315,7 +317,7 @@ impl Tenant {
             .take(MAX_STATUS_SESSIONS)
             .map(|u| SessionUsage {
                 ctx_id: u.ctx_id,
-                pid: u.pid,
+                pid: u.pid.unwrap_or(0),
                 device_memory: u.device_memory.load(Ordering::Relaxed),
             })
             .collect()

@@ -196,13 +196,16 @@ impl TenantPage {
         {
             Ok(before) | Err(before) => update(before).unwrap_or(before),
         };
-        if let Some(slot) = self
-            .slot
-            .get()
-            .and_then(|i| self.layout().processes.get(*i))
-        {
+        if let Some(slot) = self.own_slot() {
             slot.device_memory.store(held, Ordering::Release);
         }
+    }
+
+    /// This process's line in the process list, once it has one.
+    fn own_slot(&self) -> Option<&ProcessSlot> {
+        self.slot
+            .get()
+            .and_then(|i| self.layout().processes.get(*i))
     }
 
     /// Worker process `owner` ended: its line goes.
@@ -423,7 +426,7 @@ impl MemoryBudget for TenantPage {
 
     fn context_opened(&self, guest_pid: u32) {
         let slots = &self.layout().processes;
-        let index = self.slot.get().copied().or_else(|| {
+        if self.slot.get().is_none() {
             let owner = std::process::id();
             let free = slots.iter().position(|slot| {
                 slot.owner
@@ -431,14 +434,23 @@ impl MemoryBudget for TenantPage {
                     .is_ok()
             });
             match free {
-                Some(i) => Some(*self.slot.get_or_init(|| i)),
+                Some(i) => {
+                    // Another session of this process may have claimed one
+                    // meanwhile: one line per process, the other goes back.
+                    if *self.slot.get_or_init(|| i) != i {
+                        if let Some(slot) = slots.get(i) {
+                            slot.owner.store(0, Ordering::Release);
+                        }
+                    }
+                }
                 None => {
-                    log::debug!("tenant page: the process list is full; guest process {guest_pid} is not listed");
-                    None
+                    log::debug!(
+                        "tenant page: the process list is full; guest process {guest_pid} is not listed"
+                    );
                 }
             }
-        });
-        if let Some(slot) = index.and_then(|i| slots.get(i)) {
+        }
+        if let Some(slot) = self.own_slot() {
             slot.guest_pid.store(guest_pid, Ordering::Release);
             slot.device_memory
                 .store(self.taken_here.load(Ordering::Acquire), Ordering::Release);
@@ -447,11 +459,7 @@ impl MemoryBudget for TenantPage {
     }
 
     fn context_closed(&self) {
-        if let Some(slot) = self
-            .slot
-            .get()
-            .and_then(|i| self.layout().processes.get(*i))
-        {
+        if let Some(slot) = self.own_slot() {
             let _ = slot
                 .contexts
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
