@@ -357,6 +357,10 @@ impl Channel {
             (BOUNCE_SLOTS, slot_size)
         };
         let count = dst.len().div_ceil(piece_size);
+        let expected = expected_bytes_duration(piece_size as u64);
+        let bounce_offset = self.layout.bounce_offset;
+        // Where piece `i` lies in the blob.
+        let slot_offset = move |i: usize| bounce_offset + ((i % slots) * piece_size) as u64;
         let mut state = self.lock();
         let total = dst.len();
         // Queues piece `i` into its slot: (its reply sequence, the ring
@@ -373,7 +377,7 @@ impl Channel {
                 stream,
                 dst: BlobRange {
                     resource_id: self.blob.resource_id,
-                    offset: self.layout.bounce_offset + ((i % slots) * piece_size) as u64,
+                    offset: slot_offset(i),
                     length: length as u64,
                 },
                 src: src.wrapping_add(offset as u64),
@@ -392,16 +396,13 @@ impl Channel {
         for i in 0..count {
             let end = in_flight.pop_front().unwrap_or(state.produced);
             if i + 1 == count {
-                let reply = self.wait_reply_spinning(
-                    &mut state,
-                    reply_seq,
-                    self.spin + expected_bytes_duration(piece_size as u64),
-                )?;
+                let reply =
+                    self.wait_reply_spinning(&mut state, reply_seq, self.spin + expected)?;
                 if reply.result != CUDA_SUCCESS {
                     return Ok(reply.result);
                 }
             } else {
-                self.wait_consumed(&state, end, expected_bytes_duration(piece_size as u64))?;
+                self.wait_consumed(&state, end, expected)?;
             }
             let offset = i * piece_size;
             let piece = dst
@@ -413,7 +414,7 @@ impl Channel {
             // it (it moved past the command, or replied to it).
             unsafe {
                 std::ptr::copy_nonoverlapping(
-                    self.at(self.layout.bounce_offset + ((i % slots) * piece_size) as u64),
+                    self.at(slot_offset(i)),
                     piece.as_mut_ptr(),
                     piece.len(),
                 );
