@@ -17,7 +17,7 @@
 //! bytes are copied out (volatile) before they are decoded, and the only Rust
 //! references into guest memory are atomics.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::Arc;
 
 use rgpu_executor::HostRun;
@@ -56,8 +56,19 @@ pub struct Blob {
     starts: Vec<u64>,
     /// Keeps every run's mapping alive as long as the blob.
     _mapping: Arc<dyn Send + Sync>,
-    /// Whether it is registered for DMA (else the driver stages copies).
-    dma_registered: AtomicBool,
+    /// Registers the memory for DMA when a copy first needs it (`None`: it
+    /// never is, and the driver stages copies).
+    dma: Option<Arc<dyn DmaRegistration>>,
+}
+
+/// Memory that can be registered with the driver for DMA. Registration
+/// waits for the first copy that needs it: registering opens the process's
+/// primary context, which a process that never copies (NVML alone) must not
+/// pay for.
+pub trait DmaRegistration: Send + Sync {
+    /// Whether copies may DMA from and to it, registering it on the first
+    /// call.
+    fn dma_registered(&self) -> bool;
 }
 
 // SAFETY: the raw pointers in `runs` point into the guest memory mapping that
@@ -121,17 +132,17 @@ impl Blob {
             runs,
             starts,
             _mapping: memory,
-            dma_registered: AtomicBool::new(false),
+            dma: None,
         })
     }
 
     /// A blob that is one host mapping of `run.len` bytes (a worker process
     /// maps each blob's guest pages contiguously), kept mapped by `mapping`
-    /// as long as the blob lives.
-    pub fn from_mapping(
+    /// as long as the blob lives and registered by it for DMA on first need.
+    pub fn from_mapping<M: DmaRegistration + 'static>(
         resource_id: u32,
         run: HostRun,
-        mapping: Arc<dyn Send + Sync>,
+        mapping: Arc<M>,
     ) -> Result<Blob, BlobError> {
         if run.len == 0 {
             return Err(BlobError::ZeroSize);
@@ -141,8 +152,8 @@ impl Blob {
             size: run.len as u64,
             runs: vec![run],
             starts: vec![0],
-            _mapping: mapping,
-            dma_registered: AtomicBool::new(false),
+            _mapping: mapping.clone(),
+            dma: Some(mapping),
         })
     }
 
@@ -159,13 +170,10 @@ impl Blob {
         &self.runs
     }
 
-    /// Records whether the blob's memory is registered for DMA.
-    pub fn set_dma_registered(&self, registered: bool) {
-        self.dma_registered.store(registered, Ordering::Relaxed);
-    }
-
+    /// Whether copies may DMA from and to the blob (registering it with the
+    /// driver on first ask).
     pub fn dma_registered(&self) -> bool {
-        self.dma_registered.load(Ordering::Relaxed)
+        self.dma.as_ref().is_some_and(|dma| dma.dma_registered())
     }
 
     /// The host pieces of `offset..offset + len`, in order. An empty range

@@ -27,7 +27,7 @@ pub mod settings;
 pub mod tenant;
 mod worker;
 
-pub use blob::{Blob, BlobError};
+pub use blob::{Blob, BlobError, DmaRegistration};
 pub use budget::{clamp_to_budget, MemoryBudget};
 pub use channel::{ChannelError, ReplyTarget};
 pub use compute::{Admission, ComputeGate};

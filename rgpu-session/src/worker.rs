@@ -493,24 +493,12 @@ impl Worker {
         let resource_id = blob.resource_id();
         self.detach(resource_id);
         log::debug!(
-            "ctx {}: attached blob {resource_id} ({} bytes, {} runs, registered for DMA: {})",
+            "ctx {}: attached blob {resource_id} ({} bytes, {} runs)",
             self.ctx_id,
             blob.size(),
             blob.runs().len(),
-            blob.dma_registered()
         );
-        // Registering guest memory for DMA may have opened the primary
-        // context for a process that has none of its own yet (NVML alone):
-        // its memory counts against the tenant like any context's.
-        let registered = blob.dma_registered();
         self.blobs.insert(resource_id, Attached { blob });
-        if registered && matches!(self.context, DeviceContext::NotCreated) {
-            let _ = self.tenant.account_driver_memory(
-                crate::driver_memory::Refresh::Settle,
-                &*self.executor,
-                &self.counters,
-            );
-        }
     }
 
     fn detach(&mut self, resource_id: u32) {

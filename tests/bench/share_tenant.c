@@ -12,8 +12,9 @@
  *       fixed-work kernels (one synchronisation per 4 launches); prints
  *       "kernels K"
  *   share_tenant --ptx PTX latency ITERS START_FILE
- *       waits for START_FILE, then ITERS times: a 20 us kernel (rgpu_spin)
- *       and a synchronisation; prints "latency p50 A us p99 B us"
+ *       waits for START_FILE, then ITERS times (or for LATENCY_SECONDS): a
+ *       20 us kernel (rgpu_spin) and a synchronisation; lists the first
+ *       slow samples, then prints "latency p50 A us p99 B us"
  *   share_tenant --ptx PTX spin NANOSECONDS SECONDS START_FILE
  *       as busy, with rgpu_spin kernels of NANOSECONDS each (the kernel the
  *       sim executor runs for its time too); prints "kernels K"
@@ -34,6 +35,10 @@
 
 #define BLOCKS (132 * 4)
 #define THREADS 128
+/* A latency run ends after ITERS samples or this long, whichever first. */
+#define LATENCY_SECONDS 2.0
+/* Samples at least this slow are listed (about 4x a 20 us kernel alone). */
+#define SLOW_US 150.0
 
 static double now_s(void) {
     struct timespec t;
@@ -133,22 +138,38 @@ int main(int argc, char **argv) {
         printf("kernels %ld\n", kernels);
     } else if (!strcmp(mode, "latency") && argc == 6) {
         long iters = strtol(argv[4], NULL, 10);
-        if (iters < 1 || iters > 100000) return 2;
+        if (iters < 1 || iters > 1000000) return 2;
         double *lat = malloc(sizeof(double) * (size_t)iters);
+        double *at = malloc(sizeof(double) * (size_t)iters);
         uint64_t ns = 20000;
         void *params[] = {&ns};
         cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
         cuCtxSynchronize();
         ready_then_wait(argv[5]);
-        for (long i = 0; i < iters; i++) {
+        double start = now_s();
+        long n = 0;
+        while (n < iters && now_s() - start < LATENCY_SECONDS) {
             double t0 = now_s();
             cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
             cuCtxSynchronize();
-            lat[i] = (now_s() - t0) * 1e6;
+            lat[n] = (now_s() - t0) * 1e6;
+            at[n] = (t0 - start) * 1e3;
+            n++;
         }
-        qsort(lat, (size_t)iters, sizeof(double), compare);
-        printf("latency p50 %.1f us p99 %.1f us\n", lat[iters / 2], lat[iters * 99 / 100]);
+        /* Where the slow samples lie (a start-up transient or a period). */
+        int shown = 0;
+        long slow = 0;
+        for (long i = 0; i < n; i++) {
+            if (lat[i] < SLOW_US) continue;
+            slow++;
+            if (shown++ < 12) printf("slow sample %ld at %.2f ms: %.1f us\n", i, at[i], lat[i]);
+        }
+        qsort(lat, (size_t)n, sizeof(double), compare);
+        printf("samples %ld in %.3f s, %ld of them over %.0f us, p99.9 %.1f us, max %.1f us\n", n,
+               now_s() - start, slow, SLOW_US, lat[n * 999 / 1000], lat[n - 1]);
+        printf("latency p50 %.1f us p99 %.1f us\n", lat[n / 2], lat[n * 99 / 100]);
         free(lat);
+        free(at);
     } else {
         fprintf(stderr, "unknown mode %s\n", mode);
         return 2;

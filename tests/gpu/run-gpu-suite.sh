@@ -284,22 +284,29 @@ if [ -e "$bundle/driver_memory_test.c" ] && [ -e "$bundle/libnvidia_ml.so" ]; th
         >"$logs/nvml-holder.log" 2>&1 &
     holder=$!
     for _ in $(seq 400); do grep -q holding "$logs/nvml-holder.log" && break; sleep 0.05; done
-    "${limited[@]}" "$work/nvml_list" >"$logs/nvml-list.log" 2>&1
+    # The lister stays alive while nvidia-smi looks: it asked NVML only, so
+    # its worker must hold no context (no DMA registration without a copy).
+    rm -f "$work/lister-release"
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader >"$logs/nvidia-smi-before.log" 2>&1
+    "${limited[@]}" "$work/nvml_list" --hold "$work/lister-release" >"$logs/nvml-list.log" 2>&1 &
+    lister=$!
+    for _ in $(seq 400); do grep -q holding "$logs/nvml-list.log" && break; sleep 0.05; done
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader >"$logs/nvidia-smi-apps.log" 2>&1
-    touch "$work/release"; wait "$holder"
+    touch "$work/lister-release" "$work/release"; wait "$lister" "$holder"
     echo "nvml through rgpu (holder is guest pid $holder):"; sed 's/^/    /' "$logs/nvml-list.log"
-    echo "nvidia-smi on the host:"; sed 's/^/    /' "$logs/nvidia-smi-apps.log"
+    echo "nvidia-smi on the host, while both ran:"; sed 's/^/    /' "$logs/nvidia-smi-apps.log"
     used=$(sed -n "s/^pid=$holder used=//p" "$logs/nvml-list.log")
     if [ -n "$used" ] && [ "$used" -gt $((256 << 20)) ] && grep -q '^processes 1$' "$logs/nvml-list.log"; then
         pass "nvml lists the tenant's process $holder with $((used >> 20)) MiB (256 MiB allocated + the context's own)"
     else
         fail "nvml process list under a limit" "see $logs/nvml-list.log"
     fi
-    # The lister registered its channel for DMA, which opens the primary
-    # context on the host: that memory is charged to the tenant (a
-    # "driver memory" line of the lister's worker below).
-    grep -c 'driver memory:' "$logs/limited-daemon.log" | sed 's/^/driver memory log lines: /'
-    grep 'driver memory:' "$logs/limited-daemon.log" | sed 's/^.*\(worker [0-9.]* pid [0-9]*\)\] /\1: /'
+    before=$(grep -c MiB "$logs/nvidia-smi-before.log") during=$(grep -c MiB "$logs/nvidia-smi-apps.log")
+    if [ "$before" = "$during" ]; then
+        pass "a process that only asks NVML holds no context on the host ($during processes in nvidia-smi with it, $before before)"
+    else
+        fail "an NVML-only process holds a context on the host" "see $logs/nvidia-smi-apps.log"
+    fi
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

@@ -2,14 +2,18 @@
  * NVML alone (no CUDA context of its own).
  *
  * Prints "self_pid=P", "processes N", then "pid=P used=BYTES" per process
- * (nvmlDeviceGetComputeRunningProcesses_v3 on device 0). Exit 0, 1 on an
- * NVML error. */
+ * (nvmlDeviceGetComputeRunningProcesses_v3 on device 0). With --hold FILE,
+ * then prints "holding" and waits for FILE to exist (so the host can be
+ * looked at while this process is alive). Exit 0, 1 on an NVML error. */
+#define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "rgpu_nvml.h"
+#include "wait_for_file.h"
 
-int main(void) {
+int main(int argc, char **argv) {
     nvmlDevice_t device;
     nvmlProcessInfo_t infos[64];
     unsigned int count = 64;
@@ -26,6 +30,11 @@ int main(void) {
     printf("processes %u\n", count);
     for (unsigned int i = 0; i < count; i++)
         printf("pid=%u used=%llu\n", infos[i].pid, infos[i].usedGpuMemory);
+    if (argc == 3 && !strcmp(argv[1], "--hold")) {
+        printf("holding\n");
+        fflush(stdout);
+        wait_for_file(argv[2], 100000L);
+    }
     nvmlShutdown();
     return 0;
 }

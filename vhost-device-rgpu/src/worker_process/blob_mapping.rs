@@ -1,6 +1,7 @@
 //! A blob in its worker process: the blob's guest pages mapped one after
 //! the other into one range of the worker's address space, and that range
-//! (and nothing else of guest memory) registered for DMA.
+//! (and nothing else of guest memory) registered for DMA when a copy first
+//! needs it.
 //!
 //! The worker maps only the blobs of its own guest process, so a forged
 //! device pointer, or a kernel that dereferences one, finds no other guest
@@ -12,11 +13,11 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::ptr::null_mut;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use log::debug;
 use rgpu_executor::{Executor, HostRun};
-use rgpu_session::{Completion, Counters};
+use rgpu_session::{Completion, Counters, DmaRegistration};
 
 use super::message::FileRun;
 
@@ -57,12 +58,13 @@ pub enum MapError {
     Mmap(std::io::Error),
 }
 
-/// A mapped (and, if the executor could, registered) blob.
+/// A mapped blob, registered for DMA on first need if the executor can.
 pub struct BlobMapping {
     base: *mut u8,
     len: usize,
     runs: usize,
-    registered: bool,
+    /// Whether registering worked, once a copy asked.
+    registered: OnceLock<bool>,
     executor: Arc<dyn Executor>,
     counters: Arc<Counters>,
     /// Completed once the mapping is gone.
@@ -72,12 +74,13 @@ pub struct BlobMapping {
 // SAFETY: `base` is only an address of a mapping this value owns; the bytes
 // are reached through `rgpu_session::Blob`, which copies volatilely.
 unsafe impl Send for BlobMapping {}
-// SAFETY: as above; the only interior mutability is behind a Mutex.
+// SAFETY: as above; the only interior mutability is behind a Mutex and a
+// OnceLock.
 unsafe impl Sync for BlobMapping {}
 
 impl BlobMapping {
-    /// Maps `runs` (`size` bytes in all) of `files` contiguously and
-    /// registers the range for DMA. `mapped_runs` counts the worker's live
+    /// Maps `runs` (`size` bytes in all) of `files` contiguously.
+    /// `mapped_runs` counts the worker's live
     /// mappings against [`max_mapped_runs`].
     pub fn map(
         files: &HashMap<u32, File>,
@@ -130,11 +133,11 @@ impl BlobMapping {
             return Err(MapError::Mmap(std::io::Error::last_os_error()));
         }
         let base = base.cast::<u8>();
-        let mut mapping = BlobMapping {
+        let mapping = BlobMapping {
             base,
             len,
             runs: runs.len(),
-            registered: false,
+            registered: OnceLock::new(),
             executor,
             counters,
             on_unmapped: Mutex::new(Vec::new()),
@@ -167,14 +170,9 @@ impl BlobMapping {
             }
             at += run_len;
         }
-        mapping.registered = mapping.executor.register_host_memory(mapping.run()).is_ok();
-        if mapping.registered {
-            Counters::add(&mapping.counters.dma_registered_bytes, size);
-        }
         debug!(
-            "blob of {size} bytes in {} runs mapped at {base:p} (registered for DMA: {})",
-            runs.len(),
-            mapping.registered
+            "blob of {size} bytes in {} runs mapped at {base:p}",
+            runs.len()
         );
         Ok(mapping)
     }
@@ -185,10 +183,6 @@ impl BlobMapping {
             ptr: self.base,
             len: self.len,
         }
-    }
-
-    pub fn registered(&self) -> bool {
-        self.registered
     }
 
     /// Mappings (page runs) it holds.
@@ -206,9 +200,25 @@ impl BlobMapping {
     }
 }
 
+impl DmaRegistration for BlobMapping {
+    fn dma_registered(&self) -> bool {
+        *self.registered.get_or_init(|| {
+            let registered = self.executor.register_host_memory(self.run()).is_ok();
+            if registered {
+                Counters::add(&self.counters.dma_registered_bytes, self.len as u64);
+            }
+            debug!(
+                "blob of {} bytes at {:p} registered for DMA: {registered}",
+                self.len, self.base
+            );
+            registered
+        })
+    }
+}
+
 impl Drop for BlobMapping {
     fn drop(&mut self) {
-        if self.registered {
+        if self.registered.get() == Some(&true) {
             self.executor.unregister_host_memory(self.run());
             Counters::sub(&self.counters.dma_registered_bytes, self.len as u64);
         }

@@ -257,10 +257,8 @@ impl Worker {
                 return;
             }
         };
-        let keep_alive: Arc<dyn Send + Sync> = mapping.clone();
-        match Blob::from_mapping(resource_id, mapping.run(), keep_alive) {
+        match Blob::from_mapping(resource_id, mapping.run(), Arc::clone(&mapping)) {
             Ok(blob) => {
-                blob.set_dma_registered(mapping.registered());
                 self.blobs.insert(
                     resource_id,
                     MappedBlob {
