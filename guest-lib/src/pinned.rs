@@ -1,6 +1,8 @@
 //! Page-locked host memory (`cuMemAllocHost`, `cuMemHostAlloc`): blob
 //! memory the host sees too, so copies from and to it are zero-copy. A
-//! sorted registry maps pointers back to `(resource id, offset)`.
+//! sorted registry maps pointers back to `(resource id, offset)`. Over the
+//! network carrier nothing is shared: the memory is this process's own, and
+//! copies from and to it travel on the connection as pageable ones do.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -13,6 +15,7 @@ use crate::transport_error::carrier_error;
 
 struct PinnedBlock {
     size: u64,
+    /// The blob; 0 for memory of this process only (network carrier).
     resource_id: u32,
     /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`.
     buffer_id: u64,
@@ -47,9 +50,13 @@ pub(crate) fn alloc(
     if size == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let blob = carrier
-        .create_blob(owner.ctx_id, size)
-        .map_err(carrier_error)?;
+    let blob = if carrier.remote().is_some() {
+        local_memory(size)?
+    } else {
+        carrier
+            .create_blob(owner.ctx_id, size)
+            .map_err(carrier_error)?
+    };
     let block = Arc::new(PinnedBlock {
         size: blob.size.max(size),
         resource_id: blob.resource_id,
@@ -72,6 +79,12 @@ pub(crate) fn free(carrier: &dyn Carrier, ptr: *mut u8) -> Result<(), u32> {
         .map_err(|_| CUDA_ERROR_UNKNOWN)?
         .remove(&(ptr as usize))
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if block.resource_id == LOCAL {
+        // SAFETY: `local_memory` mapped exactly `block.size` bytes here, and
+        // the registry no longer hands the range out.
+        unsafe { libc::munmap(ptr.cast(), block.size as usize) };
+        return Ok(());
+    }
     let owner = block.attached.lock().ok().and_then(|a| a.first().copied());
     match owner {
         Some(ctx_id) => carrier
@@ -98,7 +111,7 @@ pub(crate) fn blob_range(
     ptr: usize,
     len: u64,
 ) -> Result<Option<BlobRange>, u32> {
-    let Some((base, block)) = find(ptr, len) else {
+    let Some((base, block)) = find(ptr, len).filter(|(_, b)| b.resource_id != LOCAL) else {
         return Ok(None);
     };
     {
@@ -115,6 +128,39 @@ pub(crate) fn blob_range(
         offset: (ptr - base) as u64,
         length: len,
     }))
+}
+
+/// The resource id of memory that is this process's only.
+const LOCAL: u32 = 0;
+
+/// `size` bytes (rounded up to pages) of this process's own memory, as a
+/// mapping without a blob.
+fn local_memory(size: u64) -> Result<rgpu_transport::BlobMapping, u32> {
+    let page = 4096u64;
+    let rounded = size
+        .checked_add(page - 1)
+        .map(|s| s & !(page - 1))
+        .and_then(|s| usize::try_from(s).ok())
+        .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    // SAFETY: a fresh anonymous mapping nobody else uses.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            rounded,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(rgpu_transport::BlobMapping {
+        resource_id: LOCAL,
+        ptr: ptr.cast(),
+        size: rounded as u64,
+    })
 }
 
 fn find(ptr: usize, len: u64) -> Option<(usize, Arc<PinnedBlock>)> {

@@ -13,7 +13,8 @@ use rgpu_proto::channel::CompletionKind;
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::reply::FunctionInfo;
 use rgpu_proto::Command;
-use rgpu_transport::{Carrier, CarrierError, Channel, Completion, Reply};
+use rgpu_transport::process_tag::process_name;
+use rgpu_transport::{Carrier, CarrierError, Completion, ContextChannel, Reply};
 
 use crate::abi::{CUdevice, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 
@@ -114,7 +115,7 @@ pub(crate) struct Context {
     /// A reset primary context: closed, but its handle stays valid and the
     /// next call through it opens a new host session.
     reopen_on_use: AtomicBool,
-    channel: RwLock<Option<Channel>>,
+    channel: RwLock<Option<ContextChannel>>,
     /// The virtio-gpu context of the current channel (a reopened primary
     /// context gets a new one).
     ctx_id: AtomicU32,
@@ -131,7 +132,7 @@ impl Context {
     ) -> Result<Arc<Self>, u32> {
         driver.device(device)?;
         let channel =
-            Channel::open(driver.carrier.clone(), &process_name()).map_err(carrier_error)?;
+            ContextChannel::open(driver.carrier.clone(), &process_name()).map_err(carrier_error)?;
         Ok(Arc::new(Self {
             device,
             flags: AtomicU32::new(flags),
@@ -176,7 +177,7 @@ impl Context {
     /// primary context retained again after a release to zero or a reset.
     pub fn reopen(&self, driver: &Driver) -> Result<(), u32> {
         let channel =
-            Channel::open(driver.carrier.clone(), &process_name()).map_err(carrier_error)?;
+            ContextChannel::open(driver.carrier.clone(), &process_name()).map_err(carrier_error)?;
         let mut guard = self.channel.write().map_err(|_| CUDA_ERROR_UNKNOWN)?;
         self.ctx_id.store(channel.ctx_id(), Ordering::Release);
         *guard = Some(channel);
@@ -200,7 +201,7 @@ impl Context {
 
     pub fn with_channel<R>(
         &self,
-        f: impl FnOnce(&Channel) -> Result<R, CarrierError>,
+        f: impl FnOnce(&ContextChannel) -> Result<R, CarrierError>,
     ) -> Result<R, u32> {
         // A context that hit a sticky error is unusable, as with NVIDIA's
         // driver: every later call returns that error.
@@ -288,15 +289,6 @@ impl Context {
         crate::device_ranges::forget_context(self.id);
         crate::pinned::forget_context(self.ctx_id());
     }
-}
-
-/// The context's debug name: this process's id and name, so that the
-/// host's NVML answers name guest processes as the guest knows them.
-fn process_name() -> String {
-    let comm = std::fs::read_to_string("/proc/self/comm")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "rgpu".to_owned());
-    rgpu_proto::process_group::process_debug_name(std::process::id(), &comm)
 }
 
 /// Objects handed to the application as opaque pointers: the pointer is the

@@ -16,6 +16,7 @@ pub mod cuda_result;
 pub mod elf;
 pub mod fatbin;
 pub mod process_group;
+pub mod remote;
 pub mod reply;
 pub mod virtio_gpu;
 pub mod wire;

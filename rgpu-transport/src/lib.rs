@@ -5,8 +5,11 @@
 pub mod carrier;
 pub mod channel;
 pub mod console;
+pub mod context_channel;
 pub mod guest_memory;
 pub mod process_tag;
+pub mod remote_channel;
 
 pub use carrier::{BlobMapping, Carrier, CarrierError, FenceToken};
 pub use channel::{Channel, Completion, Reply};
+pub use context_channel::ContextChannel;

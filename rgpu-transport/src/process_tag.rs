@@ -7,6 +7,16 @@ use std::sync::Mutex;
 /// so it never shares the parent's worker (and memory).
 static TAG: Mutex<Option<(u32, u128)>> = Mutex::new(None);
 
+/// The name guest-lib gives this process's contexts: its id and name, so
+/// that the host's NVML answers name guest processes as the guest knows
+/// them.
+pub fn process_name() -> String {
+    let comm = std::fs::read_to_string("/proc/self/comm")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "rgpu".to_owned());
+    rgpu_proto::process_group::process_debug_name(std::process::id(), &comm)
+}
+
 /// This process's tag, drawn from the kernel's random source on first use.
 pub fn process_tag() -> u128 {
     let pid = std::process::id();

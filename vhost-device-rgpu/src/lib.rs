@@ -17,7 +17,8 @@
 //! ([`config`]) or given by `--socket-path` alone; [`control`] answers the
 //! control socket, through which [`ctl`] lists and changes them live.
 //! [`scheduler`] grants tenants their turns on the GPU through their
-//! tenant pages ([`tenant_page`]).
+//! tenant pages ([`tenant_page`]). [`remote`] serves clients over TCP with
+//! mutual TLS, as local clients of their tenants.
 
 pub mod config;
 pub mod control;
@@ -27,6 +28,7 @@ pub mod gate;
 pub mod handoff;
 pub mod limits;
 pub mod metrics;
+pub mod remote;
 pub mod scheduler;
 pub mod shared_counters;
 pub mod shared_page;

@@ -78,10 +78,31 @@ struct Args {
     #[arg(
         long,
         value_name = "PATH",
-        required_unless_present_any = ["fd", "config"],
+        required_unless_present_any = ["fd", "config", "listen"],
         conflicts_with_all = ["fd", "config"]
     )]
     socket_path: Option<PathBuf>,
+    /// Serve remote clients (guest-lib with RGPU_SERVER=tls://HOST:PORT)
+    /// on this TCP address, with mutual TLS 1.3 (--tls-cert, --tls-key,
+    /// --tls-client-ca). A client certificate's common name is its
+    /// tenant's name (any client of the CA is the one tenant's without
+    /// --config). Works without --socket-path.
+    #[arg(long, value_name = "ADDR", conflicts_with = "fd")]
+    listen: Option<std::net::SocketAddr>,
+    /// The daemon's certificate chain (PEM) for --listen and tenants'
+    /// `listen`.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_client_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// The daemon's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The CA (PEM) whose certificates clients must show.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Also serve plaintext clients (RGPU_SERVER=tcp://HOST:PORT) on
+    /// listeners of one tenant, unauthenticated: for loopback tests only.
+    #[arg(long)]
+    allow_plaintext: bool,
     /// Serve the daemon settings and tenants a TOML file declares (see
     /// the README); --socket-path alone serves one tenant, "default".
     #[arg(long, value_name = "FILE", conflicts_with = "fd")]
@@ -231,9 +252,12 @@ fn what_to_serve(args: &Args) -> Result<(DaemonSettings, Vec<TenantSpec>), Strin
         let specs = config.tenants.into_iter().map(TenantSpec::from).collect();
         return Ok((config.daemon, specs));
     }
-    let endpoint = match (&args.socket_path, args.fd) {
-        (Some(path), None) => Endpoint::Socket(path.clone()),
-        (None, Some(fd)) => Endpoint::InheritedFd(fd),
+    let endpoint = match (&args.socket_path, args.fd, args.listen) {
+        (Some(path), None, _) => Endpoint::Socket(path.clone()),
+        (None, Some(fd), None) => Endpoint::InheritedFd(fd),
+        // Remote clients only: the tenant's socket (where the gateway
+        // connects for them) is private.
+        (None, None, Some(_)) => Endpoint::Socket(private_socket()?),
         _ => return Err("give exactly one of --socket-path, --fd and --config".into()),
     };
     let default = TenantSpec {
@@ -246,6 +270,53 @@ fn what_to_serve(args: &Args) -> Result<(DaemonSettings, Vec<TenantSpec>), Strin
         },
     };
     Ok((DaemonSettings::default(), vec![default]))
+}
+
+/// A socket path in a directory of the daemon's own (mode 0700), for a
+/// tenant that only remote clients use.
+fn private_socket() -> Result<PathBuf, String> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = std::env::temp_dir().join(format!("rgpu-remote-{}", std::process::id()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(dir.join("tenant.sock"))
+}
+
+/// The remote listeners `--listen` asks for, with the TLS files read.
+fn remote_listeners(args: &Args) -> Result<Vec<vhost_device_rgpu::remote::ListenerConfig>, String> {
+    use vhost_device_rgpu::remote::{tls, Admission, ListenerConfig};
+    let Some(address) = args.listen else {
+        return Ok(Vec::new());
+    };
+    let tls =
+        match (&args.tls_cert, &args.tls_key, &args.tls_client_ca) {
+            (Some(cert), Some(key), Some(ca)) => {
+                Some(tls::server_config(cert, key, ca).map_err(|e| e.to_string())?)
+            }
+            _ if args.allow_plaintext => None,
+            _ => return Err(
+                "--listen needs --tls-cert, --tls-key and --tls-client-ca (or --allow-plaintext \
+                 for unauthenticated loopback tests)"
+                    .into(),
+            ),
+        };
+    if tls.is_none() && !address.ip().is_loopback() {
+        return Err(format!(
+            "--listen {address}: plaintext is for loopback tests only; give TLS files"
+        ));
+    }
+    let admission = match &args.config {
+        Some(_) => Admission::Named,
+        None => Admission::Only(DEFAULT_TENANT.into()),
+    };
+    Ok(vec![ListenerConfig {
+        address,
+        tls,
+        allow_plaintext: args.allow_plaintext,
+        admission,
+    }])
 }
 
 /// The parent: owns the sockets, keeps a process ready for each tenant's
@@ -337,6 +408,10 @@ fn start_serving(
         control::spawn(control_listener, Arc::clone(tenants))
             .map_err(|e| format!("cannot start the control socket: {e}"))?;
         info!("control socket on {}", path.display());
+    }
+    let listeners = remote_listeners(args)?;
+    if !listeners.is_empty() {
+        vhost_device_rgpu::remote::serve(listeners, tenants).map_err(|e| e.to_string())?;
     }
     start_metrics(
         args.metrics_listen.or(daemon_settings.metrics_listen),

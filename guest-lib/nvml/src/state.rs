@@ -17,7 +17,7 @@ use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_NOT_SUPPORTE
 use rgpu_proto::reply::DeviceStatus;
 use rgpu_proto::Command;
 use rgpu_transport::channel::ChannelConfig;
-use rgpu_transport::{carrier, Channel};
+use rgpu_transport::{carrier, Channel, ContextChannel};
 
 use crate::abi::*;
 use crate::libcuda;
@@ -36,7 +36,7 @@ const CHANNEL: ChannelConfig = ChannelConfig {
 /// An initialised NVML: the capset and the channel to the host.
 pub(crate) struct Connection {
     capset: Capset,
-    channel: Channel,
+    channel: ContextChannel,
 }
 
 impl Connection {
@@ -50,7 +50,14 @@ impl Connection {
             spin: ChannelConfig::from_env().spin,
             ..CHANNEL
         };
-        let channel = Channel::open_with_config(carrier, "nvml", config).map_err(|e| {
+        // A small ring locally; over the network, a connection like any
+        // context's.
+        let opened = match carrier.remote() {
+            Some(remote) => rgpu_transport::remote_channel::RemoteChannel::open(remote, "nvml")
+                .map(ContextChannel::Remote),
+            None => Channel::open_with_config(carrier, "nvml", config).map(ContextChannel::Ring),
+        };
+        let channel = opened.map_err(|e| {
             log::warn!("rgpu NVML: cannot open a channel to the host: {e}");
             NVML_ERROR_DRIVER_NOT_LOADED
         })?;

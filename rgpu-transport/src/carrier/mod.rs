@@ -4,12 +4,15 @@
 //!   ("guest memory"), talking to the daemon's socket directly
 //!   (`RGPU_SOCKET=PATH`);
 //! - [`drm`] (VM mode): the render node of the stock virtio_gpu driver whose
-//!   device offers the rgpu capset.
+//!   device offers the rgpu capset;
+//! - [`remote`]: a daemon's `--listen` address over TLS
+//!   (`RGPU_SERVER=tls://HOST:PORT`), with no shared memory.
 //!
 //! Everything above this trait (the channel, the CUDA API) is shared.
 
 pub mod drm;
 pub mod local;
+pub mod remote;
 pub mod scattered;
 pub mod virtqueue;
 
@@ -75,6 +78,12 @@ pub enum CarrierError {
     Unsupported(&'static str),
     #[error("timed out: {0}")]
     Timeout(String),
+    /// The network carrier's settings are wrong (the text says which).
+    #[error("{0}")]
+    RemoteSetup(String),
+    /// The daemon refused this client (the text says why and what to do).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// A blob resource: guest memory that the host sees too, mapped here.
@@ -124,13 +133,23 @@ pub trait Carrier: Send + Sync {
     /// Sends raw virtio-gpu control-queue bytes and returns the raw response
     /// (tests of the device's input checking use this).
     fn raw_control(&self, request: &[u8], response_len: usize) -> Result<Vec<u8>, CarrierError>;
+    /// The network carrier, which shares no memory with the host: channels
+    /// open connections of their own, and there are no blobs.
+    fn remote(&self) -> Option<&remote::RemoteCarrier> {
+        None
+    }
 }
 
-/// Opens the carrier the environment selects: `RGPU_SOCKET=PATH` connects
-/// to a local daemon; otherwise the render node of `/dev/dri` whose
-/// virtio-gpu device offers the rgpu capset; otherwise an error that says
-/// what was looked for and found ([`CarrierError::NoDevice`]).
+/// Opens the carrier the environment selects: `RGPU_SERVER=tls://HOST:PORT`
+/// connects to a remote daemon; `RGPU_SOCKET=PATH` to a local one;
+/// otherwise the render node of `/dev/dri` whose virtio-gpu device offers
+/// the rgpu capset; otherwise an error that says what was looked for and
+/// found ([`CarrierError::NoDevice`]).
 pub fn open_from_env() -> Result<Arc<dyn Carrier>, CarrierError> {
+    if let Some(url) = std::env::var("RGPU_SERVER").ok().filter(|u| !u.is_empty()) {
+        let name = crate::process_tag::process_name();
+        return Ok(Arc::new(remote::RemoteCarrier::connect(&url, &name)?));
+    }
     open_selected(
         std::env::var_os("RGPU_SOCKET").as_deref(),
         Path::new(drm::DRI_DIR),

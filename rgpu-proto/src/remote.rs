@@ -1,0 +1,569 @@
+//! The network carrier's stream (ARCHITECTURE.md §6.3): what a remote
+//! guest process and the daemon's gateway say to each other over one TLS
+//! (or, where the daemon allows it, plain TCP) connection.
+//!
+//! There is no shared memory across a network, so the stream carries what
+//! the ring and the blobs carry locally: the same encoded [`Command`]s,
+//! and the bytes of every copy. One connection serves one CUDA context's
+//! channel, strictly in order (a call's answer is the next frame from the
+//! gateway), plus one connection per process that names the process
+//! (the gateway gives its contexts one host process, as locally).
+//!
+//! A frame is a little-endian `u32` length, then that many bytes: a kind
+//! byte and its body. Every length is bounded before anything is allocated.
+//!
+//! [`Command`]: crate::Command
+
+use crate::wire::{WireReader, WireWriter};
+use crate::DecodeError;
+
+/// First bytes of a client's hello: `rgpu` in ASCII, so that a daemon that
+/// expects TLS can tell a plaintext client (and say so) from garbage.
+pub const HELLO_MAGIC: [u8; 4] = *b"rgpu";
+/// Version of this stream (not of the command set, which the capset
+/// carries).
+pub const REMOTE_VERSION: u32 = 1;
+/// Largest piece of copy data in one frame: copies are cut into pieces
+/// that pipeline (the gateway stages one while the next travels).
+pub const MAX_DATA_PIECE: usize = 4 << 20;
+/// Largest frame body: a data piece and its small header, or a command.
+pub const MAX_FRAME: usize = MAX_DATA_PIECE + 4096;
+/// Largest process or reason text.
+pub const MAX_TEXT: usize = 1024;
+/// Largest copy from the device in one request (the guest's channel cuts
+/// larger ones).
+pub const MAX_COPY_FROM_DEVICE: u64 = 1 << 30;
+/// Largest module image, all its pieces together.
+pub const MAX_IMAGE: usize = 1 << 30;
+/// Bytes of the token that ties a channel connection to its process.
+pub const TOKEN_BYTES: usize = 16;
+
+/// What a connection is for, said in its hello.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HelloRole {
+    /// A guest process: the gateway opens its host process and returns a
+    /// token and the capset.
+    Process { name: String },
+    /// A channel (one CUDA context) of the process that got `token`.
+    Channel {
+        token: [u8; TOKEN_BYTES],
+        name: String,
+    },
+}
+
+/// Client to gateway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Hello {
+        version: u32,
+        role: HelloRole,
+    },
+    /// An encoded command that wants no answer (errors come with the next
+    /// call's).
+    Send {
+        command: Vec<u8>,
+    },
+    /// An encoded command; answered by [`Response::Reply`].
+    Call {
+        command: Vec<u8>,
+    },
+    /// A piece of a copy to device memory at `dst`; with `sync`, answered
+    /// by [`Response::Result`] once the copy (and all before it) is done.
+    CopyToDevice {
+        stream: u32,
+        dst: u64,
+        sync: bool,
+        data: Vec<u8>,
+    },
+    /// A copy of `length` bytes from device memory at `src`: answered by
+    /// [`Response::Data`] pieces in order, then a [`Response::Result`].
+    CopyFromDevice {
+        stream: u32,
+        src: u64,
+        length: u64,
+    },
+    /// A piece of the next module image (images can be larger than a
+    /// frame); not answered.
+    ImagePiece {
+        data: Vec<u8>,
+    },
+    /// A module load (`ModuleLoadHashed` encoded with an empty image
+    /// range) and the last piece of its image; answered by
+    /// [`Response::Reply`].
+    LoadModule {
+        command: Vec<u8>,
+        image: Vec<u8>,
+    },
+}
+
+/// Gateway to client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    /// The hello was accepted: the process's token (a channel connection
+    /// gets its process's back), the context id on the host (0 for a
+    /// process) and the capset bytes.
+    Welcome {
+        token: [u8; TOKEN_BYTES],
+        ctx_id: u32,
+        capset: Vec<u8>,
+    },
+    /// The connection is refused, and why; the gateway closes it.
+    Refused {
+        reason: String,
+    },
+    Reply {
+        result: u32,
+        payload: Vec<u8>,
+    },
+    Result {
+        result: u32,
+    },
+    Data {
+        data: Vec<u8>,
+    },
+    /// The host side of the channel failed (its process ended, or the
+    /// stream broke): every later request fails too.
+    Failed {
+        reason: String,
+    },
+}
+
+mod kind {
+    pub const HELLO: u8 = 1;
+    pub const SEND: u8 = 2;
+    pub const CALL: u8 = 3;
+    pub const COPY_TO_DEVICE: u8 = 4;
+    pub const COPY_FROM_DEVICE: u8 = 5;
+    pub const LOAD_MODULE: u8 = 6;
+    pub const IMAGE_PIECE: u8 = 7;
+    pub const WELCOME: u8 = 0x81;
+    pub const REFUSED: u8 = 0x82;
+    pub const REPLY: u8 = 0x83;
+    pub const RESULT: u8 = 0x84;
+    pub const DATA: u8 = 0x85;
+    pub const FAILED: u8 = 0x86;
+}
+
+const ROLE_PROCESS: u8 = 0;
+const ROLE_CHANNEL: u8 = 1;
+
+/// Starts a frame of `kind` in `w` (its length is patched by [`finish`]).
+fn start(kind: u8, capacity: usize) -> WireWriter {
+    let mut w = WireWriter::with_capacity(capacity + 5);
+    w.u32(0).u8(kind);
+    w
+}
+
+fn finish(mut w: WireWriter) -> Vec<u8> {
+    let body = u32::try_from(w.len() - 4).unwrap_or(u32::MAX);
+    w.patch_u32(0, body);
+    w.into_bytes()
+}
+
+fn text(r: &mut WireReader<'_>) -> Result<String, DecodeError> {
+    let bytes = r.bytes_with_len(MAX_TEXT)?;
+    String::from_utf8(bytes.to_vec()).map_err(|_| DecodeError::InvalidField {
+        field: "text",
+        value: bytes.len() as u64,
+    })
+}
+
+fn token(r: &mut WireReader<'_>) -> Result<[u8; TOKEN_BYTES], DecodeError> {
+    let mut token = [0u8; TOKEN_BYTES];
+    token.copy_from_slice(r.take(TOKEN_BYTES)?);
+    Ok(token)
+}
+
+/// The body length a frame header announces, refused past [`MAX_FRAME`]
+/// (and when empty: every frame has a kind).
+pub fn frame_length(header: [u8; 4]) -> Result<usize, DecodeError> {
+    let length = u32::from_le_bytes(header) as usize;
+    if length == 0 || length > MAX_FRAME {
+        return Err(DecodeError::LengthOutOfRange {
+            length: length as u64,
+            limit: MAX_FRAME as u64,
+        });
+    }
+    Ok(length)
+}
+
+impl Request {
+    /// The whole frame, header included.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Request::Hello { version, role } => {
+                let mut w = start(kind::HELLO, 64);
+                w.raw(&HELLO_MAGIC).u32(*version);
+                match role {
+                    HelloRole::Process { name } => {
+                        w.u8(ROLE_PROCESS).bytes_with_len(name.as_bytes());
+                    }
+                    HelloRole::Channel { token, name } => {
+                        w.u8(ROLE_CHANNEL)
+                            .raw(token)
+                            .bytes_with_len(name.as_bytes());
+                    }
+                }
+                finish(w)
+            }
+            Request::Send { command } => {
+                let mut w = start(kind::SEND, command.len());
+                w.raw(command);
+                finish(w)
+            }
+            Request::Call { command } => {
+                let mut w = start(kind::CALL, command.len());
+                w.raw(command);
+                finish(w)
+            }
+            Request::CopyToDevice {
+                stream,
+                dst,
+                sync,
+                data,
+            } => {
+                let mut w = start(kind::COPY_TO_DEVICE, data.len() + 16);
+                w.u32(*stream).u64(*dst).u8(u8::from(*sync)).raw(data);
+                finish(w)
+            }
+            Request::CopyFromDevice {
+                stream,
+                src,
+                length,
+            } => {
+                let mut w = start(kind::COPY_FROM_DEVICE, 20);
+                w.u32(*stream).u64(*src).u64(*length);
+                finish(w)
+            }
+            Request::ImagePiece { data } => {
+                let mut w = start(kind::IMAGE_PIECE, data.len());
+                w.raw(data);
+                finish(w)
+            }
+            Request::LoadModule { command, image } => {
+                let mut w = start(kind::LOAD_MODULE, command.len() + image.len() + 8);
+                w.bytes_with_len(command).raw(image);
+                finish(w)
+            }
+        }
+    }
+
+    /// Decodes a frame body (after its length).
+    pub fn decode(body: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = WireReader::new(body);
+        let request = match r.u8()? {
+            kind::HELLO => {
+                let magic = r.take(4)?;
+                if magic != HELLO_MAGIC {
+                    return Err(DecodeError::BadMagic(u32::from_le_bytes([
+                        magic[0], magic[1], magic[2], magic[3],
+                    ])));
+                }
+                let version = r.u32()?;
+                let role = match r.u8()? {
+                    ROLE_PROCESS => HelloRole::Process {
+                        name: text(&mut r)?,
+                    },
+                    ROLE_CHANNEL => HelloRole::Channel {
+                        token: token(&mut r)?,
+                        name: text(&mut r)?,
+                    },
+                    other => {
+                        return Err(DecodeError::InvalidField {
+                            field: "role",
+                            value: other.into(),
+                        })
+                    }
+                };
+                Request::Hello { version, role }
+            }
+            kind::SEND => Request::Send {
+                command: r.take(r.remaining())?.to_vec(),
+            },
+            kind::CALL => Request::Call {
+                command: r.take(r.remaining())?.to_vec(),
+            },
+            kind::COPY_TO_DEVICE => {
+                let stream = r.u32()?;
+                let dst = r.u64()?;
+                let sync = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    other => {
+                        return Err(DecodeError::InvalidField {
+                            field: "sync",
+                            value: other.into(),
+                        })
+                    }
+                };
+                let data = r.take(r.remaining())?.to_vec();
+                if data.is_empty() || data.len() > MAX_DATA_PIECE {
+                    return Err(DecodeError::LengthOutOfRange {
+                        length: data.len() as u64,
+                        limit: MAX_DATA_PIECE as u64,
+                    });
+                }
+                Request::CopyToDevice {
+                    stream,
+                    dst,
+                    sync,
+                    data,
+                }
+            }
+            kind::COPY_FROM_DEVICE => {
+                let stream = r.u32()?;
+                let src = r.u64()?;
+                let length = r.u64()?;
+                if length == 0 || length > MAX_COPY_FROM_DEVICE {
+                    return Err(DecodeError::LengthOutOfRange {
+                        length,
+                        limit: MAX_COPY_FROM_DEVICE,
+                    });
+                }
+                Request::CopyFromDevice {
+                    stream,
+                    src,
+                    length,
+                }
+            }
+            kind::IMAGE_PIECE => Request::ImagePiece {
+                data: r.take(r.remaining())?.to_vec(),
+            },
+            kind::LOAD_MODULE => Request::LoadModule {
+                command: r.bytes_with_len(4096)?.to_vec(),
+                image: r.take(r.remaining())?.to_vec(),
+            },
+            other => {
+                return Err(DecodeError::InvalidField {
+                    field: "request kind",
+                    value: other.into(),
+                })
+            }
+        };
+        r.finish()?;
+        Ok(request)
+    }
+}
+
+impl Response {
+    /// The whole frame, header included.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Response::Welcome {
+                token,
+                ctx_id,
+                capset,
+            } => {
+                let mut w = start(kind::WELCOME, capset.len() + 32);
+                w.raw(token).u32(*ctx_id).bytes_with_len(capset);
+                finish(w)
+            }
+            Response::Refused { reason } => {
+                let mut w = start(kind::REFUSED, reason.len() + 4);
+                w.bytes_with_len(truncated(reason));
+                finish(w)
+            }
+            Response::Reply { result, payload } => {
+                let mut w = start(kind::REPLY, payload.len() + 4);
+                w.u32(*result).raw(payload);
+                finish(w)
+            }
+            Response::Result { result } => {
+                let mut w = start(kind::RESULT, 4);
+                w.u32(*result);
+                finish(w)
+            }
+            Response::Data { data } => {
+                let mut w = start(kind::DATA, data.len());
+                w.raw(data);
+                finish(w)
+            }
+            Response::Failed { reason } => {
+                let mut w = start(kind::FAILED, reason.len() + 4);
+                w.bytes_with_len(truncated(reason));
+                finish(w)
+            }
+        }
+    }
+
+    /// Decodes a frame body (after its length).
+    pub fn decode(body: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = WireReader::new(body);
+        let response = match r.u8()? {
+            kind::WELCOME => Response::Welcome {
+                token: token(&mut r)?,
+                ctx_id: r.u32()?,
+                capset: r.bytes_with_len(MAX_FRAME)?.to_vec(),
+            },
+            kind::REFUSED => Response::Refused {
+                reason: text(&mut r)?,
+            },
+            kind::REPLY => Response::Reply {
+                result: r.u32()?,
+                payload: r.take(r.remaining())?.to_vec(),
+            },
+            kind::RESULT => Response::Result { result: r.u32()? },
+            kind::DATA => Response::Data {
+                data: r.take(r.remaining())?.to_vec(),
+            },
+            kind::FAILED => Response::Failed {
+                reason: text(&mut r)?,
+            },
+            other => {
+                return Err(DecodeError::InvalidField {
+                    field: "response kind",
+                    value: other.into(),
+                })
+            }
+        };
+        r.finish()?;
+        Ok(response)
+    }
+}
+
+/// At most [`MAX_TEXT`] bytes of `text`, cut at a character boundary.
+fn truncated(text: &str) -> &[u8] {
+    let mut end = text.len().min(MAX_TEXT);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text.as_bytes()[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(frame: &[u8]) -> &[u8] {
+        let length = frame_length([frame[0], frame[1], frame[2], frame[3]]).unwrap();
+        assert_eq!(length, frame.len() - 4);
+        &frame[4..]
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        let requests = [
+            Request::Hello {
+                version: REMOTE_VERSION,
+                role: HelloRole::Process {
+                    name: "1:python3".into(),
+                },
+            },
+            Request::Hello {
+                version: REMOTE_VERSION,
+                role: HelloRole::Channel {
+                    token: [7; TOKEN_BYTES],
+                    name: "1:python3".into(),
+                },
+            },
+            Request::Send {
+                command: vec![1, 2, 3, 4, 5, 6, 7, 8],
+            },
+            Request::Call {
+                command: vec![9; 24],
+            },
+            Request::CopyToDevice {
+                stream: 3,
+                dst: 0x7f00_0000_1000,
+                sync: true,
+                data: vec![0xab; 4096],
+            },
+            Request::CopyFromDevice {
+                stream: 0,
+                src: 0x7f00_0000_2000,
+                length: 1 << 20,
+            },
+            Request::ImagePiece {
+                data: vec![3; 4096],
+            },
+            Request::LoadModule {
+                command: vec![1; 48],
+                image: vec![2; 100],
+            },
+        ];
+        for request in requests {
+            let frame = request.encode();
+            assert_eq!(Request::decode(body(&frame)), Ok(request));
+        }
+    }
+
+    #[test]
+    fn responses_round_trip() {
+        let responses = [
+            Response::Welcome {
+                token: [1; TOKEN_BYTES],
+                ctx_id: 5,
+                capset: vec![3; 40],
+            },
+            Response::Refused {
+                reason: "no tenant".into(),
+            },
+            Response::Reply {
+                result: 0,
+                payload: vec![4; 12],
+            },
+            Response::Result { result: 2 },
+            Response::Data {
+                data: vec![5; 1000],
+            },
+            Response::Failed {
+                reason: "context lost".into(),
+            },
+        ];
+        for response in responses {
+            let frame = response.encode();
+            assert_eq!(Response::decode(body(&frame)), Ok(response));
+        }
+    }
+
+    #[test]
+    fn bad_frames_are_refused_without_panics() {
+        assert!(frame_length([0, 0, 0, 0]).is_err());
+        assert!(frame_length(((MAX_FRAME + 1) as u32).to_le_bytes()).is_err());
+        // A hello without the magic, a copy of nothing or of too much, a
+        // bad sync flag, an unknown kind, trailing bytes.
+        assert!(Request::decode(&[kind::HELLO, b'x', b'g', b'p', b'u', 1, 0, 0, 0, 0]).is_err());
+        let mut copy = Request::CopyFromDevice {
+            stream: 0,
+            src: 0,
+            length: MAX_COPY_FROM_DEVICE + 1,
+        }
+        .encode();
+        assert!(Request::decode(&copy[4..]).is_err());
+        copy = Request::CopyToDevice {
+            stream: 0,
+            dst: 0,
+            sync: false,
+            data: vec![1],
+        }
+        .encode();
+        copy[4 + 13] = 2;
+        assert!(Request::decode(&copy[4..]).is_err());
+        assert!(Request::decode(&[0x7f]).is_err());
+        let mut result = Response::Result { result: 0 }.encode();
+        result.push(0);
+        assert!(Response::decode(&result[4..]).is_err());
+        // Every prefix of a valid frame fails cleanly.
+        let frame = Request::Hello {
+            version: 1,
+            role: HelloRole::Channel {
+                token: [0; TOKEN_BYTES],
+                name: "n".into(),
+            },
+        }
+        .encode();
+        for end in 0..frame.len() - 4 {
+            assert!(Request::decode(&frame[4..4 + end]).is_err());
+        }
+    }
+
+    #[test]
+    fn long_reasons_are_cut_at_a_character_boundary() {
+        let reason = "é".repeat(MAX_TEXT);
+        let frame = Response::Refused { reason }.encode();
+        match Response::decode(body(&frame)) {
+            Ok(Response::Refused { reason }) => assert!(reason.len() <= MAX_TEXT),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! The network carrier (`RGPU_SERVER=tls://HOST:PORT`, or `tcp://` where
+//! the daemon allows plaintext): the command stream over TCP, with mutual
+//! TLS 1.3 (rustls), to a daemon started with `--listen`.
+//!
+//! Nothing is shared across the network, so this carrier has no blobs: the
+//! process holds one connection that names it (its host process lives as
+//! long as that connection), and each CUDA context a connection of its own
+//! ([`crate::channel::RemoteChannel`]) that carries commands and the bytes
+//! of every copy (rgpu-proto `remote`).
+//!
+//! Environment:
+//! - `RGPU_TLS_CA`: PEM file of the CA that signed the daemon's certificate;
+//! - `RGPU_TLS_CERT`, `RGPU_TLS_KEY`: this client's certificate and key
+//!   (PEM), which the daemon checks against its `--tls-client-ca`;
+//! - `RGPU_REMOTE_TIMEOUT_S`: after how long without an answer from the
+//!   peer's TCP stack a connection counts as dropped (default 20): calls
+//!   then fail instead of hanging.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rgpu_proto::capset::Capset;
+use rgpu_proto::remote::{frame_length, HelloRole, Request, Response, REMOTE_VERSION, TOKEN_BYTES};
+use rgpu_proto::PROTOCOL_VERSION;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+use super::{BlobMapping, Carrier, CarrierError, FenceToken};
+
+/// Default of `RGPU_REMOTE_TIMEOUT_S`.
+pub const DEFAULT_TIMEOUT_S: u64 = 20;
+/// How long connecting (TCP and the TLS handshake) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the daemon is and how to speak to it.
+#[derive(Clone)]
+pub struct RemoteEndpoint {
+    /// `HOST:PORT` as given.
+    address: String,
+    /// The TLS client configuration; `None` for `tcp://`.
+    tls: Option<Arc<rustls::ClientConfig>>,
+    server_name: ServerName<'static>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for RemoteEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteEndpoint")
+            .field("address", &self.address)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+fn setup(message: String) -> CarrierError {
+    CarrierError::RemoteSetup(message)
+}
+
+/// The certificates of a PEM file, with an error that names the variable.
+fn certificates(variable: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, CarrierError> {
+    let certificates = CertificateDer::pem_file_iter(path)
+        .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| setup(format!("{variable}={}: {e}", path.display())))?;
+    if certificates.is_empty() {
+        return Err(setup(format!(
+            "{variable}={}: no certificate in the file",
+            path.display()
+        )));
+    }
+    Ok(certificates)
+}
+
+fn env_path(name: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os(name)
+        .filter(|v| !v.is_empty())
+        .map(Into::into)
+}
+
+impl RemoteEndpoint {
+    /// Parses `tls://HOST:PORT` or `tcp://HOST:PORT`, reading the TLS files
+    /// the environment names.
+    pub fn from_url(url: &str) -> Result<Self, CarrierError> {
+        let (tls, address) = if let Some(rest) = url.strip_prefix("tls://") {
+            (true, rest)
+        } else if let Some(rest) = url.strip_prefix("tcp://") {
+            (false, rest)
+        } else {
+            return Err(setup(format!(
+                "RGPU_SERVER={url:?}: give tls://HOST:PORT (or tcp://HOST:PORT where the \
+                 daemon allows plaintext)"
+            )));
+        };
+        let address = address.trim_end_matches('/');
+        let host = match address.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                host.trim_start_matches('[').trim_end_matches(']')
+            }
+            _ => {
+                return Err(setup(format!(
+                    "RGPU_SERVER={url:?}: the address needs a host and a port"
+                )))
+            }
+        };
+        let server_name = ServerName::try_from(host.to_owned())
+            .map_err(|e| setup(format!("RGPU_SERVER={url:?}: bad host name: {e}")))?;
+        let timeout = std::env::var("RGPU_REMOTE_TIMEOUT_S")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|s| *s > 0)
+            .unwrap_or(DEFAULT_TIMEOUT_S);
+        let tls = if tls {
+            Some(Arc::new(client_config(
+                env_path("RGPU_TLS_CA").as_deref(),
+                env_path("RGPU_TLS_CERT").as_deref(),
+                env_path("RGPU_TLS_KEY").as_deref(),
+            )?))
+        } else {
+            None
+        };
+        Ok(Self {
+            address: address.to_owned(),
+            tls,
+            server_name,
+            timeout: Duration::from_secs(timeout),
+        })
+    }
+
+    /// The address as given.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// A new connection to the daemon, TLS handshake done.
+    pub fn connect(&self) -> Result<FrameStream, CarrierError> {
+        let addrs: Vec<_> = self
+            .address
+            .to_socket_addrs()
+            .map_err(|e| self.connect_error(e))?
+            .collect();
+        let mut last = None;
+        let mut stream = None;
+        for addr in addrs {
+            match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let stream = stream.ok_or_else(|| {
+            self.connect_error(last.unwrap_or_else(|| std::io::ErrorKind::NotFound.into()))
+        })?;
+        stream.set_nodelay(true)?;
+        // A peer that vanishes (host down, network cut) is noticed by TCP
+        // within the timeout, and the call waiting on it fails.
+        let socket = socket2::SockRef::from(&stream);
+        let probe = (self.timeout / 4).max(Duration::from_secs(1));
+        socket.set_tcp_keepalive(
+            &socket2::TcpKeepalive::new()
+                .with_time(probe)
+                .with_interval(probe)
+                .with_retries(3),
+        )?;
+        socket.set_tcp_user_timeout(Some(self.timeout))?;
+        let io: Box<dyn ReadWrite> = match &self.tls {
+            Some(config) => {
+                let connection =
+                    rustls::ClientConnection::new(Arc::clone(config), self.server_name.clone())
+                        .map_err(|e| setup(format!("TLS client: {e}")))?;
+                let mut tls = rustls::StreamOwned::new(connection, stream);
+                // The handshake within the connect timeout.
+                tls.sock.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+                while tls.conn.is_handshaking() {
+                    tls.conn
+                        .complete_io(&mut tls.sock)
+                        .map_err(|e| self.tls_error(e))?;
+                }
+                tls.sock.set_read_timeout(None)?;
+                Box::new(tls)
+            }
+            None => Box::new(stream),
+        };
+        Ok(FrameStream {
+            io,
+            peer: self.address.clone(),
+        })
+    }
+
+    fn connect_error(&self, source: std::io::Error) -> CarrierError {
+        CarrierError::Connect {
+            path: self.address.clone(),
+            source,
+        }
+    }
+
+    /// What a failed TLS handshake means, in words.
+    fn tls_error(&self, e: std::io::Error) -> CarrierError {
+        let text = e.to_string();
+        let hint = if text.contains("InvalidContentType") || text.contains("corrupt message") {
+            "the daemon did not answer TLS (is it a plaintext-only listener? then use tcp://)"
+        } else if text.contains("invalid peer certificate") {
+            "the daemon's certificate is not one RGPU_TLS_CA vouches for"
+        } else {
+            "TLS handshake failed"
+        };
+        CarrierError::Refused(format!("{hint}: {} ({text})", self.address))
+    }
+}
+
+/// Builds the TLS client side: the daemon is trusted through `ca`, and this
+/// client shows `cert` with `key`.
+pub fn client_config(
+    ca: Option<&Path>,
+    cert: Option<&Path>,
+    key: Option<&Path>,
+) -> Result<rustls::ClientConfig, CarrierError> {
+    let ca = ca.ok_or_else(|| {
+        setup(
+            "tls:// needs RGPU_TLS_CA, the PEM file of the CA that signed the daemon's certificate"
+                .into(),
+        )
+    })?;
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in certificates("RGPU_TLS_CA", ca)? {
+        roots
+            .add(certificate)
+            .map_err(|e| setup(format!("RGPU_TLS_CA={}: {e}", ca.display())))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| setup(format!("TLS 1.3: {e}")))?
+        .with_root_certificates(roots);
+    let config = match (cert, key) {
+        (Some(cert), Some(key)) => {
+            let chain = certificates("RGPU_TLS_CERT", cert)?;
+            let key = PrivateKeyDer::from_pem_file(key)
+                .map_err(|e| setup(format!("RGPU_TLS_KEY={}: {e}", key.display())))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| setup(format!("RGPU_TLS_CERT and RGPU_TLS_KEY: {e}")))?
+        }
+        (None, None) => builder.with_no_client_auth(),
+        _ => {
+            return Err(setup(
+                "give both RGPU_TLS_CERT and RGPU_TLS_KEY (this client's certificate and key)"
+                    .into(),
+            ))
+        }
+    };
+    Ok(config)
+}
+
+/// A byte stream in both directions (TLS or plain TCP).
+pub trait ReadWrite: Read + Write + Send {}
+impl<T: Read + Write + Send> ReadWrite for T {}
+
+/// Frames (rgpu-proto `remote`) over one connection.
+pub struct FrameStream {
+    io: Box<dyn ReadWrite>,
+    peer: String,
+}
+
+impl FrameStream {
+    /// Sends `request` (flushed: the gateway acts on it at once).
+    pub fn send(&mut self, request: &Request) -> Result<(), CarrierError> {
+        self.io
+            .write_all(&request.encode())
+            .and_then(|()| self.io.flush())
+            .map_err(|e| self.broken(e))
+    }
+
+    /// The next frame from the gateway.
+    pub fn receive(&mut self) -> Result<Response, CarrierError> {
+        let mut header = [0u8; 4];
+        self.io
+            .read_exact(&mut header)
+            .map_err(|e| self.broken(e))?;
+        let length = frame_length(header)
+            .map_err(|e| CarrierError::Protocol(format!("from {}: {e}", self.peer)))?;
+        let mut body = vec![0u8; length];
+        self.io.read_exact(&mut body).map_err(|e| self.broken(e))?;
+        Response::decode(&body)
+            .map_err(|e| CarrierError::Protocol(format!("from {}: {e}", self.peer)))
+    }
+
+    /// What a failed read or write means: the connection is gone (or the
+    /// daemon refused this client's certificate, which TLS 1.3 says at the
+    /// first read after the handshake).
+    fn broken(&self, e: std::io::Error) -> CarrierError {
+        let text = e.to_string();
+        if text.contains("CertificateRequired")
+            || text.contains("BadCertificate")
+            || text.contains("UnknownCA")
+            || text.contains("CertificateExpired")
+            || text.contains("AccessDenied")
+        {
+            return CarrierError::Refused(format!(
+                "the daemon at {} refused this client's certificate ({text}): set RGPU_TLS_CERT \
+                 and RGPU_TLS_KEY to a valid certificate that its --tls-client-ca signed",
+                self.peer
+            ));
+        }
+        CarrierError::ContextLost(format!("the connection to {} broke: {text}", self.peer))
+    }
+
+    /// Says hello as `role`; returns the token, the context id and the
+    /// capset bytes of the welcome.
+    pub fn hello(
+        &mut self,
+        role: HelloRole,
+    ) -> Result<([u8; TOKEN_BYTES], u32, Vec<u8>), CarrierError> {
+        self.send(&Request::Hello {
+            version: REMOTE_VERSION,
+            role,
+        })?;
+        match self.receive() {
+            Ok(Response::Welcome {
+                token,
+                ctx_id,
+                capset,
+            }) => Ok((token, ctx_id, capset)),
+            Ok(Response::Refused { reason }) => Err(CarrierError::Refused(format!(
+                "the daemon at {} refused the connection: {reason}",
+                self.peer
+            ))),
+            Ok(other) => Err(CarrierError::Protocol(format!(
+                "{} answered a hello with {other:?}",
+                self.peer
+            ))),
+            // A daemon that closes at once after the handshake refused us.
+            Err(CarrierError::ContextLost(text)) => Err(CarrierError::Refused(format!(
+                "the daemon closed the connection during the hello: {text}"
+            ))),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The carrier of a remote process: its process connection and the
+/// daemon's capset.
+pub struct RemoteCarrier {
+    endpoint: RemoteEndpoint,
+    capset: Capset,
+    token: [u8; TOKEN_BYTES],
+    /// Held open: the gateway keeps this process's host side as long as
+    /// it is.
+    _process: Mutex<FrameStream>,
+}
+
+impl RemoteCarrier {
+    /// Connects to the daemon at `url` as the process `name`.
+    pub fn connect(url: &str, name: &str) -> Result<Self, CarrierError> {
+        let endpoint = RemoteEndpoint::from_url(url)?;
+        let mut process = endpoint.connect()?;
+        let (token, _, capset) = process.hello(HelloRole::Process { name: name.into() })?;
+        let capset = Capset::decode(&capset).map_err(CarrierError::BadCapset)?;
+        if capset.protocol_version != PROTOCOL_VERSION {
+            return Err(CarrierError::VersionMismatch {
+                guest: PROTOCOL_VERSION,
+                host: capset.protocol_version,
+            });
+        }
+        Ok(Self {
+            endpoint,
+            capset,
+            token,
+            _process: Mutex::new(process),
+        })
+    }
+
+    pub fn endpoint(&self) -> &RemoteEndpoint {
+        &self.endpoint
+    }
+
+    /// The token that ties a channel connection to this process.
+    pub fn token(&self) -> [u8; TOKEN_BYTES] {
+        self.token
+    }
+}
+
+fn no_blobs() -> CarrierError {
+    CarrierError::Unsupported(
+        "shared memory (the network carrier moves every byte on its connection)",
+    )
+}
+
+impl Carrier for RemoteCarrier {
+    fn capset(&self) -> &Capset {
+        &self.capset
+    }
+
+    fn create_context(&self, _debug_name: &str) -> Result<u32, CarrierError> {
+        Err(CarrierError::Unsupported(
+            "virtio-gpu contexts (a remote channel opens its own connection)",
+        ))
+    }
+
+    fn destroy_context(&self, _ctx_id: u32) -> Result<(), CarrierError> {
+        Err(no_blobs())
+    }
+
+    fn create_blob(&self, _ctx_id: u32, _size: u64) -> Result<BlobMapping, CarrierError> {
+        Err(no_blobs())
+    }
+
+    fn attach_blob(&self, _ctx_id: u32, _resource_id: u32) -> Result<(), CarrierError> {
+        Err(no_blobs())
+    }
+
+    fn destroy_blob(&self, _ctx_id: u32, _resource_id: u32) -> Result<(), CarrierError> {
+        Err(no_blobs())
+    }
+
+    fn submit(
+        &self,
+        _ctx_id: u32,
+        _payload: &[u8],
+        _fenced: bool,
+    ) -> Result<Option<FenceToken>, CarrierError> {
+        Err(no_blobs())
+    }
+
+    fn wait_fence(&self, _ctx_id: u32, _fence: FenceToken) -> Result<(), CarrierError> {
+        Err(no_blobs())
+    }
+
+    fn raw_control(&self, _request: &[u8], _response_len: usize) -> Result<Vec<u8>, CarrierError> {
+        Err(CarrierError::Unsupported("the virtio-gpu control queue"))
+    }
+
+    fn remote(&self) -> Option<&RemoteCarrier> {
+        Some(self)
+    }
+}

@@ -1,0 +1,108 @@
+//! What a CUDA context talks to the host through: a ring in shared memory
+//! ([`Channel`], local and VM mode) or a network connection
+//! ([`RemoteChannel`]); the CUDA API above sees one interface.
+
+use std::sync::Arc;
+
+use rgpu_proto::channel::CompletionKind;
+use rgpu_proto::{BlobRange, Command};
+
+use crate::carrier::{Carrier, CarrierError};
+use crate::channel::{Channel, Completion, Reply};
+use crate::remote_channel::RemoteChannel;
+
+pub enum ContextChannel {
+    Ring(Channel),
+    Remote(RemoteChannel),
+}
+
+impl ContextChannel {
+    /// A new channel (a new host session) on `carrier`.
+    pub fn open(carrier: Arc<dyn Carrier>, debug_name: &str) -> Result<Self, CarrierError> {
+        match carrier.remote() {
+            Some(remote) => Ok(Self::Remote(RemoteChannel::open(remote, debug_name)?)),
+            None => Ok(Self::Ring(Channel::open(carrier, debug_name)?)),
+        }
+    }
+
+    pub fn ctx_id(&self) -> u32 {
+        match self {
+            Self::Ring(c) => c.ctx_id(),
+            Self::Remote(c) => c.ctx_id(),
+        }
+    }
+
+    /// Queues a command that needs no reply (errors surface at the next call).
+    pub fn send(&self, command: &Command) -> Result<(), CarrierError> {
+        match self {
+            Self::Ring(c) => c.send(command),
+            Self::Remote(c) => c.send(command),
+        }
+    }
+
+    /// Sends a command and waits for its reply.
+    pub fn call(&self, command: &Command) -> Result<Reply, CarrierError> {
+        match self {
+            Self::Ring(c) => c.call(command),
+            Self::Remote(c) => c.call(command),
+        }
+    }
+
+    /// Copies `data` to device memory at `dst`; with `sync`, waits and
+    /// returns the CUDA result.
+    pub fn copy_to_device(
+        &self,
+        stream: u32,
+        dst: u64,
+        data: &[u8],
+        sync: bool,
+    ) -> Result<u32, CarrierError> {
+        match self {
+            Self::Ring(c) => c.copy_to_device(stream, dst, data, sync),
+            Self::Remote(c) => c.copy_to_device(stream, dst, data, sync),
+        }
+    }
+
+    /// Copies device memory at `src` into `dst`; synchronous.
+    pub fn copy_from_device(
+        &self,
+        stream: u32,
+        dst: &mut [u8],
+        src: u64,
+    ) -> Result<u32, CarrierError> {
+        match self {
+            Self::Ring(c) => c.copy_from_device(stream, dst, src),
+            Self::Remote(c) => c.copy_from_device(stream, dst, src),
+        }
+    }
+
+    /// A command that names `data` (a module image), and its reply.
+    pub fn call_with_data(
+        &self,
+        data: &[u8],
+        make_command: &dyn Fn(BlobRange) -> Command,
+    ) -> Result<Reply, CarrierError> {
+        match self {
+            Self::Ring(c) => c.call_with_data(data, make_command),
+            Self::Remote(c) => c.call_with_data(data, make_command),
+        }
+    }
+
+    /// What the host's completion table says, without asking the host; a
+    /// remote channel has no table here and always asks.
+    pub fn completion(&self, kind: CompletionKind, handle: u32) -> Completion {
+        match self {
+            Self::Ring(c) => c.completion(kind, handle),
+            Self::Remote(_) => Completion::Ask,
+        }
+    }
+
+    /// Ends the host session.
+    pub fn close(self) -> Result<(), CarrierError> {
+        match self {
+            Self::Ring(c) => c.close(),
+            // Closing the connection ends the session.
+            Self::Remote(_) => Ok(()),
+        }
+    }
+}
