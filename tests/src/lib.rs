@@ -16,6 +16,7 @@ pub mod guest;
 pub mod process;
 pub mod stats;
 pub mod temp_dir;
+pub mod tls;
 pub mod vm;
 
 pub use daemon::Daemon;
@@ -24,6 +25,7 @@ pub use guest::{is_checks_passed_line, GuestLib, GuestProcess};
 pub use process::{children_of, live_children, ChildProcess};
 pub use stats::Stats;
 pub use temp_dir::TempDir;
+pub use tls::{CertFiles, TestCa, TestPki};
 pub use vm::{GuestImage, Vm, VmHost};
 
 use std::path::PathBuf;
@@ -50,6 +52,11 @@ pub fn profile_dir() -> PathBuf {
 pub fn built_profile_dir() -> PathBuf {
     static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
     let dir = profile_dir();
+    // A host without cargo (the GPU host) runs test binaries carried next
+    // to a prebuilt daemon and guest-lib.
+    if std::env::var_os("RGPU_TEST_PREBUILT").is_some() {
+        return dir;
+    }
     let built = BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_owned());
         let mut command = Command::new(cargo);

@@ -15,6 +15,7 @@
 //! compute_weight = 100       # 1..10000, default 100
 //! compute_max = "50%"        # optional, 1%..100%
 //! priority = "normal"        # high | normal | low, default normal
+//! listen = "0.0.0.0:7450"    # optional: remote clients of this tenant
 //! ```
 //!
 //! Every value is checked here, once, with the same rules for the file and
@@ -318,6 +319,10 @@ pub struct TenantConfig {
     pub socket: PathBuf,
     /// Host GPU ordinal; `None`: the daemon's `--gpu`.
     pub gpu: Option<u32>,
+    /// A TCP address of the tenant's own for remote clients (with the
+    /// daemon's TLS files; a certificate must name this tenant). Read at
+    /// start only.
+    pub listen: Option<SocketAddr>,
     pub memory_limit: Option<u64>,
     pub compute_weight: u32,
     pub compute_max: Option<u8>,
@@ -332,6 +337,7 @@ impl TenantConfig {
             name: name.into(),
             socket: socket.into(),
             gpu: None,
+            listen: None,
             memory_limit: defaults.memory_limit,
             compute_weight: defaults.compute_weight,
             compute_max: defaults.compute_max,
@@ -451,6 +457,7 @@ struct TenantTable {
     name: Spanned<String>,
     socket: Spanned<String>,
     gpu: Option<Spanned<i64>>,
+    listen: Option<Spanned<String>>,
     /// A size (`"16GiB"`) or a number of bytes.
     memory_limit: Option<Spanned<toml::Value>>,
     compute_weight: Option<Spanned<i64>>,
@@ -541,6 +548,14 @@ impl Config {
                     ),
                 ));
             }
+            if let Some(listen) = tenant.config.listen {
+                if let Some(other) = tenants.iter().find(|t| t.listen == Some(listen)) {
+                    return Err(invalid(
+                        tenant.listen_span.clone(),
+                        format!("listen {listen} is tenant {:?}'s already", other.name),
+                    ));
+                }
+            }
             if daemon.control_socket.as_ref() == Some(&socket) {
                 return Err(invalid(
                     Some(tenant.socket_span),
@@ -577,6 +592,18 @@ impl Config {
                 )
             })?);
         }
+        if let Some(listen) = &table.listen {
+            config.listen = Some(listen.get_ref().trim().parse::<SocketAddr>().map_err(|_| {
+                at(
+                    listen.span(),
+                    "listen",
+                    format!(
+                        "{:?} is not an address and port such as \"0.0.0.0:7450\"",
+                        listen.get_ref()
+                    ),
+                )
+            })?);
+        }
         if let Some(limit) = table.memory_limit {
             let span = limit.span();
             config.memory_limit = match limit.into_inner() {
@@ -609,6 +636,7 @@ impl Config {
             config,
             name: table.name,
             socket_span: table.socket.span(),
+            listen_span: table.listen.map(|l| l.span()),
         })
     }
 }
@@ -618,6 +646,7 @@ impl Config {
 struct CheckedTenant {
     config: TenantConfig,
     name: Spanned<String>,
+    listen_span: Option<std::ops::Range<usize>>,
     socket_span: std::ops::Range<usize>,
 }
 
@@ -644,6 +673,7 @@ memory_limit = "16GiB"
 compute_weight = 100       # 1..10000, default 100
 compute_max = "50%"        # optional, 1%..100%
 priority = "normal"        # high | normal | low, default normal
+listen = "0.0.0.0:7450"
 
 [[tenant]]
 name = "batch"
@@ -688,6 +718,7 @@ socket = "free.sock"
                     name: "vm1".into(),
                     socket: "/run/rgpu/vm1.sock".into(),
                     gpu: Some(0),
+                    listen: Some("0.0.0.0:7450".parse().unwrap()),
                     memory_limit: Some(16 << 30),
                     compute_weight: 100,
                     compute_max: Some(50),
@@ -698,6 +729,7 @@ socket = "free.sock"
                     // Relative to the file's folder.
                     socket: "/etc/rgpu/batch.sock".into(),
                     gpu: Some(1),
+                    listen: None,
                     memory_limit: Some(1 << 20),
                     compute_weight: 10_000,
                     compute_max: None,
@@ -846,6 +878,19 @@ socket = "free.sock"
                 format!("[daemon]\nmetrics_listen = \"localhost\"\n{tenant}"),
                 2,
                 &["metrics_listen", "address and port"],
+            ),
+            (
+                format!("{tenant}listen = \"everywhere\"\n"),
+                4,
+                &["listen", "address and port"],
+            ),
+            (
+                format!(
+                    "{tenant}listen = \"127.0.0.1:7450\"\n[[tenant]]\nname = \"vm2\"\n\
+                     socket = \"/vm2.sock\"\nlisten = \"127.0.0.1:7450\"\n"
+                ),
+                8,
+                &["127.0.0.1:7450", "tenant \"vm1\"'s already"],
             ),
         ];
         for (text, line, words) in cases {

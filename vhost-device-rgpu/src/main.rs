@@ -264,6 +264,7 @@ fn what_to_serve(args: &Args) -> Result<(DaemonSettings, Vec<TenantSpec>), Strin
         name: DEFAULT_TENANT.into(),
         endpoint,
         gpu: None,
+        listen: None,
         settings: TenantSettings {
             memory_limit: args.memory_limit,
             ..TenantSettings::default()
@@ -284,12 +285,35 @@ fn private_socket() -> Result<PathBuf, String> {
     Ok(dir.join("tenant.sock"))
 }
 
-/// The remote listeners `--listen` asks for, with the TLS files read.
-fn remote_listeners(args: &Args) -> Result<Vec<vhost_device_rgpu::remote::ListenerConfig>, String> {
+/// The remote listeners of `--listen` and of tenants' `listen`, with the
+/// TLS files read.
+fn remote_listeners(
+    args: &Args,
+    specs: &[TenantSpec],
+) -> Result<Vec<vhost_device_rgpu::remote::ListenerConfig>, String> {
     use vhost_device_rgpu::remote::{tls, Admission, ListenerConfig};
-    let Some(address) = args.listen else {
+    let mut wanted: Vec<(std::net::SocketAddr, Admission)> = Vec::new();
+    if let Some(address) = args.listen {
+        let admission = match &args.config {
+            Some(_) => Admission::Named,
+            None => Admission::Only(DEFAULT_TENANT.into()),
+        };
+        wanted.push((address, admission));
+    }
+    for spec in specs {
+        if let Some(address) = spec.listen {
+            if wanted.iter().any(|(a, _)| *a == address) {
+                return Err(format!(
+                    "--listen {address} is tenant {:?}'s listen too",
+                    spec.name
+                ));
+            }
+            wanted.push((address, Admission::Tenant(spec.name.clone())));
+        }
+    }
+    if wanted.is_empty() {
         return Ok(Vec::new());
-    };
+    }
     let tls =
         match (&args.tls_cert, &args.tls_key, &args.tls_client_ca) {
             (Some(cert), Some(key), Some(ca)) => {
@@ -297,26 +321,27 @@ fn remote_listeners(args: &Args) -> Result<Vec<vhost_device_rgpu::remote::Listen
             }
             _ if args.allow_plaintext => None,
             _ => return Err(
-                "--listen needs --tls-cert, --tls-key and --tls-client-ca (or --allow-plaintext \
-                 for unauthenticated loopback tests)"
+                "--listen and a tenant's listen need --tls-cert, --tls-key and --tls-client-ca \
+                 (or --allow-plaintext for unauthenticated loopback tests)"
                     .into(),
             ),
         };
-    if tls.is_none() && !address.ip().is_loopback() {
-        return Err(format!(
-            "--listen {address}: plaintext is for loopback tests only; give TLS files"
-        ));
-    }
-    let admission = match &args.config {
-        Some(_) => Admission::Named,
-        None => Admission::Only(DEFAULT_TENANT.into()),
-    };
-    Ok(vec![ListenerConfig {
-        address,
-        tls,
-        allow_plaintext: args.allow_plaintext,
-        admission,
-    }])
+    wanted
+        .into_iter()
+        .map(|(address, admission)| {
+            if tls.is_none() && !address.ip().is_loopback() {
+                return Err(format!(
+                    "listen {address}: plaintext is for loopback tests only; give TLS files"
+                ));
+            }
+            Ok(ListenerConfig {
+                address,
+                tls: tls.clone(),
+                allow_plaintext: args.allow_plaintext,
+                admission,
+            })
+        })
+        .collect()
 }
 
 /// The parent: owns the sockets, keeps a process ready for each tenant's
@@ -382,6 +407,7 @@ fn start_serving(
     tenants: &Arc<Tenants>,
     created: &CreatedFiles,
 ) -> Result<Option<metrics::MetricsServer>, String> {
+    let listeners = remote_listeners(args, &specs)?;
     tenants.start(specs).map_err(|e| e.to_string())?;
     let scheduled = Arc::downgrade(tenants);
     std::thread::Builder::new()
@@ -409,7 +435,6 @@ fn start_serving(
             .map_err(|e| format!("cannot start the control socket: {e}"))?;
         info!("control socket on {}", path.display());
     }
-    let listeners = remote_listeners(args)?;
     if !listeners.is_empty() {
         vhost_device_rgpu::remote::serve(listeners, tenants).map_err(|e| e.to_string())?;
     }

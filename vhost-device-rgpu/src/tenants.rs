@@ -79,6 +79,8 @@ pub struct TenantSpec {
     pub endpoint: Endpoint,
     /// Host GPU ordinal; `None`: [`TenantLaunch::default_gpu`].
     pub gpu: Option<u32>,
+    /// Its own address for remote clients, if any.
+    pub listen: Option<std::net::SocketAddr>,
     pub settings: TenantSettings,
 }
 
@@ -89,6 +91,7 @@ impl From<TenantConfig> for TenantSpec {
             name: config.name,
             endpoint: Endpoint::Socket(config.socket),
             gpu: config.gpu,
+            listen: config.listen,
         }
     }
 }
@@ -460,6 +463,8 @@ impl Tenants {
             endpoint,
             gpu,
             settings,
+            // The parent's remote listeners serve it (read at start).
+            listen: _,
         } = spec;
         let listener = self.listen(&name, &endpoint)?;
         let forget_socket = || {

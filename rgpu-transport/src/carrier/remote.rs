@@ -166,6 +166,7 @@ impl RemoteEndpoint {
                 .with_retries(3),
         )?;
         socket.set_tcp_user_timeout(Some(self.timeout))?;
+        let stream = NoSigPipe(stream);
         let io: Box<dyn ReadWrite> = match &self.tls {
             Some(config) => {
                 let connection =
@@ -173,13 +174,13 @@ impl RemoteEndpoint {
                         .map_err(|e| setup(format!("TLS client: {e}")))?;
                 let mut tls = rustls::StreamOwned::new(connection, stream);
                 // The handshake within the connect timeout.
-                tls.sock.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+                tls.sock.0.set_read_timeout(Some(CONNECT_TIMEOUT))?;
                 while tls.conn.is_handshaking() {
                     tls.conn
                         .complete_io(&mut tls.sock)
                         .map_err(|e| self.tls_error(e))?;
                 }
-                tls.sock.set_read_timeout(None)?;
+                tls.sock.0.set_read_timeout(None)?;
                 Box::new(tls)
             }
             None => Box::new(stream),
@@ -253,6 +254,27 @@ pub fn client_config(
         }
     };
     Ok(config)
+}
+
+/// A TCP stream whose writes never raise SIGPIPE: this library lives in
+/// applications that keep the default action, which would end them when
+/// the daemon goes away mid-write.
+struct NoSigPipe(TcpStream);
+
+impl Read for NoSigPipe {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl Write for NoSigPipe {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        socket2::SockRef::from(&self.0).send_with_flags(buf, libc::MSG_NOSIGNAL)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A byte stream in both directions (TLS or plain TCP).

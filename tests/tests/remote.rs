@@ -1,0 +1,512 @@
+//! The network carrier end to end with the sim executor: guest programs
+//! through `RGPU_SERVER=tls://…` to a daemon's `--listen`, with
+//! certificates made by the test; every refusal case; a connection dropped
+//! mid-run; tenants chosen by certificate.
+
+// A test fails by panicking: unwrap and expect are how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rgpu_tests::{reference_ptx, CertFiles, Daemon, GuestLib, GuestProcess, TempDir, TestPki};
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(180);
+const ACCOUNTING_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a refused or cut-off program may take to fail.
+const FAIL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The port of the daemon's remote listener, from its log.
+fn remote_port(log: impl Fn() -> String) -> u16 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = log();
+        let port = text.lines().find_map(|line| {
+            let rest = line.split("remote clients on 127.0.0.1:").nth(1)?;
+            rest.split_whitespace().next()?.parse().ok()
+        });
+        if let Some(port) = port {
+            return port;
+        }
+        assert!(Instant::now() < deadline, "no remote listener:\n{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A guest program through `url`, with `env` (TLS files) added.
+fn remote_command(
+    guest: &GuestLib,
+    program: &Path,
+    url: &str,
+    env: &[(String, String)],
+) -> Command {
+    let mut command = Command::new(program);
+    command
+        .env_remove("RGPU_SOCKET")
+        .env("RGPU_SERVER", url)
+        .env("LD_LIBRARY_PATH", guest.lib_dir())
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+fn ptx() -> String {
+    reference_ptx().display().to_string()
+}
+
+fn tls_daemon(pki: &TestPki, extra: &[&str]) -> (Daemon, u16) {
+    let mut args = pki.daemon_args("127.0.0.1:0");
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let daemon = Daemon::start_with("sim", &args, &[]);
+    let port = remote_port(|| daemon.log());
+    (daemon, port)
+}
+
+#[test]
+fn driver_api_and_runtime_style_programs_run_through_the_tls_carrier() {
+    let pki = TestPki::new();
+    let client = pki.ca.client("default", false);
+    let (daemon, port) = tls_daemon(&pki, &[]);
+    let guest = GuestLib::new();
+    let url = format!("tls://localhost:{port}");
+    let env = pki.client_env(Some(&client));
+
+    let driver_api = guest.build_program("driver_api_test.c");
+    let mut command = remote_command(&guest, &driver_api, &url, &env);
+    command.args(["--ptx", &ptx(), "--bulk-pinned-mb", "8"]);
+    GuestProcess::spawn(command)
+        .finish(RUN_TIMEOUT)
+        .assert_checks_passed("driver_api_test through tls://");
+
+    // What runtimes and frameworks ask (primary context, proc addresses,
+    // pointer attributes, occupancy, capture state).
+    let queries = guest.build_program("framework_queries_test.c");
+    let mut command = remote_command(&guest, &queries, &url, &env);
+    command.args(["--image", &ptx()]);
+    GuestProcess::spawn(command)
+        .finish(RUN_TIMEOUT)
+        .assert_passed("framework_queries_test");
+
+    // Each remote process was a connection of the tenant, and the host
+    // freed everything when it ended.
+    let log = daemon.log();
+    assert!(
+        log.contains("remote 127.0.0.1:") && log.contains("of tenant default connected"),
+        "{log}"
+    );
+    daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
+    let stats = daemon.stats();
+    assert!(stats.get("connections_total") >= 2, "{stats:?}");
+    assert_eq!(stats.get("device_memory_bytes"), 0, "{stats:?}");
+}
+
+/// Runs driver_api_test through `url` with `env`, which must fail at
+/// cuInit with a message holding `words`; nothing reaches the host.
+fn assert_refused(
+    daemon: &Daemon,
+    guest: &GuestLib,
+    url: &str,
+    env: &[(String, String)],
+    words: &[&str],
+) {
+    let before = daemon.stats();
+    let program = guest.build_program("driver_api_test.c");
+    let mut command = remote_command(guest, &program, url, env);
+    command.args(["--ptx", &ptx()]);
+    let outcome = GuestProcess::spawn(command).finish(FAIL_TIMEOUT);
+    assert!(!outcome.status.success(), "{outcome:?}");
+    for word in words {
+        assert!(
+            outcome.stderr.contains(word),
+            "{url}: no {word:?} in:\n{}",
+            outcome.stderr
+        );
+    }
+    let after = daemon.stats();
+    for key in ["connections_total", "sessions_total"] {
+        assert_eq!(
+            before.get(key),
+            after.get(key),
+            "{key}: a refused client reached the host: {after:?}"
+        );
+    }
+}
+
+#[test]
+fn clients_without_a_valid_certificate_are_refused_before_any_cuda_work() {
+    let pki = TestPki::new();
+    let (daemon, port) = tls_daemon(&pki, &[]);
+    let guest = GuestLib::new();
+    let url = format!("tls://localhost:{port}");
+
+    // No certificate at all.
+    assert_refused(
+        &daemon,
+        &guest,
+        &url,
+        &pki.client_env(None),
+        &["refused this client's certificate", "CertificateRequired"],
+    );
+    // A certificate from a CA the daemon does not know.
+    let stranger = pki.other_ca("stranger").client("default", false);
+    assert_refused(
+        &daemon,
+        &guest,
+        &url,
+        &pki.client_env(Some(&stranger)),
+        &["refused this client's certificate"],
+    );
+    // An expired one from the right CA.
+    let expired = pki.ca.client("default", true);
+    assert_refused(
+        &daemon,
+        &guest,
+        &url,
+        &pki.client_env(Some(&expired)),
+        &["refused this client's certificate"],
+    );
+    // Plaintext against a TLS-only daemon.
+    assert_refused(
+        &daemon,
+        &guest,
+        &format!("tcp://127.0.0.1:{port}"),
+        &[],
+        &["refused the connection", "requires TLS"],
+    );
+    // A daemon whose certificate the client's CA did not sign.
+    let client = pki.ca.client("default", false);
+    let mut env = pki.client_env(Some(&client));
+    env[0].1 = pki.other_ca("wrong-trust").cert.display().to_string();
+    assert_refused(
+        &daemon,
+        &guest,
+        &url,
+        &env,
+        &["daemon's certificate is not one RGPU_TLS_CA vouches for"],
+    );
+    // tls:// without RGPU_TLS_CA says what to set.
+    assert_refused(&daemon, &guest, &url, &[], &["RGPU_TLS_CA"]);
+
+    // The daemon said why each time, and serves a good client after all.
+    let log = daemon.log();
+    for words in [
+        "refused: TLS handshake",
+        "refused: this daemon requires TLS",
+    ] {
+        assert!(
+            log.contains(words),
+            "no {words:?} in the daemon log:\n{log}"
+        );
+    }
+    let good = pki.ca.client("default", false);
+    let program = guest.build_program("driver_api_test.c");
+    let mut command = remote_command(&guest, &program, &url, &pki.client_env(Some(&good)));
+    command.args(["--ptx", &ptx()]);
+    GuestProcess::spawn(command)
+        .finish(RUN_TIMEOUT)
+        .assert_checks_passed("a good client after the refusals");
+}
+
+/// A daemon started by hand (the harness always gives --socket-path), with
+/// its log in a temp dir; killed on drop.
+struct BareDaemon {
+    child: Child,
+    log: PathBuf,
+    _dir: TempDir,
+}
+
+impl BareDaemon {
+    fn start(args: &[&str]) -> Self {
+        let dir = TempDir::new("rgpu-bare").unwrap();
+        let log = dir.join("daemon.log");
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(Daemon::binary())
+            .args(["--executor", "sim"])
+            .args(args)
+            .env_remove("LD_LIBRARY_PATH")
+            .env("RGPU_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(file.try_clone().unwrap()))
+            .stderr(Stdio::from(file))
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for BareDaemon {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child, which has not been reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn listen_alone_serves_plaintext_only_where_allowed_and_tls_clients_are_told() {
+    // No --socket-path: the tenant's socket is private.
+    let daemon = BareDaemon::start(&["--listen", "127.0.0.1:0", "--allow-plaintext"]);
+    let port = remote_port(|| daemon.log());
+    let guest = GuestLib::new();
+    let program = guest.build_program("driver_api_test.c");
+    let mut command = remote_command(&guest, &program, &format!("tcp://127.0.0.1:{port}"), &[]);
+    command.args(["--ptx", &ptx()]);
+    GuestProcess::spawn(command)
+        .finish(RUN_TIMEOUT)
+        .assert_checks_passed("driver_api_test through tcp://");
+
+    // A TLS client of this plaintext listener learns what is wrong.
+    let pki = TestPki::new();
+    let client = pki.ca.client("default", false);
+    let mut command = remote_command(
+        &guest,
+        &program,
+        &format!("tls://localhost:{port}"),
+        &pki.client_env(Some(&client)),
+    );
+    command.args(["--ptx", &ptx()]);
+    let outcome = GuestProcess::spawn(command).finish(FAIL_TIMEOUT);
+    assert!(
+        !outcome.status.success() && outcome.stderr.contains("did not answer TLS"),
+        "{outcome:?}"
+    );
+
+    // Plaintext on a non-loopback address is refused at start.
+    let output = Command::new(Daemon::binary())
+        .args([
+            "--executor",
+            "sim",
+            "--listen",
+            "0.0.0.0:0",
+            "--allow-plaintext",
+        ])
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && text.contains("plaintext is for loopback tests only"),
+        "{text}"
+    );
+    // And --listen without TLS files or --allow-plaintext.
+    let output = Command::new(Daemon::binary())
+        .args(["--executor", "sim", "--listen", "127.0.0.1:0"])
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && text.contains("--tls-client-ca"),
+        "{text}"
+    );
+}
+
+/// A TCP relay between clients and the daemon that can cut every
+/// connection at once (a network that drops).
+struct Relay {
+    port: u16,
+    sockets: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Relay {
+    fn start(target_port: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let sockets: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let kept = Arc::clone(&sockets);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target_port)) else {
+                    return;
+                };
+                let mut list = kept.lock().unwrap();
+                list.push(client.try_clone().unwrap());
+                list.push(server.try_clone().unwrap());
+                drop(list);
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let mut buffer = vec![0u8; 65536];
+                        while let Ok(n) = from.read(&mut buffer) {
+                            if n == 0 || to.write_all(&buffer[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Self { port, sockets }
+    }
+
+    fn cut(&self) {
+        for socket in self.sockets.lock().unwrap().drain(..) {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+#[test]
+fn a_dropped_connection_gives_errors_not_a_hang_and_the_host_frees_the_session() {
+    let pki = TestPki::new();
+    let client = pki.ca.client("default", false);
+    let env = pki.client_env(Some(&client));
+    let (mut daemon, port) = tls_daemon(&pki, &[]);
+    let relay = Relay::start(port);
+    let guest = GuestLib::new();
+    let program = guest.build_program("driver_api_test.c");
+
+    let mut command = remote_command(
+        &guest,
+        &program,
+        &format!("tls://localhost:{}", relay.port),
+        &env,
+    );
+    command.args(["--ptx", &ptx(), "--iterations", "100000", "--hold-ms", "20"]);
+    let mut running = GuestProcess::spawn(command);
+    running.wait_for_line("running", RUN_TIMEOUT);
+    daemon.wait_for_stats(ACCOUNTING_TIMEOUT, "a session", |s| {
+        s.get("sessions_active") >= 1
+    });
+    let cut_at = Instant::now();
+    relay.cut();
+    let outcome = running.finish(FAIL_TIMEOUT);
+    assert!(
+        !outcome.status.success() && outcome.stdout.contains("FAIL"),
+        "the program did not see the cut: {outcome:?}"
+    );
+    assert!(
+        outcome.stderr.contains("broke") || outcome.stderr.contains("connection"),
+        "{}",
+        outcome.stderr
+    );
+    eprintln!(
+        "remote: the cut program ended {:?} after the cut",
+        cut_at.elapsed()
+    );
+
+    // The host freed the session, and stays up for the next process.
+    daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
+    assert!(daemon.is_alive());
+    let mut command = remote_command(&guest, &program, &format!("tls://localhost:{port}"), &env);
+    command.args(["--ptx", &ptx()]);
+    GuestProcess::spawn(command)
+        .finish(RUN_TIMEOUT)
+        .assert_checks_passed("driver_api_test after the cut");
+    assert!(daemon.is_alive());
+}
+
+fn run_as(
+    guest: &GuestLib,
+    program: &Path,
+    url: &str,
+    pki: &TestPki,
+    client: &CertFiles,
+    args: &[&str],
+) -> rgpu_tests::guest::GuestOutcome {
+    let mut command = remote_command(guest, program, url, &pki.client_env(Some(client)));
+    command.args(args);
+    GuestProcess::spawn(command).finish(RUN_TIMEOUT)
+}
+
+#[test]
+fn the_certificate_names_the_tenant_whose_limits_apply() {
+    let pki = TestPki::new();
+    // vm1 has a listener of its own too; vm2 only the daemon's.
+    let own = TcpListener::bind("127.0.0.1:0").unwrap();
+    let own_port = own.local_addr().unwrap().port();
+    drop(own);
+    let config = format!(
+        "[[tenant]]\nname = \"vm1\"\nsocket = \"vm1.sock\"\nmemory_limit = \"256MiB\"\n\
+         listen = \"127.0.0.1:{own_port}\"\n\
+         [[tenant]]\nname = \"vm2\"\nsocket = \"vm2.sock\"\n"
+    );
+    let mut args = pki.daemon_args("127.0.0.1:0");
+    args.retain(|a| !a.is_empty());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let daemon = Daemon::start_with_config("sim", &config, &args, &[]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // The daemon's --listen is the line that is not vm1's port.
+    let port = loop {
+        let log = daemon.log();
+        let found = log.lines().find_map(|line| {
+            let rest = line.split("remote clients on 127.0.0.1:").nth(1)?;
+            let port: u16 = rest.split_whitespace().next()?.parse().ok()?;
+            (port != own_port).then_some(port)
+        });
+        if let Some(port) = found {
+            break port;
+        }
+        assert!(Instant::now() < deadline, "{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let guest = GuestLib::new();
+    let limits = guest.build_program("memory_limit_test.c");
+    let url = format!("tls://localhost:{port}");
+    let vm1 = pki.ca.client("vm1", false);
+    let vm2 = pki.ca.client("vm2", false);
+
+    // vm1's certificate: vm1's 256 MiB limit, as its local processes get.
+    let outcome = run_as(&guest, &limits, &url, &pki, &vm1, &[]);
+    assert!(
+        outcome.stdout.contains("total MiB 256")
+            && outcome
+                .stdout
+                .contains("allocated 256 MiB, then rc 2 CUDA_ERROR_OUT_OF_MEMORY"),
+        "{outcome:?}"
+    );
+    // vm2's: no limit.
+    let outcome = run_as(&guest, &limits, &url, &pki, &vm2, &["--max-mb", "512"]);
+    assert!(
+        outcome
+            .stdout
+            .contains("allocated 512 MiB, then rc 0 CUDA_SUCCESS"),
+        "{outcome:?}"
+    );
+    // vm1's own listener takes vm1 and no one else.
+    let own_url = format!("tls://localhost:{own_port}");
+    let outcome = run_as(&guest, &limits, &own_url, &pki, &vm1, &[]);
+    assert!(outcome.stdout.contains("total MiB 256"), "{outcome:?}");
+    let outcome = run_as(&guest, &limits, &own_url, &pki, &vm2, &[]);
+    assert!(
+        outcome
+            .stderr
+            .contains("this listener serves tenant \\\"vm1\\\"")
+            || outcome.stderr.contains("serves tenant \"vm1\""),
+        "{outcome:?}"
+    );
+    // A certificate that names no tenant.
+    let nobody = pki.ca.client("nobody", false);
+    let outcome = run_as(&guest, &limits, &url, &pki, &nobody, &[]);
+    assert!(
+        outcome.stderr.contains("no tenant \"nobody\""),
+        "{outcome:?}"
+    );
+}
