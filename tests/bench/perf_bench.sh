@@ -12,7 +12,11 @@
 #      time until all are done);
 #   3. PyTorch: torch_train.py, three alternating native/rgpu pairs; the
 #      median ratio of steps per second, and the losses.
-# Environment: NATIVE_LIBCUDA, OUT (logs).
+# Environment: NATIVE_LIBCUDA, OUT (logs), RGPU_DAEMON_ARGS (more daemon
+# options); with RGPU_SERVER set (and --listen among those options) every
+# rgpu run goes through the network carrier, and the scattered-blob rows
+# give way to a plain TLS loopback stream of 256 MiB (tls_loopback_bench),
+# the yardstick of the copy rows (issue 11).
 set -uo pipefail
 bundle=$(cd "${1:?usage: perf_bench.sh BUNDLE}" && pwd)
 native_lib=${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
@@ -39,7 +43,7 @@ for side in native rgpu; do
 done
 socket=$work/rgpu.sock
 env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" "$bundle/vhost-device-rgpu" --executor cuda \
-    --socket-path "$socket" >"$logs/daemon.log" 2>&1 &
+    --socket-path "$socket" ${RGPU_DAEMON_ARGS:-} >"$logs/daemon.log" 2>&1 &
 daemon_pid=$!
 for _ in $(seq 600); do [ -S "$socket" ] && break; sleep 0.05; done
 [ -S "$socket" ] || { echo "FAIL daemon (see $logs/daemon.log)"; exit 1; }
@@ -48,10 +52,15 @@ sleep 1
 echo "== 1. rgpu_bench"
 env RGPU_SOCKET="$socket" "$work/rgpu_bench" --native "$native_lib" \
     --rgpu "$work/rgpu-lib/libcuda.so.1" --ptx "$ptx" | tee "$logs/rgpu_bench.txt"
-echo "-- with scattered blobs"
-env RGPU_SOCKET="$socket" RGPU_LOCAL_SCATTER_BLOBS=1 "$work/rgpu_bench" --native "$native_lib" \
-    --rgpu "$work/rgpu-lib/libcuda.so.1" --ptx "$ptx" --sync-iters 1000 --launches 10000 \
-    | grep -E "pinned|pageable" | tee "$logs/rgpu_bench-scattered.txt"
+if [ -z "${RGPU_SERVER:-}" ]; then
+    echo "-- with scattered blobs"
+    env RGPU_SOCKET="$socket" RGPU_LOCAL_SCATTER_BLOBS=1 "$work/rgpu_bench" --native "$native_lib" \
+        --rgpu "$work/rgpu-lib/libcuda.so.1" --ptx "$ptx" --sync-iters 1000 --launches 10000 \
+        | grep -E "pinned|pageable" | tee "$logs/rgpu_bench-scattered.txt"
+elif [ -x "$bundle/tls_loopback_bench" ]; then
+    echo "-- the yardstick of the copy rows over the network carrier"
+    "$bundle/tls_loopback_bench" 256 | tee "$logs/tls_loopback.txt"
+fi
 
 echo "== 2. start-up: short programs started at once"
 run_at_once() { # side count

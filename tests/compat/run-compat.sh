@@ -25,7 +25,9 @@
 # Other environment: CUDA_HOME (default /usr/local/cuda), NATIVE_LIBCUDA
 # (default /usr/local/nvidia/lib64/libcuda.so.1), PYTHON (default python3),
 # SKIP_PYTHON=1, OUT (logs; default a temp folder, printed at the end),
-# RGPU_EXECUTOR (default cuda; sim only to try the script without a GPU).
+# RGPU_EXECUTOR (default cuda; sim only to try the script without a GPU),
+# RGPU_DAEMON_ARGS (more daemon options; with --listen and RGPU_SERVER set,
+# the rgpu runs go through the network carrier).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -120,7 +122,7 @@ elif [ -n "${RGPU_BUNDLE:-}" ]; then
     # The daemon sees NVIDIA's library only, never ours.
     env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$(dirname "$native_lib")" RGPU_LOG="${RGPU_LOG:-info}" \
         "$bundle/vhost-device-rgpu" --executor "${RGPU_EXECUTOR:-cuda}" --socket-path "$rgpu_socket" \
-        --stats-socket "$rgpu_stats" >"$logs/daemon.log" 2>&1 &
+        --stats-socket "$rgpu_stats" ${RGPU_DAEMON_ARGS:-} >"$logs/daemon.log" 2>&1 &
     daemon_pid=$!
     for _ in $(seq 200); do [ -S "$rgpu_socket" ] && [ -S "$rgpu_stats" ] && break; sleep 0.05; done
     if [ ! -S "$rgpu_socket" ]; then

@@ -10,12 +10,19 @@
 #                                       Triton, nvcc programs)
 #   tests/gpu/check-all.sh BUNDLE 3     issue 9's benchmark (perf_bench.sh:
 #                                       rgpu_bench, start-up, PyTorch pairs)
+#   tests/gpu/check-all.sh BUNDLE 4     issue 11 on loopback: the GPU suite
+#                                       and the benchmark through the network
+#                                       carrier (mutual TLS), and the Rust
+#                                       remote tests (refusals, a cut
+#                                       connection) with the cuda executor
+#   tests/gpu/check-all.sh BUNDLE 5     the compatibility suite through the
+#                                       network carrier
 #
 # BUNDLE is a folder from tests/gpu/make-bundle.sh. Logs go under $OUT
 # (default a temp folder); each step prints its summary lines and its time.
 set -uo pipefail
-bundle=$(cd "${1:?usage: check-all.sh BUNDLE 1|2|3}" && pwd)
-part=${2:?usage: check-all.sh BUNDLE 1|2|3}
+bundle=$(cd "${1:?usage: check-all.sh BUNDLE 1|2|3|4|5}" && pwd)
+part=${2:?usage: check-all.sh BUNDLE 1|2|3|4|5}
 cd "$(dirname "$0")/../.."
 out=${OUT:-$(mktemp -d /tmp/rgpu-check.XXXXXX)}
 mkdir -p "$out"
@@ -50,8 +57,31 @@ case $part in
     step perf 540 '^(==|--|[0-9] at once|pair|median)|^[a-zA-Z0-9 +,()/]+ +[-0-9.]+ +[-0-9.]+ ' \
         bash tests/bench/perf_bench.sh "$bundle"
     ;;
+4 | 5)
+    # The daemon listens with the bundle's certificates (make-bundle.sh);
+    # guest processes prefer RGPU_SERVER to RGPU_SOCKET.
+    tls=$bundle/tls port=47400
+    export RGPU_DAEMON_ARGS="--listen 127.0.0.1:$port --tls-cert $tls/server.pem --tls-key $tls/server.key --tls-client-ca $tls/ca.pem"
+    export RGPU_SERVER=tls://localhost:$port RGPU_TLS_CA=$tls/ca.pem RGPU_TLS_CERT=$tls/client.pem \
+        RGPU_TLS_KEY=$tls/client.key
+    if [ "$part" = 4 ]; then
+        step remote-suite 260 '^FAIL|gpu suite:|^(sync|empty|HtoD|DtoH|event|stream) ' \
+            bash "$bundle/run-gpu-suite.sh" "$bundle"
+        # The test binary finds the daemon and guest-lib beside its deps/.
+        rust=$bundle/rust-tests
+        for f in vhost-device-rgpu libcuda.so libnvidia_ml.so; do ln -sf "$bundle/$f" "$rust/$f"; done
+        step remote-tests 200 '^test |test result' env -u RGPU_SERVER -u RGPU_DAEMON_ARGS \
+            RGPU_TEST_PREBUILT=1 RGPU_TEST_EXECUTOR=cuda RGPU_TEST_PROGRAMS_DIR="$PWD/tests/programs" \
+            RGPU_TEST_DRIVER_DIR="$(dirname "${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}")" \
+            "$rust/deps/remote" --test-threads 1 --skip the_certificate_names_the_tenant
+        step remote-perf 300 '^(==|--|[0-9] at once|pair|median|tls loopback)|^[a-zA-Z0-9 +,()/]+ +[-0-9.]+ +[-0-9.]+ ' \
+            bash tests/bench/perf_bench.sh "$bundle"
+    else
+        step remote-compat 540 '^\||FAIL|compat' env RGPU_BUNDLE="$bundle" bash tests/compat/run-compat.sh
+    fi
+    ;;
 *)
-    echo "check-all.sh: part 1, 2 or 3" >&2
+    echo "check-all.sh: part 1 to 5" >&2
     exit 2
     ;;
 esac

@@ -10,6 +10,32 @@ cargo build --release --no-default-features -p vhost-device-rgpu -p guest-lib -p
 target=${CARGO_TARGET_DIR:-$(pwd)/target}/release
 mkdir -p "$dir"
 cp "$target/vhost-device-rgpu" "$target/libcuda.so" "$target/libnvidia_ml.so" "$dir/"
+# Issue 11 (check-all.sh parts 4 and 5): the TLS yardstick, the Rust remote
+# tests (run there with the cuda executor beside the bundle's daemon), and
+# certificates for the daemon and one client, valid for a week.
+cargo build --release -p rgpu-tests --bin tls_loopback_bench
+cp "$target/tls_loopback_bench" "$dir/"
+remote_test=$(cargo test --release -p rgpu-tests --test remote --no-run 2>&1 \
+    | sed -n 's|.*(\(.*/deps/remote-[0-9a-f]*\)).*|\1|p' | tail -1)
+mkdir -p "$dir/rust-tests/deps"
+cp "$remote_test" "$dir/rust-tests/deps/remote"
+mkdir -p "$dir/tls"
+(
+    cd "$dir/tls"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.pem \
+        -days 7 -subj "/CN=rgpu bundle CA" 2>/dev/null
+    for who in server client; do
+        openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout $who.key -out $who.csr \
+            -subj "/CN=$([ $who = server ] && echo localhost || echo default)" 2>/dev/null
+    done
+    printf 'basicConstraints=CA:FALSE\nsubjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >server.ext
+    printf 'basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n' >client.ext
+    for who in server client; do
+        openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out $who.pem -days 7 \
+            -extfile $who.ext 2>/dev/null
+    done
+    rm -f ./*.csr ./*.ext ca.srl
+)
 # Function names stay for backtraces; line tables would only fatten the bundle.
 strip --strip-debug "$dir/vhost-device-rgpu" "$dir/libcuda.so" "$dir/libnvidia_ml.so"
 cp tests/programs/rgpu_cuda.h tests/programs/driver_api_test.c \

@@ -20,7 +20,10 @@
 # Environment: NATIVE_LIBCUDA (default /usr/local/nvidia/lib64/libcuda.so.1),
 # CUDA_HOME (default /usr/local/cuda), SKIP_BENCH=1 to leave the benchmark out,
 # RGPU_EXECUTOR (default cuda; sim only with a bundle built with the default
-# features, which make-bundle.sh leaves out, to try the script without a GPU).
+# features, which make-bundle.sh leaves out, to try the script without a GPU),
+# RGPU_DAEMON_ARGS (more options for the daemon, e.g. --listen and TLS files;
+# with RGPU_SERVER set, guest processes go through the network carrier, and
+# the parts that need a second daemon or local blobs are left out).
 set -uo pipefail
 
 bundle=$(cd "${1:-$(dirname "$0")}" && pwd)
@@ -108,7 +111,7 @@ socket=$work/rgpu.sock
 stats=$work/stats.sock
 env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" RGPU_LOG="${RGPU_LOG:-info}" \
     "$bundle/vhost-device-rgpu" --executor "${RGPU_EXECUTOR:-cuda}" --socket-path "$socket" --stats-socket "$stats" \
-    >"$logs/daemon.log" 2>&1 &
+    ${RGPU_DAEMON_ARGS:-} >"$logs/daemon.log" 2>&1 &
 daemon_pid=$!
 for _ in $(seq 200); do [ -S "$socket" ] && [ -S "$stats" ] && break; sleep 0.05; done
 if [ -S "$socket" ]; then
@@ -260,7 +263,7 @@ fi
 # A tenant limited to 2 GiB (issue 8): the context's own memory and module
 # globals count against the limit, and NVML alone (as nvidia-smi) lists
 # the tenant's processes with what NVIDIA's nvidia-smi says they hold.
-if [ -e "$bundle/driver_memory_test.c" ] && [ -e "$bundle/libnvidia_ml.so" ]; then
+if [ -e "$bundle/driver_memory_test.c" ] && [ -e "$bundle/libnvidia_ml.so" ] && [ -z "${RGPU_SERVER:-}" ]; then
     limited_socket=$work/limited.sock
     env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" RGPU_LOG="${RGPU_LOG:-info},rgpu_session::driver_memory=debug" \
         "$bundle/vhost-device-rgpu" --executor "${RGPU_EXECUTOR:-cuda}" --socket-path "$limited_socket" \
@@ -317,7 +320,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     # The same with rgpu's blobs (channel, pinned buffers) laid out as
     # shuffled runs of 1-8 pages, as a VM that has run a while hands them
     # out: the copy rows against the contiguous ones above (issue 9).
-    step "scattered-blob benchmark" "rgpu_bench: device" \
+    [ -z "${RGPU_SERVER:-}" ] && step "scattered-blob benchmark" "rgpu_bench: device" \
         env RGPU_SOCKET="$socket" RGPU_LOCAL_SCATTER_BLOBS=1 "$work/rgpu_bench" \
         --rgpu "$work/rgpu-lib/libcuda.so.1" --ptx "$ptx" --sync-iters 1000 --launches 10000
     cat "$logs/scattered-blob-benchmark.log" 2>/dev/null

@@ -98,9 +98,13 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or_default()
 }
 
-/// `tests/programs`: the C sources, `rgpu_cuda.h` and the reference PTX.
+/// `tests/programs`: the C sources, `rgpu_cuda.h` and the reference PTX
+/// (`RGPU_TEST_PROGRAMS_DIR` where a test binary runs away from its
+/// checkout, as on the GPU host).
 pub fn programs_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("programs")
+    std::env::var_os("RGPU_TEST_PROGRAMS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("programs"))
 }
 
 /// The reference kernels as PTX text.

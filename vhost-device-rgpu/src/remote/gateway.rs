@@ -346,28 +346,7 @@ fn replay(frames: &mut Frames, channel: &Channel) -> Result<(), String> {
                 stream,
                 src,
                 length,
-            } => {
-                let mut done = 0u64;
-                let mut result = 0;
-                let mut piece = Vec::new();
-                while done < length && result == 0 {
-                    let size = (length - done).min(MAX_DATA_PIECE as u64) as usize;
-                    piece.resize(size, 0);
-                    result = channel
-                        .copy_from_device(stream, &mut piece, src.wrapping_add(done))
-                        .map_err(lost)?;
-                    if result == 0 {
-                        write(
-                            frames,
-                            Response::Data {
-                                data: std::mem::take(&mut piece),
-                            },
-                        )?;
-                    }
-                    done += size as u64;
-                }
-                write(frames, Response::Result { result })?;
-            }
+            } => copy_from_device(frames, channel, stream, src, length)?,
             Request::ImagePiece { data } => {
                 if image.len() + data.len() > MAX_IMAGE {
                     return Err(format!("a module image past {MAX_IMAGE} bytes"));
@@ -405,6 +384,80 @@ fn replay(frames: &mut Frames, channel: &Channel) -> Result<(), String> {
             Request::Hello { .. } => return Err("a second hello".into()),
         }
     }
+}
+
+/// Streams `length` bytes of device memory at `src` to the client: one
+/// thread reads the next piece from the GPU while this one sends the last,
+/// so the copy and the network overlap.
+fn copy_from_device(
+    frames: &mut Frames,
+    channel: &Channel,
+    stream: u32,
+    src: u64,
+    length: u64,
+) -> Result<(), String> {
+    let piece_size = MAX_DATA_PIECE as u64;
+    let pieces = length.div_ceil(piece_size);
+    let read = |index: u64| -> Result<Result<Vec<u8>, u32>, String> {
+        let offset = index * piece_size;
+        let size = (length - offset).min(piece_size) as usize;
+        let mut piece = vec![0u8; size];
+        match channel.copy_from_device(stream, &mut piece, src.wrapping_add(offset)) {
+            Ok(0) => Ok(Ok(piece)),
+            Ok(result) => Ok(Err(result)),
+            Err(e) => Err(format!("the host side failed: {e}")),
+        }
+    };
+    let send = |frames: &mut Frames, response: Response| {
+        frames.write(&response).map_err(|e| format!("write: {e}"))
+    };
+    if pieces <= 1 {
+        let result = match read(0)? {
+            Ok(data) => {
+                send(frames, Response::Data { data })?;
+                0
+            }
+            Err(result) => result,
+        };
+        return send(frames, Response::Result { result });
+    }
+    std::thread::scope(|scope| {
+        // Two pieces in flight at most: one being sent, one being read.
+        let (pieces_tx, pieces_rx) = std::sync::mpsc::sync_channel(1);
+        let reader = scope.spawn(move || {
+            for index in 0..pieces {
+                let piece = read(index);
+                let stop = !matches!(piece, Ok(Ok(_)));
+                if pieces_tx.send(piece).is_err() || stop {
+                    return;
+                }
+            }
+        });
+        let mut outcome = Ok(0);
+        for piece in pieces_rx.iter() {
+            match piece {
+                Ok(Ok(data)) => {
+                    if let Err(e) = send(frames, Response::Data { data }) {
+                        outcome = Err(e);
+                        break;
+                    }
+                }
+                Ok(Err(result)) => {
+                    outcome = Ok(result);
+                    break;
+                }
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
+        // The reader stops at its next send once the receiver is gone.
+        drop(pieces_rx);
+        let _ = reader.join();
+        let result = outcome?;
+        send(frames, Response::Result { result })
+    })
 }
 
 #[cfg(test)]
