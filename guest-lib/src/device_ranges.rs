@@ -53,8 +53,13 @@ impl RangeMap {
 
     /// The range holding `ptr`: `(start, len)`.
     fn find(&self, ptr: u64) -> Option<(u64, u64)> {
+        self.find_range(ptr)
+            .map(|(start, range)| (start, range.len))
+    }
+
+    fn find_range(&self, ptr: u64) -> Option<(u64, Range)> {
         let (start, range) = self.ranges.range(..=ptr).next_back()?;
-        (ptr - start < range.len).then_some((*start, range.len))
+        (ptr - start < range.len).then_some((*start, *range))
     }
 
     /// Whether `[ptr, ptr + len)` lies inside one range (overflow-safe). A
@@ -119,49 +124,69 @@ impl RangeMap {
     }
 }
 
-static RANGES: RwLock<RangeMap> = RwLock::new(RangeMap::new());
+/// One map per address space (carrier index).
+static SPACES: RwLock<Vec<RangeMap>> = RwLock::new(Vec::new());
 
-// A panic elsewhere while the lock was held leaves a valid map (each change
-// is one BTreeMap operation), so a poisoned lock is used as it is.
-fn read() -> RwLockReadGuard<'static, RangeMap> {
-    RANGES.read().unwrap_or_else(PoisonError::into_inner)
+// A panic elsewhere while the lock was held leaves valid maps (each change
+// is one BTreeMap or Vec operation), so a poisoned lock is used as it is.
+fn read() -> RwLockReadGuard<'static, Vec<RangeMap>> {
+    SPACES.read().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn write() -> RwLockWriteGuard<'static, RangeMap> {
-    RANGES.write().unwrap_or_else(PoisonError::into_inner)
+fn write() -> RwLockWriteGuard<'static, Vec<RangeMap>> {
+    SPACES.write().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A device allocation of context `context` (its `Context::id`).
-pub(crate) fn add_allocation(context: u64, ptr: u64, size: u64) {
-    write().insert(ptr, size, Owner::Allocation { context });
+/// Records a range in `space`'s map, making the map on first use.
+fn insert(space: usize, start: u64, len: u64, owner: Owner) {
+    let mut spaces = write();
+    if spaces.len() <= space {
+        spaces.resize_with(space + 1, RangeMap::new);
+    }
+    if let Some(map) = spaces.get_mut(space) {
+        map.insert(start, len, owner);
+    }
 }
 
-/// A global of module `module` of context `context`.
-pub(crate) fn add_global(context: u64, module: u32, ptr: u64, size: u64) {
-    write().insert(ptr, size, Owner::Global { context, module });
+/// A device allocation of context `context` (its `Context::id`), in address
+/// space `space` (its `Context::space`).
+pub(crate) fn add_allocation(space: usize, context: u64, ptr: u64, size: u64) {
+    insert(space, ptr, size, Owner::Allocation { context });
 }
 
-/// A freed allocation.
-pub(crate) fn remove_allocation(ptr: u64) {
-    write().remove_allocation(ptr);
+/// A global of module `module` of context `context`, in `space`.
+pub(crate) fn add_global(space: usize, context: u64, module: u32, ptr: u64, size: u64) {
+    insert(space, ptr, size, Owner::Global { context, module });
+}
+
+/// A freed allocation of `space`.
+pub(crate) fn remove_allocation(space: usize, ptr: u64) {
+    if let Some(map) = write().get_mut(space) {
+        map.remove_allocation(ptr);
+    }
 }
 
 /// The globals of an unloaded module.
 pub(crate) fn forget_module(context: u64, module: u32) {
     let gone = Owner::Global { context, module };
-    write().retain(|owner| owner != gone);
+    for map in write().iter_mut() {
+        map.retain(|owner| owner != gone);
+    }
 }
 
 /// Everything of a closed or reset context: the host freed it all.
 pub(crate) fn forget_context(context: u64) {
-    write().retain(|owner| owner.context() != context);
+    for map in write().iter_mut() {
+        map.retain(|owner| owner.context() != context);
+    }
 }
 
 /// `CUDA_ERROR_INVALID_VALUE` unless each `(ptr, len)` lies inside one known
-/// range; one lock for all of them.
-pub(crate) fn check(device: &[(u64, u64)]) -> Result<(), u32> {
-    let map = read();
-    match device.iter().find(|(ptr, len)| !map.contains(*ptr, *len)) {
+/// range of `space`; one lock for all of them.
+pub(crate) fn check(space: usize, device: &[(u64, u64)]) -> Result<(), u32> {
+    let spaces = read();
+    let contains = |ptr: u64, len: u64| spaces.get(space).is_some_and(|m| m.contains(ptr, len));
+    match device.iter().find(|(ptr, len)| !contains(*ptr, *len)) {
         None => Ok(()),
         Some((ptr, len)) => {
             log::debug!("rgpu: device range {ptr:#x}+{len:#x} is not this process's memory");
@@ -170,22 +195,52 @@ pub(crate) fn check(device: &[(u64, u64)]) -> Result<(), u32> {
     }
 }
 
-/// For copies between unified addresses: whether each pointer is device
-/// memory (it lies in a known range), and `CUDA_ERROR_INVALID_VALUE` when
-/// one is but `[ptr, ptr + len)` runs past its range. One lock for both.
-pub(crate) fn classify(ptrs: [u64; 2], len: u64) -> Result<[bool; 2], u32> {
-    let map = read();
-    let mut device = [false; 2];
-    for (ptr, on_device) in ptrs.iter().zip(device.iter_mut()) {
-        if let Some((start, range_len)) = map.find(*ptr) {
-            if len > range_len - (ptr - start) {
+/// Where a pointer is, seen from one address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Location {
+    /// Device memory of the asking space.
+    Here,
+    /// Device memory of another space only: an allocation or global of the
+    /// context with id `context`.
+    Elsewhere { space: usize, context: u64 },
+    /// No device memory this process knows: host memory, or nothing.
+    Nowhere,
+}
+
+/// Where each `(ptr, len)` is, seen from `space`: its own map first (two
+/// daemons' addresses may coincide, and a context means its own device's
+/// then), then the other spaces in order. `CUDA_ERROR_INVALID_VALUE` when
+/// `ptr` lies in a range but `[ptr, ptr + len)` runs past it. One lock for
+/// all of them.
+pub(crate) fn locate<const N: usize>(
+    space: usize,
+    device: [(u64, u64); N],
+) -> Result<[Location; N], u32> {
+    let spaces = read();
+    let mut found = [Location::Nowhere; N];
+    for ((ptr, len), location) in device.iter().zip(found.iter_mut()) {
+        let own = spaces.get(space).into_iter().map(|map| (space, map));
+        let others = spaces.iter().enumerate().filter(|(s, _)| *s != space);
+        for (s, map) in own.chain(others) {
+            let Some((start, range)) = map.find_range(*ptr) else {
+                continue;
+            };
+            if *len > range.len - (ptr - start) {
                 log::debug!("rgpu: device range {ptr:#x}+{len:#x} runs past its allocation");
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            *on_device = true;
+            *location = if s == space {
+                Location::Here
+            } else {
+                Location::Elsewhere {
+                    space: s,
+                    context: range.owner.context(),
+                }
+            };
+            break;
         }
     }
-    Ok(device)
+    Ok(found)
 }
 
 #[cfg(test)]
@@ -302,30 +357,85 @@ mod tests {
     }
 
     #[test]
-    fn checks_and_classification_share_the_process_map() {
-        // The one static map: addresses no other test of this crate uses.
+    fn checks_and_locations_share_the_process_maps() {
+        // The one static set of maps: addresses no other test of this crate
+        // uses.
         let base = 0x5eed_0000_0000_u64;
-        add_allocation(901, base, 0x1000);
-        add_global(902, 3, base + 0x10_0000, 0x40);
-        assert_eq!(check(&[(base, 0x1000), (base + 0x10_0000, 0x40)]), Ok(()));
+        add_allocation(0, 901, base, 0x1000);
+        add_global(0, 902, 3, base + 0x10_0000, 0x40);
         assert_eq!(
-            check(&[(base, 0x1000), (base + 0x10_0000, 0x41)]),
+            check(0, &[(base, 0x1000), (base + 0x10_0000, 0x40)]),
+            Ok(())
+        );
+        assert_eq!(
+            check(0, &[(base, 0x1000), (base + 0x10_0000, 0x41)]),
             Err(CUDA_ERROR_INVALID_VALUE)
         );
-        assert_eq!(check(&[]), Ok(()));
-        assert_eq!(classify([base + 8, 0x1234], 8), Ok([true, false]));
+        assert_eq!(check(0, &[]), Ok(()));
         assert_eq!(
-            classify([0x1234, base + 0xff8], 9),
+            locate(0, [(base + 8, 8), (0x1234, 8)]),
+            Ok([Location::Here, Location::Nowhere])
+        );
+        assert_eq!(
+            locate(0, [(0x1234, 9), (base + 0xff8, 9)]),
             Err(CUDA_ERROR_INVALID_VALUE)
         );
-        remove_allocation(base);
-        assert_eq!(check(&[(base, 1)]), Err(CUDA_ERROR_INVALID_VALUE));
+        remove_allocation(0, base);
+        assert_eq!(check(0, &[(base, 1)]), Err(CUDA_ERROR_INVALID_VALUE));
         forget_module(902, 4);
-        assert_eq!(check(&[(base + 0x10_0000, 1)]), Ok(()));
+        assert_eq!(check(0, &[(base + 0x10_0000, 1)]), Ok(()));
         forget_context(902);
         assert_eq!(
-            check(&[(base + 0x10_0000, 1)]),
+            check(0, &[(base + 0x10_0000, 1)]),
             Err(CUDA_ERROR_INVALID_VALUE)
         );
+    }
+
+    #[test]
+    fn each_space_has_its_own_addresses() {
+        // Two daemons handing out the same address, and one only space 2 has.
+        let base = 0x5eee_0000_0000_u64;
+        add_allocation(1, 911, base, 0x1000);
+        add_allocation(2, 912, base, 0x2000);
+        add_allocation(2, 912, base + 0x10_0000, 0x100);
+        assert_eq!(check(1, &[(base, 0x1000)]), Ok(()));
+        assert_eq!(check(1, &[(base, 0x1001)]), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(check(2, &[(base, 0x2000)]), Ok(()));
+        assert_eq!(
+            check(1, &[(base + 0x10_0000, 1)]),
+            Err(CUDA_ERROR_INVALID_VALUE),
+            "another space's memory is not this space's"
+        );
+        // Coinciding addresses mean the asking space's own.
+        assert_eq!(locate(1, [(base, 0x800)]), Ok([Location::Here]));
+        assert_eq!(locate(2, [(base, 0x1800)]), Ok([Location::Here]));
+        assert_eq!(
+            locate(1, [(base, 0x1800)]),
+            Err(CUDA_ERROR_INVALID_VALUE),
+            "runs past the asking space's range"
+        );
+        assert_eq!(
+            locate(1, [(base + 0x10_0040, 0x40), (base, 1)]),
+            Ok([
+                Location::Elsewhere {
+                    space: 2,
+                    context: 912
+                },
+                Location::Here
+            ])
+        );
+        // A space never seen asks the others.
+        assert_eq!(
+            locate(7, [(base + 0x10_0000, 1)]),
+            Ok([Location::Elsewhere {
+                space: 2,
+                context: 912
+            }])
+        );
+        assert_eq!(check(7, &[(base, 1)]), Err(CUDA_ERROR_INVALID_VALUE));
+        remove_allocation(1, base);
+        assert_eq!(check(2, &[(base, 1)]), Ok(()), "only space 1's went");
+        forget_context(912);
+        assert_eq!(locate(1, [(base, 1)]), Ok([Location::Nowhere]));
     }
 }

@@ -40,6 +40,8 @@ use crate::state::{self, Context, CONTEXTS};
 /// The contexts to ask through, best first: the calling thread's current
 /// one, the active primary contexts, then every other live context. All of
 /// them are channels of the same connection, so any one lists them all.
+/// Only contexts of the first carrier count: NVML opens that one
+/// (`RGPU_DEVICES`' first entry), and its device numbers are that daemon's.
 fn candidates() -> Result<Vec<Arc<Context>>, u32> {
     let driver = state::driver()?;
     let mut list: Vec<Arc<Context>> = state::current_or_none()
@@ -47,13 +49,14 @@ fn candidates() -> Result<Vec<Arc<Context>>, u32> {
         .flatten()
         .into_iter()
         .collect();
-    for primary in &driver.primaries {
-        let primary = primary.lock().unwrap_or_else(|e| e.into_inner());
+    for device in &driver.devices {
+        let primary = device.primary.lock().unwrap_or_else(|e| e.into_inner());
         if primary.refcount > 0 {
             list.extend(primary.context.clone());
         }
     }
     list.extend(CONTEXTS.values().into_iter().filter(|c| c.is_alive()));
+    list.retain(|c| c.space == 0);
     Ok(list)
 }
 

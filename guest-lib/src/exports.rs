@@ -20,7 +20,7 @@ use crate::api::stream_ordered::HostFn;
 use crate::api::vmm::{AccessDesc, AllocationProp, MemLocation};
 use crate::api::{
     context, copy_2d, device, error, event, export_table, function, graph, host_register, init,
-    launch, library, memory, memory_pool, module, occupancy, pointer, primary_context,
+    launch, library, memory, memory_pool, module, occupancy, peer, pointer, primary_context,
     proc_address, stream, stream_ordered, unified_copy, vmm,
 };
 
@@ -83,6 +83,8 @@ rgpu_shim::exported_api! {
     fn cuCtxSetSharedMemConfig(config: c_int) => context::set_shared_mem_config;
     fn cuCtxGetId(ctx: CUcontext, ctx_id: *mut u64) => context::get_id;
     fn cuCtxResetPersistingL2Cache() => context::reset_persisting_l2_cache;
+    fn cuCtxEnablePeerAccess(peer_context: CUcontext, flags: c_uint) => peer::enable_peer_access;
+    fn cuCtxDisablePeerAccess(peer_context: CUcontext) => peer::disable_peer_access;
 
     fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) => memory::alloc;
     fn cuMemFree_v2(dptr: CUdeviceptr) => memory::free;
@@ -136,6 +138,10 @@ rgpu_shim::exported_api! {
     fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, count: usize) => memory::dtod_sync_ptds;
     fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: CUstream) => memory::dtod_async;
     fn cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: CUstream) => memory::dtod_async_ptsz;
+    fn cuMemcpyPeer(dst: CUdeviceptr, dst_context: CUcontext, src: CUdeviceptr, src_context: CUcontext, count: usize) => peer::memcpy_peer_sync;
+    fn cuMemcpyPeer_ptds(dst: CUdeviceptr, dst_context: CUcontext, src: CUdeviceptr, src_context: CUcontext, count: usize) => peer::memcpy_peer_sync_ptds;
+    fn cuMemcpyPeerAsync(dst: CUdeviceptr, dst_context: CUcontext, src: CUdeviceptr, src_context: CUcontext, count: usize, stream: CUstream) => peer::memcpy_peer_async;
+    fn cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dst_context: CUcontext, src: CUdeviceptr, src_context: CUcontext, count: usize, stream: CUstream) => peer::memcpy_peer_async_ptsz;
     fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, count: usize) => memory::memset_d8;
     fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, count: usize) => memory::memset_d8_ptds;
     fn cuMemsetD8Async(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream) => memory::memset_d8_async;

@@ -2,7 +2,9 @@
 //! memory the host sees too, so copies from and to it are zero-copy. A
 //! sorted registry maps pointers back to `(resource id, offset)`. Over the
 //! network carrier nothing is shared: the memory is this process's own, and
-//! copies from and to it travel on the connection as pageable ones do.
+//! copies from and to it travel on the connection as pageable ones do. A
+//! blob lives on the carrier of the context that allocated it: contexts of
+//! other carriers (`RGPU_DEVICES`) stage copies from and to it likewise.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -22,7 +24,10 @@ struct PinnedBlock {
     /// The context that allocated it (its `CUcontext` value) and its device.
     context: usize,
     device: i32,
-    /// The virtio-gpu contexts the blob is attached to; the first created it.
+    /// The carrier the blob is on (the allocating context's address space).
+    space: usize,
+    /// The virtio-gpu contexts of that carrier the blob is attached to; the
+    /// first created it.
     attached: Mutex<Vec<u32>>,
 }
 
@@ -35,12 +40,15 @@ pub(crate) struct Owner {
     /// Its virtio-gpu context.
     pub ctx_id: u32,
     pub device: i32,
+    /// Its carrier ([`crate::state::Context::space`]).
+    pub space: usize,
     /// Its `CUcontext` value.
     pub context: usize,
 }
 
-/// Allocates `size` bytes of blob memory for `owner` and returns its
-/// address; `buffer_id` is what pointer queries report for it.
+/// Allocates `size` bytes of blob memory for `owner` on `carrier` (its
+/// carrier) and returns its address; `buffer_id` is what pointer queries
+/// report for it.
 pub(crate) fn alloc(
     carrier: &dyn Carrier,
     owner: Owner,
@@ -63,6 +71,7 @@ pub(crate) fn alloc(
         buffer_id,
         context: owner.context,
         device: owner.device,
+        space: owner.space,
         attached: Mutex::new(vec![owner.ctx_id]),
     });
     PINNED
@@ -73,7 +82,11 @@ pub(crate) fn alloc(
 }
 
 /// Frees memory from [`alloc`]; `ptr` must be the address it returned.
-pub(crate) fn free(carrier: &dyn Carrier, ptr: *mut u8) -> Result<(), u32> {
+/// `carrier_of` gives the carrier of an address space.
+pub(crate) fn free<'a>(
+    carrier_of: impl FnOnce(usize) -> Result<&'a dyn Carrier, u32>,
+    ptr: *mut u8,
+) -> Result<(), u32> {
     let block = PINNED
         .write()
         .map_err(|_| CUDA_ERROR_UNKNOWN)?
@@ -87,7 +100,7 @@ pub(crate) fn free(carrier: &dyn Carrier, ptr: *mut u8) -> Result<(), u32> {
     }
     let owner = block.attached.lock().ok().and_then(|a| a.first().copied());
     match owner {
-        Some(ctx_id) => carrier
+        Some(ctx_id) => carrier_of(block.space)?
             .destroy_blob(ctx_id, block.resource_id)
             .map_err(carrier_error),
         None => {
@@ -103,15 +116,19 @@ pub(crate) fn free(carrier: &dyn Carrier, ptr: *mut u8) -> Result<(), u32> {
 }
 
 /// The blob range that holds `[ptr, ptr + len)` entirely, attaching the blob
-/// to virtio-gpu context `ctx_id` on first use there; `None` for memory that
-/// is not pinned.
+/// to virtio-gpu context `ctx_id` of `carrier` (address space `space`) on
+/// first use there; `None` for memory that is not pinned, or not on that
+/// carrier.
 pub(crate) fn blob_range(
     carrier: &dyn Carrier,
+    space: usize,
     ctx_id: u32,
     ptr: usize,
     len: u64,
 ) -> Result<Option<BlobRange>, u32> {
-    let Some((base, block)) = find(ptr, len).filter(|(_, b)| b.resource_id != LOCAL) else {
+    let Some((base, block)) =
+        find(ptr, len).filter(|(_, b)| b.resource_id != LOCAL && b.space == space)
+    else {
         return Ok(None);
     };
     {
@@ -194,9 +211,10 @@ pub(crate) fn lookup(ptr: usize) -> Option<PinnedRange> {
 }
 
 /// A destroyed context's blobs are detached by the host: forget them.
-pub(crate) fn forget_context(ctx_id: u32) {
+/// (Virtio-gpu context ids are per carrier: `space` says whose.)
+pub(crate) fn forget_context(space: usize, ctx_id: u32) {
     if let Ok(map) = PINNED.read() {
-        for block in map.values() {
+        for block in map.values().filter(|b| b.space == space) {
             if let Ok(mut attached) = block.attached.lock() {
                 attached.retain(|c| *c != ctx_id);
             }

@@ -8,7 +8,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use rgpu_proto::capset::{Capset, DeviceInfo};
+use rgpu_proto::capset::DeviceInfo;
 use rgpu_proto::channel::CompletionKind;
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::reply::FunctionInfo;
@@ -20,8 +20,22 @@ use crate::abi::{CUdevice, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 
 /// What `cuInit` set up.
 pub(crate) struct Driver {
-    pub carrier: Arc<dyn Carrier>,
-    pub primaries: Vec<Mutex<Primary>>,
+    /// The carriers: `RGPU_DEVICES`' entries in order, or the one the
+    /// environment selects. A carrier's index is also the address space of
+    /// its devices' memory (see [`crate::device_ranges`]): each daemon hands
+    /// out device pointers of its own, which may coincide with another's.
+    pub carriers: Vec<Arc<dyn Carrier>>,
+    /// The CUDA devices, by ordinal.
+    pub devices: Vec<Device>,
+}
+
+/// One CUDA device: a device that a carrier's daemon offers.
+pub(crate) struct Device {
+    /// Its carrier's index in [`Driver::carriers`].
+    pub carrier: usize,
+    /// As the carrier's capset describes it.
+    pub info: DeviceInfo,
+    pub primary: Mutex<Primary>,
 }
 
 /// A device's primary context: created at the first retain, closed when
@@ -55,23 +69,72 @@ pub(crate) fn driver() -> Result<&'static Driver, u32> {
 }
 
 impl Driver {
-    pub fn capset(&self) -> &Capset {
-        self.carrier.capset()
+    /// The devices the carriers offer. One carrier offers all of its
+    /// devices, as it always did; with several (`RGPU_DEVICES`), each
+    /// contributes its first: the host runs every session of a connection
+    /// on its daemon's first device, so a later one could not be reached.
+    /// `Err` names the carrier that offers none.
+    pub fn new(carriers: Vec<Arc<dyn Carrier>>) -> Result<Self, usize> {
+        let several = carriers.len() > 1;
+        let mut devices = Vec::new();
+        for (index, carrier) in carriers.iter().enumerate() {
+            let offered = &carrier.capset().devices;
+            if offered.is_empty() {
+                return Err(index);
+            }
+            let taken = if several { 1 } else { offered.len() };
+            if offered.len() > taken {
+                log::info!(
+                    "rgpu: RGPU_DEVICES entry {index} offers {} devices; using its first",
+                    offered.len()
+                );
+            }
+            devices.extend(offered.iter().take(taken).map(|info| Device {
+                carrier: index,
+                info: info.clone(),
+                primary: Mutex::new(Primary::default()),
+            }));
+        }
+        Ok(Self { carriers, devices })
+    }
+
+    /// `cuDriverGetVersion`: the oldest of the daemons' drivers, which every
+    /// device supports.
+    pub fn driver_version(&self) -> i32 {
+        self.carriers
+            .iter()
+            .map(|c| c.capset().driver_version)
+            .min()
+            .unwrap_or(0)
+    }
+
+    pub fn device_count(&self) -> usize {
+        self.devices.len()
+    }
+
+    fn slot(&self, device: CUdevice) -> Result<&Device, u32> {
+        usize::try_from(device)
+            .ok()
+            .and_then(|i| self.devices.get(i))
+            .ok_or(CUDA_ERROR_INVALID_DEVICE)
     }
 
     pub fn device(&self, device: CUdevice) -> Result<&DeviceInfo, u32> {
-        usize::try_from(device)
-            .ok()
-            .and_then(|i| self.capset().devices.get(i))
-            .ok_or(CUDA_ERROR_INVALID_DEVICE)
+        self.slot(device).map(|d| &d.info)
     }
 
     pub fn primary(&self, device: CUdevice) -> Result<&Mutex<Primary>, u32> {
-        self.device(device)?;
-        usize::try_from(device)
-            .ok()
-            .and_then(|i| self.primaries.get(i))
-            .ok_or(CUDA_ERROR_INVALID_DEVICE)
+        self.slot(device).map(|d| &d.primary)
+    }
+
+    /// The index of `device`'s carrier: its address space.
+    pub fn space_of(&self, device: CUdevice) -> Result<usize, u32> {
+        self.slot(device).map(|d| d.carrier)
+    }
+
+    /// The carrier of address space `space`.
+    pub fn carrier(&self, space: usize) -> Result<&Arc<dyn Carrier>, u32> {
+        self.carriers.get(space).ok_or(CUDA_ERROR_INVALID_DEVICE)
     }
 }
 
@@ -100,6 +163,9 @@ pub(crate) struct DeviceAllocation {
 /// A CUDA context: one channel to one host session.
 pub(crate) struct Context {
     pub device: CUdevice,
+    /// The carrier its device is on ([`Driver::space_of`]): where its
+    /// channel goes and which address space its device pointers are in.
+    pub space: usize,
     pub flags: AtomicU32,
     pub primary: bool,
     /// `cuCtxGetId`.
@@ -130,11 +196,12 @@ impl Context {
         flags: u32,
         primary: bool,
     ) -> Result<Arc<Self>, u32> {
-        driver.device(device)?;
-        let channel =
-            ContextChannel::open(driver.carrier.clone(), &process_name()).map_err(carrier_error)?;
+        let space = driver.space_of(device)?;
+        let channel = ContextChannel::open(driver.carrier(space)?.clone(), &process_name())
+            .map_err(carrier_error)?;
         Ok(Arc::new(Self {
             device,
+            space,
             flags: AtomicU32::new(flags),
             primary,
             id: new_id(),
@@ -176,8 +243,8 @@ impl Context {
     /// Gives a closed context a new channel (a new host session, empty): a
     /// primary context retained again after a release to zero or a reset.
     pub fn reopen(&self, driver: &Driver) -> Result<(), u32> {
-        let channel =
-            ContextChannel::open(driver.carrier.clone(), &process_name()).map_err(carrier_error)?;
+        let channel = ContextChannel::open(driver.carrier(self.space)?.clone(), &process_name())
+            .map_err(carrier_error)?;
         let mut guard = self.channel.write().map_err(|_| CUDA_ERROR_UNKNOWN)?;
         self.ctx_id.store(channel.ctx_id(), Ordering::Release);
         *guard = Some(channel);
@@ -287,7 +354,7 @@ impl Context {
         FUNCTIONS.retain(|f| f.context.is_alive());
         // The host freed the session's memory and modules with it.
         crate::device_ranges::forget_context(self.id);
-        crate::pinned::forget_context(self.ctx_id());
+        crate::pinned::forget_context(self.space, self.ctx_id());
     }
 }
 
@@ -445,6 +512,14 @@ pub(crate) fn set_current(ctx: Option<Arc<Context>>) {
     });
 }
 
+/// The live context with `cuCtxGetId` `id`.
+pub(crate) fn context_by_id(id: u64) -> Option<Arc<Context>> {
+    CONTEXTS
+        .values()
+        .into_iter()
+        .find(|c| c.id == id && c.is_alive())
+}
+
 /// Drops a destroyed context from this thread's stack.
 pub(crate) fn forget_current(ctx: &Arc<Context>) {
     STACK.with(|s| s.borrow_mut().retain(|c| !Arc::ptr_eq(c, ctx)));
@@ -496,4 +571,106 @@ pub(crate) fn sync_stream(per_thread: bool) -> u32 {
 /// error, invalid PC, timeout, unspecified launch failure).
 fn is_sticky(code: u32) -> bool {
     matches!(code, 700 | 702 | 714..=719)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rgpu_proto::capset::Capset;
+    use rgpu_transport::{BlobMapping, FenceToken};
+
+    /// A carrier that only has a capset.
+    struct Offering(Capset);
+
+    impl Carrier for Offering {
+        fn capset(&self) -> &Capset {
+            &self.0
+        }
+        fn create_context(&self, _: &str) -> Result<u32, CarrierError> {
+            Err(CarrierError::Unsupported("test"))
+        }
+        fn destroy_context(&self, _: u32) -> Result<(), CarrierError> {
+            Err(CarrierError::Unsupported("test"))
+        }
+        fn create_blob(&self, _: u32, _: u64) -> Result<BlobMapping, CarrierError> {
+            Err(CarrierError::Unsupported("test"))
+        }
+        fn attach_blob(&self, _: u32, _: u32) -> Result<(), CarrierError> {
+            Err(CarrierError::Unsupported("test"))
+        }
+        fn destroy_blob(&self, _: u32, _: u32) -> Result<(), CarrierError> {
+            Err(CarrierError::Unsupported("test"))
+        }
+        fn submit(&self, _: u32, _: &[u8], _: bool) -> Result<Option<FenceToken>, CarrierError> {
+            Err(CarrierError::Unsupported("test"))
+        }
+        fn wait_fence(&self, _: u32, _: FenceToken) -> Result<(), CarrierError> {
+            Err(CarrierError::Unsupported("test"))
+        }
+        fn raw_control(&self, _: &[u8], _: usize) -> Result<Vec<u8>, CarrierError> {
+            Err(CarrierError::Unsupported("test"))
+        }
+    }
+
+    /// A carrier offering devices named `names`, with driver `version`.
+    fn offering(version: i32, names: &[&str]) -> Arc<dyn Carrier> {
+        let devices = names
+            .iter()
+            .map(|name| DeviceInfo {
+                name: (*name).to_owned(),
+                uuid: [0; 16],
+                total_mem: 1 << 30,
+                host_ordinal: 0,
+                attributes: Vec::new(),
+            })
+            .collect();
+        Arc::new(Offering(Capset {
+            protocol_version: rgpu_proto::PROTOCOL_VERSION,
+            driver_version: version,
+            executor: "sim".into(),
+            devices,
+        }))
+    }
+
+    fn names(driver: &Driver) -> Vec<(String, usize)> {
+        driver
+            .devices
+            .iter()
+            .map(|d| (d.info.name.clone(), d.carrier))
+            .collect()
+    }
+
+    #[test]
+    fn one_carrier_offers_all_its_devices() {
+        let driver = Driver::new(vec![offering(13000, &["a", "b"])]).unwrap();
+        assert_eq!(names(&driver), [("a".into(), 0), ("b".into(), 0)]);
+        assert_eq!(driver.space_of(1), Ok(0));
+        assert_eq!(driver.device(2).err(), Some(CUDA_ERROR_INVALID_DEVICE));
+    }
+
+    #[test]
+    fn several_carriers_offer_their_first_device_each_in_order() {
+        let driver = Driver::new(vec![
+            offering(13000, &["a", "a2"]),
+            offering(12080, &["b"]),
+            offering(13010, &["c"]),
+        ])
+        .unwrap();
+        assert_eq!(
+            names(&driver),
+            [("a".into(), 0), ("b".into(), 1), ("c".into(), 2)]
+        );
+        assert_eq!(driver.device_count(), 3);
+        assert_eq!(driver.space_of(2), Ok(2));
+        assert_eq!(driver.space_of(-1), Err(CUDA_ERROR_INVALID_DEVICE));
+        assert_eq!(driver.driver_version(), 12080, "the oldest driver");
+        assert!(driver.carrier(2).is_ok());
+        assert!(driver.carrier(3).is_err());
+    }
+
+    #[test]
+    fn a_carrier_without_devices_is_named() {
+        let result = Driver::new(vec![offering(13000, &["a"]), offering(13000, &[])]);
+        assert_eq!(result.err(), Some(1));
+    }
 }

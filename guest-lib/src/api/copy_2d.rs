@@ -135,8 +135,8 @@ fn copy_rows(ctx: &Context, stream: u32, p: &Memcpy2D, sync: bool) -> Result<(),
         Side::Host(_) => Ok(None),
     };
     match (span(src, src_pitch)?, span(dst, dst_pitch)?) {
-        (Some(s), Some(d)) => device_ranges::check(&[s, d])?,
-        (Some(one), None) | (None, Some(one)) => device_ranges::check(&[one])?,
+        (Some(s), Some(d)) => device_ranges::check(ctx.space, &[s, d])?,
+        (Some(one), None) | (None, Some(one)) => device_ranges::check(ctx.space, &[one])?,
         (None, None) => {}
     }
     // Both sides contiguous: one copy of the whole block.

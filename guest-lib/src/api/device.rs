@@ -25,7 +25,7 @@ pub(crate) fn get_count(count: *mut c_int) -> Result<(), u32> {
     if count.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let n = driver()?.capset().devices.len();
+    let n = driver()?.device_count();
     write_out(count, c_int::try_from(n).unwrap_or(c_int::MAX))
 }
 
@@ -122,7 +122,7 @@ pub(crate) fn get_by_pci_bus_id(device: *mut CUdevice, bus_id: *const c_char) ->
         .to_str()
         .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
     let wanted = parse_pci_bus_id(text).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let count = driver()?.capset().devices.len();
+    let count = driver()?.device_count();
     for ordinal in 0..count {
         let ordinal = CUdevice::try_from(ordinal).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?;
         let id = (
@@ -151,7 +151,10 @@ fn parse_pci_bus_id(text: &str) -> Option<(c_int, c_int, c_int)> {
     Some((hex(domain)?, hex(bus)?, hex(device)?))
 }
 
-/// One GPU per guest device and no peer access between them: never.
+/// Never: each device is one GPU behind its own carrier (a daemon of its
+/// own with `RGPU_DEVICES`), and neither the host nor the network lets one
+/// daemon's kernels reach another's memory. Copies between devices are
+/// staged through this process instead ([`crate::api::peer`]).
 pub(crate) fn can_access_peer(
     can_access: *mut c_int,
     device: CUdevice,

@@ -1,13 +1,11 @@
 //! `cuInit` and `cuDriverGetVersion`.
 
-use std::ffi::{c_int, c_uint};
-use std::sync::Mutex;
-
 use rgpu_proto::cuda_result::*;
 use rgpu_transport::CarrierError;
+use std::ffi::{c_int, c_uint};
 
 use crate::abi::write_out;
-use crate::state::{self, Driver, Primary};
+use crate::state::{self, Driver};
 
 /// The CUDA version this library's proc-address table was recorded at;
 /// `cuDriverGetVersion` answers it before `cuInit` (NVIDIA's driver answers
@@ -22,9 +20,9 @@ pub(crate) fn init(flags: c_uint) -> Result<(), u32> {
 }
 
 fn open() -> Result<Driver, u32> {
-    let carrier = rgpu_transport::carrier::open_from_env().map_err(|e| {
+    let carriers = rgpu_transport::carrier::open_list_from_env().map_err(|e| {
         log::error!("rgpu: cuInit: cannot reach the rgpu device: {e}");
-        match e {
+        match e.root() {
             CarrierError::NotConfigured
             | CarrierError::NoDevice(_)
             | CarrierError::Connect { .. }
@@ -32,28 +30,35 @@ fn open() -> Result<Driver, u32> {
             _ => CUDA_ERROR_NOT_INITIALIZED,
         }
     })?;
-    let capset = carrier.capset();
-    if capset.devices.is_empty() {
-        log::error!("rgpu: cuInit: the host offers no GPU");
-        return Err(CUDA_ERROR_NO_DEVICE);
+    let several = carriers.len() > 1;
+    let driver = Driver::new(carriers).map_err(|index| {
+        if several {
+            log::error!("rgpu: cuInit: RGPU_DEVICES entry {index}: the host offers no GPU");
+        } else {
+            log::error!("rgpu: cuInit: the host offers no GPU");
+        }
+        CUDA_ERROR_NO_DEVICE
+    })?;
+    for (index, carrier) in driver.carriers.iter().enumerate() {
+        let capset = carrier.capset();
+        let entry = if several {
+            format!("RGPU_DEVICES entry {index}: ")
+        } else {
+            String::new()
+        };
+        log::info!(
+            "rgpu: {entry}{} device(s), host driver {}, executor {}",
+            capset.devices.len(),
+            capset.driver_version,
+            capset.executor
+        );
     }
-    log::info!(
-        "rgpu: {} device(s), host driver {}, executor {}",
-        capset.devices.len(),
-        capset.driver_version,
-        capset.executor
-    );
-    let primaries = capset
-        .devices
-        .iter()
-        .map(|_| Mutex::new(Primary::default()))
-        .collect();
-    Ok(Driver { carrier, primaries })
+    Ok(driver)
 }
 
 pub(crate) fn driver_get_version(version: *mut c_int) -> Result<(), u32> {
     let value = match state::driver() {
-        Ok(driver) => driver.capset().driver_version,
+        Ok(driver) => driver.driver_version(),
         Err(_) => RECORDED_DRIVER_VERSION,
     };
     write_out(version, value)
@@ -66,7 +71,8 @@ mod tests {
 
     #[test]
     fn without_a_device_everything_reports_its_state() {
-        if std::env::var_os("RGPU_SOCKET").is_some() {
+        let configured = ["RGPU_SOCKET", "RGPU_SERVER", "RGPU_DEVICES"];
+        if configured.iter().any(|v| std::env::var_os(v).is_some()) {
             return;
         }
         assert_eq!(cuInit(1), CUDA_ERROR_INVALID_VALUE);

@@ -10,6 +10,8 @@
 //! Every device range a copy or memset names is checked against
 //! [`device_ranges`] first: the host refuses the others, and an
 //! asynchronous refusal would surface only later, as a sticky error.
+//! Memory of another carrier's device (`RGPU_DEVICES`) is reached through a
+//! context of that device ([`peer`]).
 
 use std::ffi::{c_uint, c_void};
 
@@ -18,10 +20,11 @@ use rgpu_proto::reply::decode_u64s;
 use rgpu_proto::Command;
 
 use crate::abi::{bytes, bytes_mut, write_optional, write_out, CUdeviceptr, CUstream};
-use crate::device_ranges;
+use crate::api::peer;
+use crate::device_ranges::{self, Location};
 use crate::pinned;
 use crate::state::{
-    current, driver, new_id, resolve_stream, sync_stream, Context, DeviceAllocation,
+    current, driver, new_id, resolve_stream, sync_stream, Context, DeviceAllocation, CONTEXTS,
 };
 
 pub(crate) fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Result<(), u32> {
@@ -41,17 +44,30 @@ pub(crate) fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Result<(), u32> {
                 buffer_id: new_id(),
             },
         );
-    device_ranges::add_allocation(ctx.id, ptr, size as u64);
+    device_ranges::add_allocation(ctx.space, ctx.id, ptr, size as u64);
     write_out(dptr, ptr)
 }
 
 pub(crate) fn free(dptr: CUdeviceptr) -> Result<(), u32> {
-    let ctx = current()?;
+    let current = current()?;
     if dptr == 0 {
         return Ok(());
     }
+    // The allocation's own context frees it: natively any context may, and
+    // with several carriers (`RGPU_DEVICES`) only the owner's daemon can.
+    // The current context first, as addresses of two daemons may coincide.
+    let is_base = |c: &Context| c.allocation_at(dptr).is_some_and(|(base, _)| base == dptr);
+    let ctx = if is_base(&current) {
+        current
+    } else {
+        CONTEXTS
+            .values()
+            .into_iter()
+            .find(|c| c.is_alive() && is_base(c))
+            .unwrap_or(current)
+    };
     ctx.call(&Command::MemFree { device_ptr: dptr })?;
-    device_ranges::remove_allocation(dptr);
+    device_ranges::remove_allocation(ctx.space, dptr);
     ctx.allocations
         .lock()
         .map_err(|_| CUDA_ERROR_UNKNOWN)?
@@ -90,10 +106,11 @@ pub(crate) fn alloc_host(pp: *mut *mut c_void, size: usize) -> Result<(), u32> {
     let owner = pinned::Owner {
         ctx_id: ctx.ctx_id(),
         device: ctx.device,
+        space: ctx.space,
         context: std::sync::Arc::as_ptr(&ctx) as usize,
     };
     let ptr = pinned::alloc(
-        driver()?.carrier.as_ref(),
+        driver()?.carrier(ctx.space)?.as_ref(),
         owner,
         crate::state::new_id(),
         size as u64,
@@ -116,7 +133,8 @@ pub(crate) fn free_host(p: *mut c_void) -> Result<(), u32> {
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    pinned::free(driver()?.carrier.as_ref(), p.cast())
+    let driver = driver()?;
+    pinned::free(|space| Ok(driver.carrier(space)?.as_ref()), p.cast())
 }
 
 fn blob_range(
@@ -125,7 +143,8 @@ fn blob_range(
     len: usize,
 ) -> Result<Option<rgpu_proto::BlobRange>, u32> {
     pinned::blob_range(
-        driver()?.carrier.as_ref(),
+        driver()?.carrier(ctx.space)?.as_ref(),
+        ctx.space,
         ctx.ctx_id(),
         host as usize,
         len as u64,
@@ -143,8 +162,22 @@ pub(crate) fn htod(
     if len == 0 {
         return Ok(());
     }
-    device_ranges::check(&[(dst, len as u64)])?;
-    htod_unchecked(ctx, stream, dst, src, len, sync)
+    match device_ranges::locate(ctx.space, [(dst, len as u64)])? {
+        [Location::Here] => htod_unchecked(ctx, stream, dst, src, len, sync),
+        [elsewhere @ Location::Elsewhere { .. }] => {
+            let owner = peer::owner(elsewhere)?;
+            let target = owner.as_deref().unwrap_or(ctx);
+            peer::run_on(ctx, stream, target, sync, |c, s, sync| {
+                htod_unchecked(c, s, dst, src, len, sync)
+            })
+        }
+        [Location::Nowhere] => Err(not_device_memory(dst, len)),
+    }
+}
+
+fn not_device_memory(ptr: CUdeviceptr, len: usize) -> u32 {
+    log::debug!("rgpu: device range {ptr:#x}+{len:#x} is not this process's memory");
+    CUDA_ERROR_INVALID_VALUE
 }
 
 /// [`htod`] for a caller that has checked the device range itself.
@@ -196,8 +229,17 @@ pub(crate) fn dtoh(
     if len == 0 {
         return Ok(());
     }
-    device_ranges::check(&[(src, len as u64)])?;
-    dtoh_unchecked(ctx, stream, dst, src, len, sync)
+    match device_ranges::locate(ctx.space, [(src, len as u64)])? {
+        [Location::Here] => dtoh_unchecked(ctx, stream, dst, src, len, sync),
+        [elsewhere @ Location::Elsewhere { .. }] => {
+            let owner = peer::owner(elsewhere)?;
+            let target = owner.as_deref().unwrap_or(ctx);
+            peer::run_on(ctx, stream, target, sync, |c, s, sync| {
+                dtoh_unchecked(c, s, dst, src, len, sync)
+            })
+        }
+        [Location::Nowhere] => Err(not_device_memory(src, len)),
+    }
 }
 
 /// [`dtoh`] for a caller that has checked the device range itself.
@@ -249,8 +291,17 @@ pub(crate) fn dtod(
     if len == 0 {
         return Ok(());
     }
-    device_ranges::check(&[(dst, len as u64), (src, len as u64)])?;
-    dtod_unchecked(ctx, stream, dst, src, len, sync)
+    match device_ranges::locate(ctx.space, [(dst, len as u64), (src, len as u64)])? {
+        [Location::Here, Location::Here] => dtod_unchecked(ctx, stream, dst, src, len, sync),
+        [Location::Nowhere, _] => Err(not_device_memory(dst, len)),
+        [_, Location::Nowhere] => Err(not_device_memory(src, len)),
+        [to, from] => {
+            let (dst_owner, src_owner) = (peer::owner(to)?, peer::owner(from)?);
+            let dst_ctx = dst_owner.as_deref().unwrap_or(ctx);
+            let src_ctx = src_owner.as_deref().unwrap_or(ctx);
+            peer::device_to_device(ctx, stream, (dst_ctx, dst), (src_ctx, src), len, sync)
+        }
+    }
 }
 
 /// [`dtod`] for a caller that has checked both device ranges itself.
@@ -378,13 +429,22 @@ fn memset(
     let len = (count as u64)
         .checked_mul(u64::from(element_size))
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    device_ranges::check(&[(dst, len)])?;
-    ctx.send(&Command::Memset {
-        stream,
-        dst,
-        value,
-        element_size,
-        count: count as u64,
+    let owner = match device_ranges::locate(ctx.space, [(dst, len)])? {
+        [Location::Nowhere] => {
+            log::debug!("rgpu: device range {dst:#x}+{len:#x} is not this process's memory");
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        [location] => peer::owner(location)?,
+    };
+    let target = owner.as_deref().unwrap_or(ctx);
+    peer::run_on(ctx, stream, target, false, |c, stream, _| {
+        c.send(&Command::Memset {
+            stream,
+            dst,
+            value,
+            element_size,
+            count: count as u64,
+        })
     })
 }
 

@@ -67,7 +67,7 @@ fn new_pool(device: CUdevice) -> *mut c_void {
 
 /// The default and current pools of `device`, made on first use.
 fn device_pools(device: CUdevice) -> Result<(usize, usize), u32> {
-    let count = driver()?.capset().devices.len();
+    let count = driver()?.device_count();
     if usize::try_from(device).map_or(true, |d| d >= count) {
         return Err(CUDA_ERROR_INVALID_DEVICE);
     }

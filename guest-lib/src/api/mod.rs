@@ -17,6 +17,7 @@ pub mod memory;
 pub mod memory_pool;
 pub mod module;
 pub mod occupancy;
+pub mod peer;
 pub mod pointer;
 pub mod primary_context;
 pub mod proc_address;

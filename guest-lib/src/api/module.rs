@@ -184,7 +184,13 @@ pub(crate) fn module_global(object: &Module, name: &[u8]) -> Result<(u64, u64), 
         name: name.to_vec(),
     })?;
     let [ptr, size] = decode_u64s::<2>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
-    crate::device_ranges::add_global(object.context.id, object.handle, ptr, size);
+    crate::device_ranges::add_global(
+        object.context.space,
+        object.context.id,
+        object.handle,
+        ptr,
+        size,
+    );
     Ok((ptr, size))
 }
 

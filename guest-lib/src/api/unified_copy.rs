@@ -4,12 +4,15 @@
 //! global: [`crate::device_ranges`]) is device memory, anything else is
 //! host memory (page-locked or not: the host-side paths tell those apart).
 //! A device side that runs past its range is `CUDA_ERROR_INVALID_VALUE`.
+//! A side in another carrier's device memory (`RGPU_DEVICES`) is reached
+//! through a context of that device ([`crate::api::peer`]).
 
 use std::ffi::c_void;
 
 use crate::abi::{CUdeviceptr, CUstream};
 use crate::api::memory::{dtod_unchecked, dtoh_unchecked, htod_unchecked};
-use crate::device_ranges;
+use crate::api::peer;
+use crate::device_ranges::{self, Location};
 use crate::state::{current, resolve_stream, sync_stream, Context};
 
 fn copy(
@@ -24,12 +27,18 @@ fn copy(
         return Ok(());
     }
     // One lookup tells the direction and checks the device sides.
-    match device_ranges::classify([dst, src], len as u64)? {
-        [true, true] => dtod_unchecked(ctx, stream, dst, src, len, sync),
-        [true, false] => htod_unchecked(ctx, stream, dst, src as *const c_void, len, sync),
-        // Into host memory the copy completes before returning either way.
-        [false, true] => dtoh_unchecked(ctx, stream, dst as *mut c_void, src, len, true),
-        [false, false] => {
+    let [to, from] = device_ranges::locate(ctx.space, [(dst, len as u64), (src, len as u64)])?;
+    let (dst_owner, src_owner) = match (to, from) {
+        (Location::Nowhere, Location::Nowhere) => (None, None),
+        (Location::Nowhere, from) => (None, peer::owner(from)?),
+        (to, Location::Nowhere) => (peer::owner(to)?, None),
+        (to, from) => (peer::owner(to)?, peer::owner(from)?),
+    };
+    let dst_ctx = dst_owner.as_deref().unwrap_or(ctx);
+    let src_ctx = src_owner.as_deref().unwrap_or(ctx);
+    match (to, from) {
+        (Location::Here, Location::Here) => dtod_unchecked(ctx, stream, dst, src, len, sync),
+        (Location::Nowhere, Location::Nowhere) => {
             if sync {
                 ctx.call(&rgpu_proto::Command::StreamSynchronize { stream })?;
             }
@@ -38,6 +47,14 @@ fn copy(
             unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
             Ok(())
         }
+        (_, Location::Nowhere) => peer::run_on(ctx, stream, dst_ctx, sync, |c, s, sync| {
+            htod_unchecked(c, s, dst, src as *const c_void, len, sync)
+        }),
+        // Into host memory the copy completes before returning either way.
+        (Location::Nowhere, _) => peer::run_on(ctx, stream, src_ctx, true, |c, s, _| {
+            dtoh_unchecked(c, s, dst as *mut c_void, src, len, true)
+        }),
+        _ => peer::device_to_device(ctx, stream, (dst_ctx, dst), (src_ctx, src), len, sync),
     }
 }
 

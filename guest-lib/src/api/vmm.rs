@@ -186,7 +186,7 @@ pub(crate) fn address_reserve(
         .try_into()
         .map_err(|_| CUDA_ERROR_UNKNOWN)?;
     let reserved = u64::from_le_bytes(bytes);
-    device_ranges::add_allocation(ctx.id, reserved, size as u64);
+    device_ranges::add_allocation(ctx.space, ctx.id, reserved, size as u64);
     write_out(ptr, reserved)
 }
 
@@ -196,7 +196,7 @@ pub(crate) fn address_free(ptr: CUdeviceptr, size: usize) -> Result<(), u32> {
         address: ptr,
         size: size as u64,
     })?;
-    device_ranges::remove_allocation(ptr);
+    device_ranges::remove_allocation(ctx.space, ptr);
     Ok(())
 }
 

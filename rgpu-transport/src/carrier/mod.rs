@@ -8,8 +8,12 @@
 //! - [`remote`]: a daemon's `--listen` address over TLS
 //!   (`RGPU_SERVER=tls://HOST:PORT`), with no shared memory.
 //!
+//! `RGPU_DEVICES` lists several carriers, one CUDA device each
+//! ([`device_list`]).
+//!
 //! Everything above this trait (the channel, the CUDA API) is shared.
 
+pub mod device_list;
 pub mod drm;
 pub mod local;
 pub mod remote;
@@ -84,6 +88,33 @@ pub enum CarrierError {
     /// The daemon refused this client (the text says why and what to do).
     #[error("{0}")]
     Refused(String),
+    /// `RGPU_DEVICES` as a whole cannot be read.
+    #[error("RGPU_DEVICES: {0}")]
+    BadDeviceList(String),
+    /// An `RGPU_DEVICES` entry that is not a carrier.
+    #[error("RGPU_DEVICES entry {index} ({entry:?}): {reason}")]
+    BadDeviceEntry {
+        index: usize,
+        entry: String,
+        reason: String,
+    },
+    /// An `RGPU_DEVICES` entry whose carrier did not open.
+    #[error("RGPU_DEVICES entry {index} ({entry:?}): {source}")]
+    DeviceEntry {
+        index: usize,
+        entry: String,
+        source: Box<CarrierError>,
+    },
+}
+
+impl CarrierError {
+    /// The error itself, without the `RGPU_DEVICES` entry it came from.
+    pub fn root(&self) -> &CarrierError {
+        match self {
+            Self::DeviceEntry { source, .. } => source.root(),
+            other => other,
+        }
+    }
 }
 
 /// A blob resource: guest memory that the host sees too, mapped here.
@@ -140,12 +171,29 @@ pub trait Carrier: Send + Sync {
     }
 }
 
-/// Opens the carrier the environment selects: `RGPU_SERVER=tls://HOST:PORT`
+/// Opens every carrier the environment selects, in device order:
+/// `RGPU_DEVICES`' entries when it is set, otherwise the one carrier of
+/// [`open_from_env`].
+pub fn open_list_from_env() -> Result<Vec<Arc<dyn Carrier>>, CarrierError> {
+    match device_list::from_env()? {
+        Some(specs) => device_list::open_all(&specs, Path::new(drm::DRI_DIR)),
+        None => open_from_env().map(|carrier| vec![carrier]),
+    }
+}
+
+/// Opens the one carrier the environment selects: the first entry of
+/// `RGPU_DEVICES` when it is set (for users of one carrier, such as rgpu's
+/// NVML: they see the first device); else `RGPU_SERVER=tls://HOST:PORT`
 /// connects to a remote daemon; `RGPU_SOCKET=PATH` to a local one;
 /// otherwise the render node of `/dev/dri` whose virtio-gpu device offers
 /// the rgpu capset; otherwise an error that says what was looked for and
 /// found ([`CarrierError::NoDevice`]).
 pub fn open_from_env() -> Result<Arc<dyn Carrier>, CarrierError> {
+    if let Some(first) = device_list::from_env()?.and_then(|specs| specs.into_iter().next()) {
+        return device_list::open_all(&[first], Path::new(drm::DRI_DIR))?
+            .pop()
+            .ok_or(CarrierError::NotConfigured);
+    }
     if let Some(url) = std::env::var("RGPU_SERVER").ok().filter(|u| !u.is_empty()) {
         let name = crate::process_tag::process_name();
         return Ok(Arc::new(remote::RemoteCarrier::connect(&url, &name)?));
