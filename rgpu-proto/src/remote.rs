@@ -35,6 +35,9 @@ pub const MAX_TEXT: usize = 1024;
 pub const MAX_COPY_FROM_DEVICE: u64 = 1 << 30;
 /// Largest module image, all its pieces together.
 pub const MAX_IMAGE: usize = 1 << 30;
+/// A query's answer when the completion table cannot tell: ask through the
+/// channel (behind its queued work).
+pub const QUERY_ASK: u32 = u32::MAX;
 /// Bytes of the token that ties a channel connection to its process.
 pub const TOKEN_BYTES: usize = 16;
 
@@ -49,11 +52,20 @@ pub enum HelloRole {
         token: [u8; TOKEN_BYTES],
         name: String,
     },
+    /// The query connection of that process's channel `ctx_id`: event and
+    /// stream queries answered from the host's completion table, never
+    /// behind the channel's own calls.
+    Query {
+        token: [u8; TOKEN_BYTES],
+        ctx_id: u32,
+    },
 }
 
-/// Client to gateway.
+/// Client to gateway. Bytes are borrowed: from the application's buffers
+/// when sent, from the frame when received, so a copy's data is never
+/// copied for the stream's sake.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Request {
+pub enum Request<'a> {
     Hello {
         version: u32,
         role: HelloRole,
@@ -61,11 +73,11 @@ pub enum Request {
     /// An encoded command that wants no answer (errors come with the next
     /// call's).
     Send {
-        command: Vec<u8>,
+        command: &'a [u8],
     },
     /// An encoded command; answered by [`Response::Reply`].
     Call {
-        command: Vec<u8>,
+        command: &'a [u8],
     },
     /// A piece of a copy to device memory at `dst`; with `sync`, answered
     /// by [`Response::Result`] once the copy (and all before it) is done.
@@ -73,7 +85,7 @@ pub enum Request {
         stream: u32,
         dst: u64,
         sync: bool,
-        data: Vec<u8>,
+        data: &'a [u8],
     },
     /// A copy of `length` bytes from device memory at `src`: answered by
     /// [`Response::Data`] pieces in order, then a [`Response::Result`].
@@ -82,17 +94,26 @@ pub enum Request {
         src: u64,
         length: u64,
     },
+    /// On a query connection: is event (`stream` false) or stream `handle`
+    /// done, once the channel's first `after` requests have reached the
+    /// host? Answered by [`Response::Result`]: CUDA_SUCCESS, NOT_READY, or
+    /// [`QUERY_ASK`].
+    Query {
+        after: u64,
+        stream: bool,
+        handle: u32,
+    },
     /// A piece of the next module image (images can be larger than a
     /// frame); not answered.
     ImagePiece {
-        data: Vec<u8>,
+        data: &'a [u8],
     },
     /// A module load (`ModuleLoadHashed` encoded with an empty image
     /// range) and the last piece of its image; answered by
     /// [`Response::Reply`].
     LoadModule {
-        command: Vec<u8>,
-        image: Vec<u8>,
+        command: &'a [u8],
+        image: &'a [u8],
     },
 }
 
@@ -136,6 +157,7 @@ mod kind {
     pub const COPY_FROM_DEVICE: u8 = 5;
     pub const LOAD_MODULE: u8 = 6;
     pub const IMAGE_PIECE: u8 = 7;
+    pub const QUERY: u8 = 8;
     pub const WELCOME: u8 = 0x81;
     pub const REFUSED: u8 = 0x82;
     pub const REPLY: u8 = 0x83;
@@ -146,6 +168,7 @@ mod kind {
 
 const ROLE_PROCESS: u8 = 0;
 const ROLE_CHANNEL: u8 = 1;
+const ROLE_QUERY: u8 = 2;
 
 /// Starts a frame of `kind` in `w` (its length is patched by [`finish`]).
 fn start(kind: u8, capacity: usize) -> WireWriter {
@@ -187,10 +210,50 @@ pub fn frame_length(header: [u8; 4]) -> Result<usize, DecodeError> {
     Ok(length)
 }
 
-impl Request {
+/// Frames up to this size are written in one piece (one TLS record, one
+/// system call); larger ones as their head, then their bytes.
+const WRITE_WHOLE: usize = 64 << 10;
+
+/// Writes a frame whose fixed part is `head` (length word included, to be
+/// patched) and whose tail is `tail`.
+fn write_frame(
+    mut head: WireWriter,
+    tail: &[u8],
+    out: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    let body = u32::try_from(head.len() - 4 + tail.len()).unwrap_or(u32::MAX);
+    head.patch_u32(0, body);
+    if tail.len() <= WRITE_WHOLE {
+        head.raw(tail);
+        out.write_all(head.as_bytes())
+    } else {
+        out.write_all(head.as_bytes())?;
+        out.write_all(tail)
+    }
+}
+
+impl Request<'_> {
     /// The whole frame, header included.
     pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        // Writing to a vector cannot fail.
+        let _ = self.write_to(&mut out);
+        out
+    }
+
+    /// The bytes of the frame's variable part (a copy's data, a command).
+    pub fn tail_len(&self) -> usize {
         match self {
+            Request::Hello { .. } | Request::CopyFromDevice { .. } | Request::Query { .. } => 0,
+            Request::Send { command } | Request::Call { command } => command.len(),
+            Request::CopyToDevice { data, .. } | Request::ImagePiece { data } => data.len(),
+            Request::LoadModule { command, image } => command.len() + image.len(),
+        }
+    }
+
+    /// Writes the frame to `out` (a copy's data straight from its slice).
+    pub fn write_to(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        let (head, tail): (WireWriter, &[u8]) = match self {
             Request::Hello { version, role } => {
                 let mut w = start(kind::HELLO, 64);
                 w.raw(&HELLO_MAGIC).u32(*version);
@@ -203,28 +266,23 @@ impl Request {
                             .raw(token)
                             .bytes_with_len(name.as_bytes());
                     }
+                    HelloRole::Query { token, ctx_id } => {
+                        w.u8(ROLE_QUERY).raw(token).u32(*ctx_id);
+                    }
                 }
-                finish(w)
+                (w, &[])
             }
-            Request::Send { command } => {
-                let mut w = start(kind::SEND, command.len());
-                w.raw(command);
-                finish(w)
-            }
-            Request::Call { command } => {
-                let mut w = start(kind::CALL, command.len());
-                w.raw(command);
-                finish(w)
-            }
+            Request::Send { command } => (start(kind::SEND, command.len()), command),
+            Request::Call { command } => (start(kind::CALL, command.len()), command),
             Request::CopyToDevice {
                 stream,
                 dst,
                 sync,
                 data,
             } => {
-                let mut w = start(kind::COPY_TO_DEVICE, data.len() + 16);
-                w.u32(*stream).u64(*dst).u8(u8::from(*sync)).raw(data);
-                finish(w)
+                let mut w = start(kind::COPY_TO_DEVICE, 16);
+                w.u32(*stream).u64(*dst).u8(u8::from(*sync));
+                (w, data)
             }
             Request::CopyFromDevice {
                 stream,
@@ -233,23 +291,31 @@ impl Request {
             } => {
                 let mut w = start(kind::COPY_FROM_DEVICE, 20);
                 w.u32(*stream).u64(*src).u64(*length);
-                finish(w)
+                (w, &[])
             }
-            Request::ImagePiece { data } => {
-                let mut w = start(kind::IMAGE_PIECE, data.len());
-                w.raw(data);
-                finish(w)
+            Request::ImagePiece { data } => (start(kind::IMAGE_PIECE, 0), data),
+            Request::Query {
+                after,
+                stream,
+                handle,
+            } => {
+                let mut w = start(kind::QUERY, 13);
+                w.u64(*after).u8(u8::from(*stream)).u32(*handle);
+                (w, &[])
             }
             Request::LoadModule { command, image } => {
-                let mut w = start(kind::LOAD_MODULE, command.len() + image.len() + 8);
-                w.bytes_with_len(command).raw(image);
-                finish(w)
+                let mut w = start(kind::LOAD_MODULE, command.len() + 8);
+                w.bytes_with_len(command);
+                (w, image)
             }
-        }
+        };
+        write_frame(head, tail, out)
     }
+}
 
-    /// Decodes a frame body (after its length).
-    pub fn decode(body: &[u8]) -> Result<Self, DecodeError> {
+impl<'a> Request<'a> {
+    /// Decodes a frame body (after its length), borrowing its bytes.
+    pub fn decode(body: &'a [u8]) -> Result<Self, DecodeError> {
         let mut r = WireReader::new(body);
         let request = match r.u8()? {
             kind::HELLO => {
@@ -268,6 +334,10 @@ impl Request {
                         token: token(&mut r)?,
                         name: text(&mut r)?,
                     },
+                    ROLE_QUERY => HelloRole::Query {
+                        token: token(&mut r)?,
+                        ctx_id: r.u32()?,
+                    },
                     other => {
                         return Err(DecodeError::InvalidField {
                             field: "role",
@@ -278,10 +348,10 @@ impl Request {
                 Request::Hello { version, role }
             }
             kind::SEND => Request::Send {
-                command: r.take(r.remaining())?.to_vec(),
+                command: r.take(r.remaining())?,
             },
             kind::CALL => Request::Call {
-                command: r.take(r.remaining())?.to_vec(),
+                command: r.take(r.remaining())?,
             },
             kind::COPY_TO_DEVICE => {
                 let stream = r.u32()?;
@@ -296,7 +366,7 @@ impl Request {
                         })
                     }
                 };
-                let data = r.take(r.remaining())?.to_vec();
+                let data = r.take(r.remaining())?;
                 if data.is_empty() || data.len() > MAX_DATA_PIECE {
                     return Err(DecodeError::LengthOutOfRange {
                         length: data.len() as u64,
@@ -327,11 +397,25 @@ impl Request {
                 }
             }
             kind::IMAGE_PIECE => Request::ImagePiece {
-                data: r.take(r.remaining())?.to_vec(),
+                data: r.take(r.remaining())?,
+            },
+            kind::QUERY => Request::Query {
+                after: r.u64()?,
+                stream: match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    other => {
+                        return Err(DecodeError::InvalidField {
+                            field: "query kind",
+                            value: other.into(),
+                        })
+                    }
+                },
+                handle: r.u32()?,
             },
             kind::LOAD_MODULE => Request::LoadModule {
-                command: r.bytes_with_len(4096)?.to_vec(),
-                image: r.take(r.remaining())?.to_vec(),
+                command: r.bytes_with_len(4096)?,
+                image: r.take(r.remaining())?,
             },
             other => {
                 return Err(DecodeError::InvalidField {
@@ -343,6 +427,19 @@ impl Request {
         r.finish()?;
         Ok(request)
     }
+}
+
+/// The head of a [`Response::Data`] frame of `length` bytes (the bytes
+/// follow): a sender writes the head, then the bytes from where they are.
+pub fn data_head(length: usize) -> [u8; 5] {
+    let body = u32::try_from(length + 1).unwrap_or(u32::MAX).to_le_bytes();
+    [body[0], body[1], body[2], body[3], kind::DATA]
+}
+
+/// Whether a frame's kind byte says [`Response::Data`] (whose bytes a
+/// receiver may read straight into place).
+pub fn is_data(kind_byte: u8) -> bool {
+    kind_byte == kind::DATA
 }
 
 impl Response {
@@ -442,6 +539,8 @@ mod tests {
 
     #[test]
     fn requests_round_trip() {
+        // Past the size written in one piece.
+        let big = vec![0x5a; MAX_DATA_PIECE];
         let requests = [
             Request::Hello {
                 version: REMOTE_VERSION,
@@ -457,28 +556,42 @@ mod tests {
                 },
             },
             Request::Send {
-                command: vec![1, 2, 3, 4, 5, 6, 7, 8],
+                command: &[1, 2, 3, 4, 5, 6, 7, 8],
             },
-            Request::Call {
-                command: vec![9; 24],
-            },
+            Request::Call { command: &[9; 24] },
             Request::CopyToDevice {
                 stream: 3,
                 dst: 0x7f00_0000_1000,
                 sync: true,
-                data: vec![0xab; 4096],
+                data: &[0xab; 4096],
+            },
+            Request::CopyToDevice {
+                stream: 3,
+                dst: 0x7f00_0000_1000,
+                sync: false,
+                data: &big,
             },
             Request::CopyFromDevice {
                 stream: 0,
                 src: 0x7f00_0000_2000,
                 length: 1 << 20,
             },
-            Request::ImagePiece {
-                data: vec![3; 4096],
+            Request::ImagePiece { data: &[3; 4096] },
+            Request::Query {
+                after: 17,
+                stream: true,
+                handle: 3,
+            },
+            Request::Hello {
+                version: REMOTE_VERSION,
+                role: HelloRole::Query {
+                    token: [9; TOKEN_BYTES],
+                    ctx_id: 4,
+                },
             },
             Request::LoadModule {
-                command: vec![1; 48],
-                image: vec![2; 100],
+                command: &[1; 48],
+                image: &[2; 100],
             },
         ];
         for request in requests {
@@ -534,7 +647,7 @@ mod tests {
             stream: 0,
             dst: 0,
             sync: false,
-            data: vec![1],
+            data: &[1],
         }
         .encode();
         copy[4 + 13] = 2;
@@ -555,6 +668,19 @@ mod tests {
         for end in 0..frame.len() - 4 {
             assert!(Request::decode(&frame[4..4 + end]).is_err());
         }
+    }
+
+    #[test]
+    fn a_data_head_and_its_bytes_make_a_data_frame() {
+        let mut frame = data_head(3).to_vec();
+        frame.extend_from_slice(&[7, 8, 9]);
+        assert!(is_data(frame[4]));
+        assert_eq!(
+            Response::decode(body(&frame)),
+            Ok(Response::Data {
+                data: vec![7, 8, 9]
+            })
+        );
     }
 
     #[test]

@@ -19,9 +19,10 @@ pub enum ContextChannel {
 impl ContextChannel {
     /// A new channel (a new host session) on `carrier`.
     pub fn open(carrier: Arc<dyn Carrier>, debug_name: &str) -> Result<Self, CarrierError> {
-        match carrier.remote() {
-            Some(remote) => Ok(Self::Remote(RemoteChannel::open(remote, debug_name)?)),
-            None => Ok(Self::Ring(Channel::open(carrier, debug_name)?)),
+        if carrier.remote().is_some() {
+            Ok(Self::Remote(RemoteChannel::open(carrier, debug_name)?))
+        } else {
+            Ok(Self::Ring(Channel::open(carrier, debug_name)?))
         }
     }
 
@@ -88,12 +89,12 @@ impl ContextChannel {
         }
     }
 
-    /// What the host's completion table says, without asking the host; a
-    /// remote channel has no table here and always asks.
+    /// What the host's completion table says, without waiting behind the
+    /// channel's work (a remote channel asks on its query connection).
     pub fn completion(&self, kind: CompletionKind, handle: u32) -> Completion {
         match self {
             Self::Ring(c) => c.completion(kind, handle),
-            Self::Remote(_) => Completion::Ask,
+            Self::Remote(c) => c.completion(kind, handle),
         }
     }
 

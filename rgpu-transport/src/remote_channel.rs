@@ -4,45 +4,203 @@
 //! its own answer; asynchronous commands and copies to the device are
 //! written and not waited for, and large copies travel in pieces that the
 //! gateway stages while the next piece is on the wire.
+//!
+//! Asynchronous commands are batched: queued, and written with the next
+//! call, or by the channel's flusher thread within [`BATCH_WINDOW`] of the
+//! first one queued (so work that another thread or process waits for
+//! never stays behind).
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use rgpu_proto::remote::{
     HelloRole, Request, Response, MAX_COPY_FROM_DEVICE, MAX_DATA_PIECE, MAX_IMAGE,
 };
 use rgpu_proto::{BlobRange, Command};
 
-use crate::carrier::remote::{FrameStream, RemoteCarrier};
-use crate::carrier::CarrierError;
-use crate::channel::Reply;
+use crate::carrier::remote::{FrameStream, Received, RemoteCarrier};
+use crate::carrier::{Carrier, CarrierError};
+use crate::channel::{Completion, Reply};
+use rgpu_proto::channel::CompletionKind;
+use rgpu_proto::cuda_result::{CUDA_ERROR_NOT_READY, CUDA_SUCCESS};
 
-pub struct RemoteChannel {
-    ctx_id: u32,
+/// How long queued asynchronous commands wait for more before the
+/// flusher writes them.
+pub const BATCH_WINDOW: Duration = Duration::from_micros(20);
+
+/// What the channel and its flusher share.
+struct Shared {
     /// The connection, or why it is unusable (every later call fails so).
     stream: Mutex<Result<FrameStream, String>>,
+    /// The connection's count of requests, readable while a call holds it.
+    sent: Arc<AtomicU64>,
+    closed: AtomicBool,
+}
+
+/// The query connection, opened with the channel.
+enum QueryConnection {
+    NotOpened,
+    Open(FrameStream),
+    /// It could not be opened or broke: queries go through the channel.
+    Failed,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Result<FrameStream, String>> {
+        self.stream.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes what is queued; a failure breaks the channel.
+    fn flush(&self) {
+        let mut guard = self.lock();
+        if let Ok(stream) = guard.as_mut() {
+            if let Err(e) = stream.flush() {
+                *guard = Err(e.to_string());
+            }
+        }
+    }
+}
+
+pub struct RemoteChannel {
+    /// The process's carrier: its connection must outlive the channel (the
+    /// gateway ends a process's channels with it).
+    _carrier: Arc<dyn Carrier>,
+    ctx_id: u32,
+    shared: Arc<Shared>,
+    flusher: Option<JoinHandle<()>>,
+    queries: Mutex<QueryConnection>,
+}
+
+impl Drop for RemoteChannel {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::Release);
+        if let Some(flusher) = self.flusher.take() {
+            flusher.thread().unpark();
+            let _ = flusher.join();
+        }
+        // What was queued still reaches the host before the connection
+        // closes.
+        self.shared.flush();
+    }
+}
+
+/// The flusher: parked until a command is queued on an empty queue, then
+/// writes the queue after the batch window.
+fn flush_batches(shared: Arc<Shared>) {
+    loop {
+        std::thread::park();
+        if shared.closed.load(Ordering::Acquire) {
+            return;
+        }
+        std::thread::sleep(BATCH_WINDOW);
+        shared.flush();
+    }
 }
 
 impl RemoteChannel {
-    /// Opens a channel of `carrier`'s process on the daemon.
-    pub fn open(carrier: &RemoteCarrier, debug_name: &str) -> Result<Self, CarrierError> {
-        let mut stream = carrier.endpoint().connect()?;
+    /// Opens a channel of `carrier`'s process on the daemon (`carrier` must
+    /// be a network carrier).
+    pub fn open(carrier: Arc<dyn Carrier>, debug_name: &str) -> Result<Self, CarrierError> {
+        let remote: &RemoteCarrier = carrier.remote().ok_or(CarrierError::Unsupported(
+            "a remote channel on a carrier with shared memory",
+        ))?;
+        let mut stream = remote.endpoint().connect()?;
         let (_, ctx_id, _) = stream.hello(HelloRole::Channel {
-            token: carrier.token(),
+            token: remote.token(),
             name: debug_name.into(),
         })?;
-        Ok(Self {
-            ctx_id,
+        let shared = Arc::new(Shared {
+            sent: stream.sent_counter(),
             stream: Mutex::new(Ok(stream)),
-        })
+            closed: AtomicBool::new(false),
+        });
+        let flushed = Arc::clone(&shared);
+        let flusher = std::thread::Builder::new()
+            .name("rgpu-remote-flush".into())
+            .spawn(move || flush_batches(flushed))?;
+        Ok(Self {
+            _carrier: carrier,
+            ctx_id,
+            shared,
+            flusher: Some(flusher),
+            queries: Mutex::new(QueryConnection::NotOpened),
+        }
+        .with_query_connection())
+    }
+
+    /// Opens the query connection now (its handshake would cost the first
+    /// query a millisecond); without one, queries go through the channel.
+    fn with_query_connection(self) -> Self {
+        let opened = match self.open_queries() {
+            Ok(stream) => QueryConnection::Open(stream),
+            Err(e) => {
+                log::debug!("rgpu: no query connection (queries go through the channel): {e}");
+                QueryConnection::Failed
+            }
+        };
+        *self.queries.lock().unwrap_or_else(|e| e.into_inner()) = opened;
+        self
+    }
+
+    /// Whether event or stream `handle` is done, from the host's completion
+    /// table, on the query connection: never behind another thread's call
+    /// on this channel. The host answers once everything this channel sent
+    /// before has reached it.
+    pub fn completion(&self, kind: CompletionKind, handle: u32) -> Completion {
+        let after = self.shared.sent.load(Ordering::Acquire);
+        // What this thread queued must be on its way (a thread in a call
+        // holds the lock, and flushed the queue when it sent).
+        if let Ok(mut guard) = self.shared.stream.try_lock() {
+            if let Ok(stream) = guard.as_mut() {
+                if let Err(e) = stream.flush() {
+                    *guard = Err(e.to_string());
+                }
+            }
+        }
+        let mut queries = self.queries.lock().unwrap_or_else(|e| e.into_inner());
+        let QueryConnection::Open(stream) = &mut *queries else {
+            return Completion::Ask;
+        };
+        let asked = stream
+            .send(&Request::Query {
+                after,
+                stream: kind == CompletionKind::Stream,
+                handle,
+            })
+            .and_then(|()| stream.receive());
+        match asked {
+            Ok(Response::Result {
+                result: CUDA_SUCCESS,
+            }) => Completion::Done,
+            Ok(Response::Result {
+                result: CUDA_ERROR_NOT_READY,
+            }) => Completion::Pending,
+            Ok(_) => Completion::Ask,
+            Err(e) => {
+                log::debug!("rgpu: the query connection broke: {e}");
+                *queries = QueryConnection::Failed;
+                Completion::Ask
+            }
+        }
+    }
+
+    fn open_queries(&self) -> Result<FrameStream, CarrierError> {
+        let remote = self._carrier.remote().ok_or(CarrierError::Unsupported(
+            "queries without a network carrier",
+        ))?;
+        let mut stream = remote.endpoint().connect()?;
+        stream.hello(HelloRole::Query {
+            token: remote.token(),
+            ctx_id: self.ctx_id,
+        })?;
+        Ok(stream)
     }
 
     /// The context's id on the host (log lines there name it).
     pub fn ctx_id(&self) -> u32 {
         self.ctx_id
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Result<FrameStream, String>> {
-        self.stream.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs `exchange` on the connection; a failure that leaves the stream
@@ -51,7 +209,7 @@ impl RemoteChannel {
         &self,
         exchange: impl FnOnce(&mut FrameStream) -> Result<R, CarrierError>,
     ) -> Result<R, CarrierError> {
-        let mut guard = self.lock();
+        let mut guard = self.shared.lock();
         let stream = match guard.as_mut() {
             Ok(stream) => stream,
             Err(reason) => return Err(CarrierError::ContextLost(reason.clone())),
@@ -65,15 +223,22 @@ impl RemoteChannel {
         }
     }
 
+    /// Queues an asynchronous command (see the module's batching).
     pub fn send(&self, command: &Command) -> Result<(), CarrierError> {
         let command = command.to_bytes(0);
-        self.with_stream(|s| s.send(&Request::Send { command }))
+        let first = self.with_stream(|s| s.queue(&Request::Send { command: &command }))?;
+        if first {
+            if let Some(flusher) = &self.flusher {
+                flusher.thread().unpark();
+            }
+        }
+        Ok(())
     }
 
     pub fn call(&self, command: &Command) -> Result<Reply, CarrierError> {
         let command = command.to_bytes(0);
         self.with_stream(|s| {
-            s.send(&Request::Call { command })?;
+            s.send(&Request::Call { command: &command })?;
             expect_reply(s.receive()?)
         })
     }
@@ -97,7 +262,7 @@ impl RemoteChannel {
                     stream,
                     dst: dst.wrapping_add((i * MAX_DATA_PIECE) as u64),
                     sync: sync && i + 1 == count,
-                    data: piece.to_vec(),
+                    data: piece,
                 })?;
             }
             if !sync {
@@ -129,20 +294,10 @@ impl RemoteChannel {
                 })?;
                 let mut filled = 0usize;
                 loop {
-                    match s.receive()? {
-                        Response::Data { data } => {
-                            let end = filled.checked_add(data.len()).filter(|e| *e <= part.len());
-                            let target =
-                                end.and_then(|end| part.get_mut(filled..end))
-                                    .ok_or_else(|| {
-                                        CarrierError::Protocol(
-                                            "the gateway sent more data than asked".into(),
-                                        )
-                                    })?;
-                            target.copy_from_slice(&data);
-                            filled += data.len();
-                        }
-                        Response::Result { result } => {
+                    let rest = part.get_mut(filled..).unwrap_or_default();
+                    match s.receive_into(rest)? {
+                        Received::Data(bytes) => filled += bytes,
+                        Received::Other(Response::Result { result }) => {
                             if result == 0 && filled != part.len() {
                                 return Err(CarrierError::Protocol(format!(
                                     "the gateway sent {filled} of {} bytes",
@@ -151,7 +306,7 @@ impl RemoteChannel {
                             }
                             return Ok(result);
                         }
-                        other => return Err(unexpected(other)),
+                        Received::Other(other) => return Err(unexpected(other)),
                     }
                 }
             })?;
@@ -177,13 +332,11 @@ impl RemoteChannel {
             let mut pieces: Vec<&[u8]> = data.chunks(MAX_DATA_PIECE).collect();
             let last = pieces.pop().unwrap_or_default();
             for piece in pieces {
-                s.send(&Request::ImagePiece {
-                    data: piece.to_vec(),
-                })?;
+                s.send(&Request::ImagePiece { data: piece })?;
             }
             s.send(&Request::LoadModule {
-                command,
-                image: last.to_vec(),
+                command: &command,
+                image: last,
             })?;
             expect_reply(s.receive()?)
         })

@@ -71,6 +71,7 @@ case $part in
         rust=$bundle/rust-tests
         for f in vhost-device-rgpu libcuda.so libnvidia_ml.so; do ln -sf "$bundle/$f" "$rust/$f"; done
         step remote-tests 200 '^test |test result' env -u RGPU_SERVER -u RGPU_DAEMON_ARGS \
+            -u RGPU_TLS_CA -u RGPU_TLS_CERT -u RGPU_TLS_KEY \
             RGPU_TEST_PREBUILT=1 RGPU_TEST_EXECUTOR=cuda RGPU_TEST_PROGRAMS_DIR="$PWD/tests/programs" \
             RGPU_TEST_DRIVER_DIR="$(dirname "${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}")" \
             "$rust/deps/remote" --test-threads 1 --skip the_certificate_names_the_tenant

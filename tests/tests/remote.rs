@@ -47,6 +47,10 @@ fn remote_command(
     let mut command = Command::new(program);
     command
         .env_remove("RGPU_SOCKET")
+        .env_remove("RGPU_DEVICES")
+        .env_remove("RGPU_TLS_CA")
+        .env_remove("RGPU_TLS_CERT")
+        .env_remove("RGPU_TLS_KEY")
         .env("RGPU_SERVER", url)
         .env("LD_LIBRARY_PATH", guest.lib_dir())
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -93,6 +97,16 @@ fn driver_api_and_runtime_style_programs_run_through_the_tls_carrier() {
     GuestProcess::spawn(command)
         .finish(RUN_TIMEOUT)
         .assert_passed("framework_queries_test");
+
+    // NVML, whose connection holds no CUDA context: its process must live
+    // as long as its channel.
+    let nvml = guest.build_c(
+        &rgpu_tests::programs_dir().join("nvml_test.c"),
+        &["-lnvidia-ml"],
+    );
+    GuestProcess::spawn(remote_command(&guest, &nvml, &url, &env))
+        .finish(RUN_TIMEOUT)
+        .assert_passed("nvml_test");
 
     // Each remote process was a connection of the tenant, and the host
     // freed everything when it ended.
@@ -214,6 +228,18 @@ fn clients_without_a_valid_certificate_are_refused_before_any_cuda_work() {
         .assert_checks_passed("a good client after the refusals");
 }
 
+/// The daemon binary with the executor the harness would give it (sim, or
+/// RGPU_TEST_EXECUTOR with NVIDIA's library from RGPU_TEST_DRIVER_DIR).
+fn daemon_command() -> Command {
+    let mut command = Command::new(Daemon::binary());
+    command
+        .arg("--executor")
+        .arg(std::env::var("RGPU_TEST_EXECUTOR").unwrap_or_else(|_| "sim".into()))
+        .env_remove("LD_LIBRARY_PATH")
+        .envs(std::env::var_os("RGPU_TEST_DRIVER_DIR").map(|dir| ("LD_LIBRARY_PATH", dir)));
+    command
+}
+
 /// A daemon started by hand (the harness always gives --socket-path), with
 /// its log in a temp dir; killed on drop.
 struct BareDaemon {
@@ -227,10 +253,8 @@ impl BareDaemon {
         let dir = TempDir::new("rgpu-bare").unwrap();
         let log = dir.join("daemon.log");
         let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(Daemon::binary())
-            .args(["--executor", "sim"])
+        let child = daemon_command()
             .args(args)
-            .env_remove("LD_LIBRARY_PATH")
             .env("RGPU_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::from(file.try_clone().unwrap()))
@@ -312,9 +336,8 @@ fn listen_alone_serves_plaintext_only_where_allowed_and_tls_clients_are_told() {
         "{text}"
     );
     // And --listen without TLS files or --allow-plaintext.
-    let output = Command::new(Daemon::binary())
-        .args(["--executor", "sim", "--listen", "127.0.0.1:0"])
-        .env_remove("LD_LIBRARY_PATH")
+    let output = daemon_command()
+        .args(["--listen", "127.0.0.1:0"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&output.stderr);

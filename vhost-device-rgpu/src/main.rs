@@ -339,6 +339,7 @@ fn remote_listeners(
                 tls: tls.clone(),
                 allow_plaintext: args.allow_plaintext,
                 admission,
+                spin: Duration::from_micros(args.host_spin_us),
             })
         })
         .collect()

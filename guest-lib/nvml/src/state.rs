@@ -52,10 +52,11 @@ impl Connection {
         };
         // A small ring locally; over the network, a connection like any
         // context's.
-        let opened = match carrier.remote() {
-            Some(remote) => rgpu_transport::remote_channel::RemoteChannel::open(remote, "nvml")
-                .map(ContextChannel::Remote),
-            None => Channel::open_with_config(carrier, "nvml", config).map(ContextChannel::Ring),
+        let opened = if carrier.remote().is_some() {
+            rgpu_transport::remote_channel::RemoteChannel::open(carrier, "nvml")
+                .map(ContextChannel::Remote)
+        } else {
+            Channel::open_with_config(carrier, "nvml", config).map(ContextChannel::Ring)
         };
         let channel = opened.map_err(|e| {
             log::warn!("rgpu NVML: cannot open a channel to the host: {e}");

@@ -19,11 +19,14 @@
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rgpu_proto::capset::Capset;
-use rgpu_proto::remote::{frame_length, HelloRole, Request, Response, REMOTE_VERSION, TOKEN_BYTES};
+use rgpu_proto::remote::{
+    frame_length, is_data, HelloRole, Request, Response, REMOTE_VERSION, TOKEN_BYTES,
+};
 use rgpu_proto::PROTOCOL_VERSION;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -166,7 +169,7 @@ impl RemoteEndpoint {
                 .with_retries(3),
         )?;
         socket.set_tcp_user_timeout(Some(self.timeout))?;
-        let stream = NoSigPipe(stream);
+        let stream = SpinningSocket::new(stream, spin_from_env());
         let io: Box<dyn ReadWrite> = match &self.tls {
             Some(config) => {
                 let connection =
@@ -174,13 +177,13 @@ impl RemoteEndpoint {
                         .map_err(|e| setup(format!("TLS client: {e}")))?;
                 let mut tls = rustls::StreamOwned::new(connection, stream);
                 // The handshake within the connect timeout.
-                tls.sock.0.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+                tls.sock.get_ref().set_read_timeout(Some(CONNECT_TIMEOUT))?;
                 while tls.conn.is_handshaking() {
                     tls.conn
                         .complete_io(&mut tls.sock)
                         .map_err(|e| self.tls_error(e))?;
                 }
-                tls.sock.0.set_read_timeout(None)?;
+                tls.sock.get_ref().set_read_timeout(None)?;
                 Box::new(tls)
             }
             None => Box::new(stream),
@@ -188,6 +191,8 @@ impl RemoteEndpoint {
         Ok(FrameStream {
             io,
             peer: self.address.clone(),
+            pending: Vec::new(),
+            sent: Arc::default(),
         })
     }
 
@@ -256,25 +261,73 @@ pub fn client_config(
     Ok(config)
 }
 
-/// A TCP stream whose writes never raise SIGPIPE: this library lives in
-/// applications that keep the default action, which would end them when
-/// the daemon goes away mid-write.
-struct NoSigPipe(TcpStream);
+/// A TCP stream as both ends of the network carrier use it: writes never
+/// raise SIGPIPE (this library lives in applications that keep the default
+/// action, which would end them when the daemon goes away mid-write), and a
+/// read that finds nothing polls for a while before it sleeps, as the ring
+/// channel does: an answer on loopback comes back in microseconds, sooner
+/// than a sleeping thread wakes.
+pub struct SpinningSocket {
+    socket: TcpStream,
+    spin: Duration,
+}
 
-impl Read for NoSigPipe {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.0.read(buf)
+impl SpinningSocket {
+    pub fn new(socket: TcpStream, spin: Duration) -> Self {
+        Self { socket, spin }
+    }
+
+    pub fn get_ref(&self) -> &TcpStream {
+        &self.socket
     }
 }
 
-impl Write for NoSigPipe {
+impl Read for SpinningSocket {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let socket = socket2::SockRef::from(&self.socket);
+        let start = std::time::Instant::now();
+        loop {
+            // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and recv
+            // only writes initialised bytes into the buffer.
+            let uninit = unsafe {
+                &mut *(std::ptr::from_mut::<[u8]>(buf) as *mut [std::mem::MaybeUninit<u8>])
+            };
+            match socket.recv_with_flags(uninit, libc::MSG_DONTWAIT) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if start.elapsed() >= self.spin {
+                        return self.socket.read(buf);
+                    }
+                    std::hint::spin_loop();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                other => return other,
+            }
+        }
+    }
+}
+
+impl Write for SpinningSocket {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        socket2::SockRef::from(&self.0).send_with_flags(buf, libc::MSG_NOSIGNAL)
+        socket2::SockRef::from(&self.socket).send_with_flags(buf, libc::MSG_NOSIGNAL)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// How long a read polls before it sleeps (`RGPU_SPIN_US`, as the ring
+/// channel's).
+pub fn spin_from_env() -> Duration {
+    crate::channel::ChannelConfig::from_env().spin
+}
+
+/// What [`FrameStream::receive_into`] got.
+#[derive(Debug)]
+pub enum Received {
+    /// This many bytes of data, now at the start of the destination.
+    Data(usize),
+    Other(Response),
 }
 
 /// A byte stream in both directions (TLS or plain TCP).
@@ -285,29 +338,116 @@ impl<T: Read + Write + Send> ReadWrite for T {}
 pub struct FrameStream {
     io: Box<dyn ReadWrite>,
     peer: String,
+    /// Frames queued but not written yet (asynchronous commands, sent in
+    /// batches: one record and one system call for many launches).
+    pending: Vec<u8>,
+    /// Requests queued or sent so far (a query on another connection says
+    /// how many must have reached the host before it is answered).
+    sent: Arc<AtomicU64>,
 }
 
+/// Frames with more bytes than this are written on their own, never
+/// queued (copy data).
+const QUEUE_MAX_FRAME: usize = 64 << 10;
+/// Queued bytes past which the queue is written at once.
+const QUEUE_FLUSH_BYTES: usize = 256 << 10;
+
 impl FrameStream {
-    /// Sends `request` (flushed: the gateway acts on it at once).
-    pub fn send(&mut self, request: &Request) -> Result<(), CarrierError> {
-        self.io
-            .write_all(&request.encode())
+    /// The count of requests queued or sent, shared.
+    pub fn sent_counter(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.sent)
+    }
+
+    /// Sends `request` now, after whatever was queued.
+    pub fn send(&mut self, request: &Request<'_>) -> Result<(), CarrierError> {
+        if !matches!(request, Request::Hello { .. }) {
+            self.sent.fetch_add(1, Ordering::AcqRel);
+        }
+        if request.tail_len() <= QUEUE_MAX_FRAME {
+            // Writing to a vector cannot fail.
+            let _ = request.write_to(&mut self.pending);
+            return self.flush();
+        }
+        self.flush()?;
+        request
+            .write_to(&mut self.io)
             .and_then(|()| self.io.flush())
             .map_err(|e| self.broken(e))
     }
 
+    /// Queues a small `request` to be written with the next send or flush;
+    /// true if the queue was empty before (someone must flush it soon).
+    pub fn queue(&mut self, request: &Request<'_>) -> Result<bool, CarrierError> {
+        if request.tail_len() > QUEUE_MAX_FRAME {
+            self.send(request)?;
+            return Ok(false);
+        }
+        self.sent.fetch_add(1, Ordering::AcqRel);
+        let was_empty = self.pending.is_empty();
+        // Writing to a vector cannot fail.
+        let _ = request.write_to(&mut self.pending);
+        if self.pending.len() >= QUEUE_FLUSH_BYTES {
+            self.flush()?;
+            return Ok(false);
+        }
+        Ok(was_empty)
+    }
+
+    /// Writes what is queued.
+    pub fn flush(&mut self) -> Result<(), CarrierError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let written = self
+            .io
+            .write_all(&self.pending)
+            .and_then(|()| self.io.flush());
+        self.pending.clear();
+        written.map_err(|e| self.broken(e))
+    }
+
     /// The next frame from the gateway.
     pub fn receive(&mut self) -> Result<Response, CarrierError> {
+        let length = self.frame_length()?;
+        let mut body = vec![0u8; length];
+        self.io.read_exact(&mut body).map_err(|e| self.broken(e))?;
+        Response::decode(&body).map_err(|e| self.protocol(e))
+    }
+
+    /// The next frame from the gateway; a data frame's bytes go straight
+    /// into `dst` (it must fit there).
+    pub fn receive_into(&mut self, dst: &mut [u8]) -> Result<Received, CarrierError> {
+        let length = self.frame_length()?;
+        let mut kind = [0u8; 1];
+        self.io.read_exact(&mut kind).map_err(|e| self.broken(e))?;
+        let rest = length - 1;
+        if is_data(kind[0]) {
+            let target = dst.get_mut(..rest).ok_or_else(|| {
+                CarrierError::Protocol(format!("{} sent more data than asked", self.peer))
+            })?;
+            self.io.read_exact(target).map_err(|e| self.broken(e))?;
+            return Ok(Received::Data(rest));
+        }
+        let mut body = vec![0u8; length];
+        body[0] = kind[0];
+        self.io
+            .read_exact(&mut body[1..])
+            .map_err(|e| self.broken(e))?;
+        Response::decode(&body)
+            .map(Received::Other)
+            .map_err(|e| self.protocol(e))
+    }
+
+    fn frame_length(&mut self) -> Result<usize, CarrierError> {
         let mut header = [0u8; 4];
         self.io
             .read_exact(&mut header)
             .map_err(|e| self.broken(e))?;
-        let length = frame_length(header)
-            .map_err(|e| CarrierError::Protocol(format!("from {}: {e}", self.peer)))?;
-        let mut body = vec![0u8; length];
-        self.io.read_exact(&mut body).map_err(|e| self.broken(e))?;
-        Response::decode(&body)
-            .map_err(|e| CarrierError::Protocol(format!("from {}: {e}", self.peer)))
+        frame_length(header).map_err(|e| self.protocol(e))
+    }
+
+    fn protocol(&self, e: rgpu_proto::DecodeError) -> CarrierError {
+        CarrierError::Protocol(format!("from {}: {e}", self.peer))
     }
 
     /// What a failed read or write means: the connection is gone (or the

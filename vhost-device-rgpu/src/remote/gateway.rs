@@ -18,18 +18,21 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use log::{debug, info};
+use rgpu_proto::channel::CompletionKind;
 use rgpu_proto::command::decode_one;
+use rgpu_proto::cuda_result::{CUDA_ERROR_NOT_READY, CUDA_SUCCESS};
 use rgpu_proto::remote::{
-    frame_length, HelloRole, Request, Response, MAX_DATA_PIECE, MAX_IMAGE, REMOTE_VERSION,
-    TOKEN_BYTES,
+    data_head, frame_length, HelloRole, Request, Response, MAX_DATA_PIECE, MAX_IMAGE, QUERY_ASK,
+    REMOTE_VERSION, TOKEN_BYTES,
 };
 use rgpu_proto::Command;
 use rgpu_transport::carrier::local::LocalCarrier;
-use rgpu_transport::{Carrier, CarrierError, Channel};
+use rgpu_transport::{Carrier, CarrierError, Channel, Completion};
 
 use crate::tenants::{Endpoint, Tenants};
 
@@ -44,9 +47,25 @@ impl<T: Read + Write + Send> ReadWrite for T {}
 struct RemoteProcess {
     tenant: String,
     carrier: Arc<dyn Carrier>,
-    /// Sockets of its channel connections, shut down when it ends.
+    /// Sockets of its channel and query connections, shut down when it
+    /// ends.
     channels: Mutex<Vec<TcpStream>>,
+    /// Its open channels by context id, for their query connections.
+    open: Mutex<HashMap<u32, OpenChannel>>,
 }
+
+/// A channel as its query connection sees it.
+#[derive(Clone)]
+struct OpenChannel {
+    channel: Weak<Channel>,
+    /// Requests of the channel connection that reached the ring (see
+    /// [`replay`]).
+    processed: Arc<AtomicU64>,
+}
+
+/// How long a query waits for its channel's earlier requests to reach the
+/// host before it gives up on the table ([`QUERY_ASK`]).
+const QUERY_CATCH_UP: Duration = Duration::from_secs(2);
 
 /// The remote processes of every listener.
 pub struct Gateway {
@@ -74,7 +93,9 @@ struct Frames {
 }
 
 impl Frames {
-    fn read(&mut self) -> std::io::Result<Option<Request>> {
+    /// The next request, its bytes in `body` (which keeps its size for the
+    /// next frame: a copy's pieces reuse it); `None` at the end.
+    fn read<'b>(&mut self, body: &'b mut Vec<u8>) -> std::io::Result<Option<Request<'b>>> {
         let mut header = [0u8; 4];
         match self.io.read_exact(&mut header) {
             Ok(()) => {}
@@ -82,13 +103,23 @@ impl Frames {
             Err(e) => return Err(e),
         }
         let length = frame_length(header).map_err(invalid)?;
-        let mut body = vec![0u8; length];
-        self.io.read_exact(&mut body)?;
-        Request::decode(&body).map(Some).map_err(invalid)
+        if body.len() < length {
+            body.resize(length, 0);
+        }
+        let frame = body.get_mut(..length).ok_or_else(|| invalid("frame"))?;
+        self.io.read_exact(frame)?;
+        Request::decode(frame).map(Some).map_err(invalid)
     }
 
     fn write(&mut self, response: &Response) -> std::io::Result<()> {
         self.io.write_all(&response.encode())?;
+        self.io.flush()
+    }
+
+    /// A data frame, its bytes straight from `data`.
+    fn write_data(&mut self, data: &[u8]) -> std::io::Result<()> {
+        self.io.write_all(&data_head(data.len()))?;
+        self.io.write_all(data)?;
         self.io.flush()
     }
 }
@@ -157,6 +188,7 @@ impl Gateway {
             peer,
         } = accepted;
         let mut frames = Frames { io };
+        let mut body = Vec::new();
         let tenant = match tenant {
             Ok(tenant) => tenant,
             Err(reason) => {
@@ -166,7 +198,7 @@ impl Gateway {
             }
         };
         let _ = socket.set_read_timeout(Some(HELLO_TIMEOUT));
-        let hello = frames.read();
+        let hello = frames.read(&mut body);
         let _ = socket.set_read_timeout(None);
         let refuse = |frames: &mut Frames, reason: String| {
             rgpu_session::warn_limited!("remote {peer} (tenant {tenant}): refused: {reason}");
@@ -179,6 +211,9 @@ impl Gateway {
                 }
                 HelloRole::Channel { token, name } => {
                     self.serve_channel(frames, socket, &tenant, &peer, token, &name)
+                }
+                HelloRole::Query { token, ctx_id } => {
+                    self.serve_queries(frames, socket, &tenant, &peer, token, ctx_id)
                 }
             },
             Ok(Some(Request::Hello { version, .. })) => refuse(
@@ -230,6 +265,7 @@ impl Gateway {
             tenant: tenant.to_owned(),
             carrier,
             channels: Mutex::new(Vec::new()),
+            open: Mutex::new(HashMap::new()),
         });
         lock(&self.processes).insert(token, Arc::clone(&process));
         info!("remote {peer}: process {name:?} of tenant {tenant} connected");
@@ -275,7 +311,7 @@ impl Gateway {
             return;
         };
         let channel = match Channel::open(Arc::clone(&process.carrier), name) {
-            Ok(channel) => channel,
+            Ok(channel) => Arc::new(channel),
             Err(e) => {
                 let _ = frames.write(&Response::Refused {
                     reason: format!("cannot open a channel on the host: {e}"),
@@ -286,48 +322,196 @@ impl Gateway {
         if let Ok(clone) = socket.try_clone() {
             lock(&process.channels).push(clone);
         }
+        let ctx_id = channel.ctx_id();
+        let processed = Arc::new(AtomicU64::new(0));
+        lock(&process.open).insert(
+            ctx_id,
+            OpenChannel {
+                channel: Arc::downgrade(&channel),
+                processed: Arc::clone(&processed),
+            },
+        );
         let welcomed = frames.write(&Response::Welcome {
             token,
-            ctx_id: channel.ctx_id(),
+            ctx_id,
             capset: Vec::new(),
         });
         if welcomed.is_ok() {
-            if let Err(reason) = replay(&mut frames, &channel) {
-                debug!("remote {peer}: channel {}: {reason}", channel.ctx_id());
+            if let Err(reason) = replay(&mut frames, &channel, &processed) {
+                debug!("remote {peer}: channel {ctx_id}: {reason}");
                 let _ = frames.write(&Response::Failed { reason });
             }
         }
-        let _ = channel.close();
+        lock(&process.open).remove(&ctx_id);
+        // A query may hold the channel for a moment.
+        let mut channel = channel;
+        for _ in 0..1000 {
+            match Arc::try_unwrap(channel) {
+                Ok(owned) => {
+                    let _ = owned.close();
+                    break;
+                }
+                Err(shared) => {
+                    channel = shared;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        let _ = socket.shutdown(Shutdown::Both);
+    }
+
+    /// A channel's query connection: event and stream queries answered
+    /// from its completion table once its earlier requests reached the host.
+    fn serve_queries(
+        self: &Arc<Self>,
+        mut frames: Frames,
+        socket: TcpStream,
+        tenant: &str,
+        peer: &str,
+        token: [u8; TOKEN_BYTES],
+        ctx_id: u32,
+    ) {
+        let process = lock(&self.processes)
+            .get(&token)
+            .cloned()
+            .filter(|p| p.tenant == tenant);
+        let open = process
+            .as_ref()
+            .and_then(|p| lock(&p.open).get(&ctx_id).cloned());
+        let (Some(process), Some(open)) = (process, open) else {
+            rgpu_session::warn_limited!(
+                "remote {peer} (tenant {tenant}): queries for an unknown channel"
+            );
+            let _ = frames.write(&Response::Refused {
+                reason: "unknown process token or channel".into(),
+            });
+            return;
+        };
+        if let Ok(clone) = socket.try_clone() {
+            lock(&process.channels).push(clone);
+        }
+        if frames
+            .write(&Response::Welcome {
+                token,
+                ctx_id,
+                capset: Vec::new(),
+            })
+            .is_err()
+        {
+            return;
+        }
+        let mut body = Vec::new();
+        while let Ok(Some(Request::Query {
+            after,
+            stream,
+            handle,
+        })) = frames.read(&mut body)
+        {
+            let result = answer_query(&open, after, stream, handle);
+            if frames.write(&Response::Result { result }).is_err() {
+                break;
+            }
+        }
         let _ = socket.shutdown(Shutdown::Both);
     }
 }
 
+/// A query connection's answer: once the channel's first `after` requests
+/// reached the host, what its completion table says.
+fn answer_query(open: &OpenChannel, after: u64, stream: bool, handle: u32) -> u32 {
+    let start = Instant::now();
+    while open.processed.load(Ordering::Acquire) < after {
+        if start.elapsed() > QUERY_CATCH_UP {
+            return QUERY_ASK;
+        }
+        if start.elapsed() < Duration::from_micros(100) {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+    let Some(channel) = open.channel.upgrade() else {
+        return QUERY_ASK;
+    };
+    let kind = if stream {
+        CompletionKind::Stream
+    } else {
+        CompletionKind::Event
+    };
+    match channel.completion(kind, handle) {
+        Completion::Done => CUDA_SUCCESS,
+        Completion::Pending => CUDA_ERROR_NOT_READY,
+        Completion::Ask => QUERY_ASK,
+    }
+}
+
+/// What the host's completion table says of an event or stream query,
+/// as the query's reply; `None` when only the host can tell (then the
+/// query goes through the ring, behind what is queued).
+fn query_answer(channel: &Channel, command: &Command) -> Option<Response> {
+    let (kind, handle) = match command {
+        Command::EventQuery { event } => (CompletionKind::Event, *event),
+        Command::StreamQuery { stream } => (CompletionKind::Stream, *stream),
+        _ => return None,
+    };
+    let result = match channel.completion(kind, handle) {
+        Completion::Done => CUDA_SUCCESS,
+        Completion::Pending => CUDA_ERROR_NOT_READY,
+        Completion::Ask => return None,
+    };
+    Some(Response::Reply {
+        result,
+        payload: Vec::new(),
+    })
+}
+
 /// Replays a channel connection's requests on `channel` until the client
 /// closes it (`Ok`) or something fails (the reason).
-fn replay(frames: &mut Frames, channel: &Channel) -> Result<(), String> {
+/// `processed` counts the requests whose commands are in the ring: an
+/// asynchronous one once it is, one that waits as it starts (what it waits
+/// for is in the ring by then).
+fn replay(frames: &mut Frames, channel: &Channel, processed: &AtomicU64) -> Result<(), String> {
     let lost = |e: CarrierError| format!("the host side failed: {e}");
     let write = |frames: &mut Frames, response: Response| {
         frames.write(&response).map_err(|e| format!("write: {e}"))
     };
     // The module image in pieces, until its load.
     let mut image: Vec<u8> = Vec::new();
+    let mut body = Vec::new();
     loop {
-        let request = match frames.read() {
+        let request = match frames.read(&mut body) {
             Ok(Some(request)) => request,
             Ok(None) => return Ok(()),
             Err(e) => return Err(format!("read: {e}")),
         };
+        let waits = match &request {
+            Request::Call { .. }
+            | Request::CopyFromDevice { .. }
+            | Request::LoadModule { .. }
+            | Request::Query { .. } => true,
+            Request::CopyToDevice { sync, .. } => *sync,
+            _ => false,
+        };
+        if waits {
+            processed.fetch_add(1, Ordering::AcqRel);
+        }
         match request {
-            Request::Send { command } => channel.send(&decode_command(&command)?).map_err(lost)?,
+            Request::Send { command } => channel.send(&decode_command(command)?).map_err(lost)?,
             Request::Call { command } => {
-                let reply = channel.call(&decode_command(&command)?).map_err(lost)?;
-                write(
-                    frames,
-                    Response::Reply {
-                        result: reply.result,
-                        payload: reply.payload,
-                    },
-                )?;
+                let command = decode_command(command)?;
+                // Queries never wait behind queued work when the table can
+                // answer (as guest-lib answers them locally).
+                let response = match query_answer(channel, &command) {
+                    Some(answer) => answer,
+                    None => {
+                        let reply = channel.call(&command).map_err(lost)?;
+                        Response::Reply {
+                            result: reply.result,
+                            payload: reply.payload,
+                        }
+                    }
+                };
+                write(frames, response)?;
             }
             Request::CopyToDevice {
                 stream,
@@ -336,7 +520,7 @@ fn replay(frames: &mut Frames, channel: &Channel) -> Result<(), String> {
                 data,
             } => {
                 let result = channel
-                    .copy_to_device(stream, dst, &data, sync)
+                    .copy_to_device(stream, dst, data, sync)
                     .map_err(lost)?;
                 if sync {
                     write(frames, Response::Result { result })?;
@@ -351,7 +535,7 @@ fn replay(frames: &mut Frames, channel: &Channel) -> Result<(), String> {
                 if image.len() + data.len() > MAX_IMAGE {
                     return Err(format!("a module image past {MAX_IMAGE} bytes"));
                 }
-                image.extend_from_slice(&data);
+                image.extend_from_slice(data);
             }
             Request::LoadModule {
                 command,
@@ -360,8 +544,8 @@ fn replay(frames: &mut Frames, channel: &Channel) -> Result<(), String> {
                 if image.len() + last.len() > MAX_IMAGE {
                     return Err(format!("a module image past {MAX_IMAGE} bytes"));
                 }
-                image.extend_from_slice(&last);
-                let decoded = decode_one(&command).map_err(|e| format!("bad command: {e}"))?;
+                image.extend_from_slice(last);
+                let decoded = decode_one(command).map_err(|e| format!("bad command: {e}"))?;
                 let Command::ModuleLoadHashed { module, hash, .. } = decoded.command else {
                     return Err("a module load must be ModuleLoadHashed".into());
                 };
@@ -382,13 +566,17 @@ fn replay(frames: &mut Frames, channel: &Channel) -> Result<(), String> {
                 )?;
             }
             Request::Hello { .. } => return Err("a second hello".into()),
+            Request::Query { .. } => return Err("a query on the channel connection".into()),
+        }
+        if !waits {
+            processed.fetch_add(1, Ordering::AcqRel);
         }
     }
 }
 
 /// Streams `length` bytes of device memory at `src` to the client: one
 /// thread reads the next piece from the GPU while this one sends the last,
-/// so the copy and the network overlap.
+/// so the copy and the network overlap. Two buffers go back and forth.
 fn copy_from_device(
     frames: &mut Frames,
     channel: &Channel,
@@ -398,65 +586,69 @@ fn copy_from_device(
 ) -> Result<(), String> {
     let piece_size = MAX_DATA_PIECE as u64;
     let pieces = length.div_ceil(piece_size);
-    let read = |index: u64| -> Result<Result<Vec<u8>, u32>, String> {
+    // Reads piece `index` into `buffer`: its data, or the CUDA error.
+    let read = |index: u64, buffer: &mut Vec<u8>| -> Result<u32, String> {
         let offset = index * piece_size;
         let size = (length - offset).min(piece_size) as usize;
-        let mut piece = vec![0u8; size];
-        match channel.copy_from_device(stream, &mut piece, src.wrapping_add(offset)) {
-            Ok(0) => Ok(Ok(piece)),
-            Ok(result) => Ok(Err(result)),
-            Err(e) => Err(format!("the host side failed: {e}")),
-        }
+        buffer.resize(size, 0);
+        channel
+            .copy_from_device(stream, buffer, src.wrapping_add(offset))
+            .map_err(|e| format!("the host side failed: {e}"))
     };
-    let send = |frames: &mut Frames, response: Response| {
-        frames.write(&response).map_err(|e| format!("write: {e}"))
+    let finish = |frames: &mut Frames, result: u32| {
+        frames
+            .write(&Response::Result { result })
+            .map_err(|e| format!("write: {e}"))
     };
     if pieces <= 1 {
-        let result = match read(0)? {
-            Ok(data) => {
-                send(frames, Response::Data { data })?;
-                0
-            }
-            Err(result) => result,
-        };
-        return send(frames, Response::Result { result });
+        let mut buffer = Vec::new();
+        let result = read(0, &mut buffer)?;
+        if result == 0 {
+            frames
+                .write_data(&buffer)
+                .map_err(|e| format!("write: {e}"))?;
+        }
+        return finish(frames, result);
     }
     std::thread::scope(|scope| {
-        // Two pieces in flight at most: one being sent, one being read.
-        let (pieces_tx, pieces_rx) = std::sync::mpsc::sync_channel(1);
+        let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<(Result<u32, String>, Vec<u8>)>(1);
+        let (empty_tx, empty_rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
+        let _ = empty_tx.send(Vec::new());
+        let _ = empty_tx.send(Vec::new());
         let reader = scope.spawn(move || {
             for index in 0..pieces {
-                let piece = read(index);
-                let stop = !matches!(piece, Ok(Ok(_)));
-                if pieces_tx.send(piece).is_err() || stop {
+                let Ok(mut buffer) = empty_rx.recv() else {
+                    return;
+                };
+                let outcome = read(index, &mut buffer);
+                let stop = !matches!(outcome, Ok(0));
+                if full_tx.send((outcome, buffer)).is_err() || stop {
                     return;
                 }
             }
         });
         let mut outcome = Ok(0);
-        for piece in pieces_rx.iter() {
+        for (piece, buffer) in full_rx.iter() {
             match piece {
-                Ok(Ok(data)) => {
-                    if let Err(e) = send(frames, Response::Data { data }) {
-                        outcome = Err(e);
+                Ok(0) => {
+                    if let Err(e) = frames.write_data(&buffer) {
+                        outcome = Err(format!("write: {e}"));
                         break;
                     }
+                    let _ = empty_tx.send(buffer);
                 }
-                Ok(Err(result)) => {
-                    outcome = Ok(result);
-                    break;
-                }
-                Err(e) => {
-                    outcome = Err(e);
+                other => {
+                    outcome = other;
                     break;
                 }
             }
         }
-        // The reader stops at its next send once the receiver is gone.
-        drop(pieces_rx);
+        // The reader stops at its next send or receive once these are gone.
+        drop(full_rx);
+        drop(empty_tx);
         let _ = reader.join();
         let result = outcome?;
-        send(frames, Response::Result { result })
+        finish(frames, result)
     })
 }
 

@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use log::info;
 use rgpu_proto::remote::Response;
+use rgpu_transport::carrier::remote::SpinningSocket;
 use tokio::io::AsyncWriteExt;
 
 use crate::tenants::Tenants;
@@ -50,6 +51,9 @@ pub struct ListenerConfig {
     /// Also serve plaintext (`tcp://`) clients.
     pub allow_plaintext: bool,
     pub admission: Admission,
+    /// How long a connection's thread polls for the next request before it
+    /// sleeps (`--host-spin-us`, as a session's host thread polls its ring).
+    pub spin: std::time::Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -225,6 +229,7 @@ async fn admit(
         let Ok(clone) = socket.try_clone() else {
             return;
         };
+        let socket = SpinningSocket::new(socket, config.spin);
         (
             Box::new(rustls::StreamOwned::new(connection, socket)) as Box<dyn gateway::ReadWrite>,
             clone,
