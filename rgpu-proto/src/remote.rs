@@ -147,6 +147,11 @@ pub enum Response {
     Failed {
         reason: String,
     },
+    /// Device printf output, for the application's stdout; comes before
+    /// the answer it came with, and answers nothing.
+    Console {
+        bytes: Vec<u8>,
+    },
 }
 
 mod kind {
@@ -164,6 +169,7 @@ mod kind {
     pub const RESULT: u8 = 0x84;
     pub const DATA: u8 = 0x85;
     pub const FAILED: u8 = 0x86;
+    pub const CONSOLE: u8 = 0x87;
 }
 
 const ROLE_PROCESS: u8 = 0;
@@ -480,6 +486,11 @@ impl Response {
                 w.bytes_with_len(truncated(reason));
                 finish(w)
             }
+            Response::Console { bytes } => {
+                let mut w = start(kind::CONSOLE, bytes.len());
+                w.raw(bytes);
+                finish(w)
+            }
         }
     }
 
@@ -505,6 +516,9 @@ impl Response {
             },
             kind::FAILED => Response::Failed {
                 reason: text(&mut r)?,
+            },
+            kind::CONSOLE => Response::Console {
+                bytes: r.take(r.remaining())?.to_vec(),
             },
             other => {
                 return Err(DecodeError::InvalidField {
@@ -621,6 +635,9 @@ mod tests {
             },
             Response::Failed {
                 reason: "context lost".into(),
+            },
+            Response::Console {
+                bytes: b"hello from the GPU\n".to_vec(),
             },
         ];
         for response in responses {

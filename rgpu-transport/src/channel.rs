@@ -188,6 +188,9 @@ pub struct Channel {
     spin: Duration,
     state: Mutex<State>,
     notes: Mutex<QueryNotes>,
+    /// Device printf output kept for whoever relays this channel (the
+    /// network gateway) instead of printed here; `None`: printed.
+    console: Mutex<Option<Vec<u8>>>,
 }
 
 impl Channel {
@@ -222,6 +225,7 @@ impl Channel {
                 next_seq: 1,
             }),
             notes: Mutex::default(),
+            console: Mutex::new(None),
         };
         if let Err(e) = channel.bind() {
             let _ = channel.close();
@@ -273,6 +277,19 @@ impl Channel {
     /// The channel's place in its blob.
     pub fn layout(&self) -> &ChannelLayout {
         &self.layout
+    }
+
+    /// Keeps device printf output for [`Channel::take_console`] instead of
+    /// printing it on this process's stdout (a relay sends it on).
+    pub fn keep_console(&self) {
+        let mut console = self.console.lock().unwrap_or_else(PoisonError::into_inner);
+        console.get_or_insert_with(Vec::new);
+    }
+
+    /// The device printf output kept since the last call.
+    pub fn take_console(&self) -> Vec<u8> {
+        let mut console = self.console.lock().unwrap_or_else(PoisonError::into_inner);
+        console.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Queues a command that needs no reply (errors surface at the next call).
@@ -832,7 +849,11 @@ impl Channel {
                     console.len(),
                 );
             }
-            crate::console::write_stdout(&console);
+            let mut kept = self.console.lock().unwrap_or_else(PoisonError::into_inner);
+            match kept.as_mut() {
+                Some(kept) => kept.extend_from_slice(&console),
+                None => crate::console::write_stdout(&console),
+            }
         }
         let mut payload = vec![0u8; len as usize];
         // SAFETY: `len` bytes from the payload offset stay inside the reply

@@ -235,6 +235,9 @@ for program in graph_test query_test vmm_test pool_test launch_attributes_test; 
     step "$program through rgpu" "checks passed" \
         "${through_rgpu[@]}" "$work/$program-rgpu" --ptx "$ptx"
     grep -h '^MEASURED' "$logs/$program-native.log" "$logs/$program-through-rgpu.log" 2>/dev/null
+    for side in native through-rgpu; do
+        grep -h '^launch completion' "$logs/$program-$side.log" 2>/dev/null | sed "s/^/$side: /"
+    done
 done
 
 # NVML: rgpu's libnvidia-ml.so.1 must report what NVIDIA's reports.

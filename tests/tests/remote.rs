@@ -108,6 +108,24 @@ fn driver_api_and_runtime_style_programs_run_through_the_tls_carrier() {
         .finish(RUN_TIMEOUT)
         .assert_passed("nvml_test");
 
+    // Device printf reaches the application's stdout, in order, and not the
+    // daemon's output.
+    let printf = guest.build_program("printf_test.c");
+    let mut command = remote_command(&guest, &printf, &url, &env);
+    command.arg(reference_ptx()).arg("4343");
+    let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
+    let lines: Vec<&str> = outcome.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "printf_test: before the launch",
+            "rgpu_printf 4343",
+            "printf_test: after the synchronisation",
+        ],
+        "{outcome:?}"
+    );
+    assert!(!daemon.log().contains("rgpu_printf 4343"));
+
     // Each remote process was a connection of the tenant, and the host
     // freed everything when it ended.
     let log = daemon.log();
@@ -319,15 +337,8 @@ fn listen_alone_serves_plaintext_only_where_allowed_and_tls_clients_are_told() {
     );
 
     // Plaintext on a non-loopback address is refused at start.
-    let output = Command::new(Daemon::binary())
-        .args([
-            "--executor",
-            "sim",
-            "--listen",
-            "0.0.0.0:0",
-            "--allow-plaintext",
-        ])
-        .env_remove("LD_LIBRARY_PATH")
+    let output = daemon_command()
+        .args(["--listen", "0.0.0.0:0", "--allow-plaintext"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&output.stderr);

@@ -407,11 +407,18 @@ impl FrameStream {
     }
 
     /// The next frame from the gateway.
+    /// Device printf output on the way is printed here, as the ring
+    /// channel prints it.
     pub fn receive(&mut self) -> Result<Response, CarrierError> {
-        let length = self.frame_length()?;
-        let mut body = vec![0u8; length];
-        self.io.read_exact(&mut body).map_err(|e| self.broken(e))?;
-        Response::decode(&body).map_err(|e| self.protocol(e))
+        loop {
+            let length = self.frame_length()?;
+            let mut body = vec![0u8; length];
+            self.io.read_exact(&mut body).map_err(|e| self.broken(e))?;
+            match Response::decode(&body).map_err(|e| self.protocol(e))? {
+                Response::Console { bytes } => crate::console::write_stdout(&bytes),
+                other => return Ok(other),
+            }
+        }
     }
 
     /// The next frame from the gateway; a data frame's bytes go straight
@@ -433,9 +440,13 @@ impl FrameStream {
         self.io
             .read_exact(&mut body[1..])
             .map_err(|e| self.broken(e))?;
-        Response::decode(&body)
-            .map(Received::Other)
-            .map_err(|e| self.protocol(e))
+        match Response::decode(&body).map_err(|e| self.protocol(e))? {
+            Response::Console { bytes } => {
+                crate::console::write_stdout(&bytes);
+                self.receive_into(dst)
+            }
+            other => Ok(Received::Other(other)),
+        }
     }
 
     fn frame_length(&mut self) -> Result<usize, CarrierError> {

@@ -116,6 +116,16 @@ impl Frames {
         self.io.flush()
     }
 
+    /// Sends on the device printf output `channel` kept, if any (before the
+    /// answer it came with).
+    fn relay_console(&mut self, channel: &Channel) -> std::io::Result<()> {
+        let bytes = channel.take_console();
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.write(&Response::Console { bytes })
+    }
+
     /// A data frame, its bytes straight from `data`.
     fn write_data(&mut self, data: &[u8]) -> std::io::Result<()> {
         self.io.write_all(&data_head(data.len()))?;
@@ -311,7 +321,11 @@ impl Gateway {
             return;
         };
         let channel = match Channel::open(Arc::clone(&process.carrier), name) {
-            Ok(channel) => Arc::new(channel),
+            Ok(channel) => {
+                // Device printf output goes to the application's stdout.
+                channel.keep_console();
+                Arc::new(channel)
+            }
             Err(e) => {
                 let _ = frames.write(&Response::Refused {
                     reason: format!("cannot open a channel on the host: {e}"),
@@ -473,7 +487,10 @@ fn query_answer(channel: &Channel, command: &Command) -> Option<Response> {
 fn replay(frames: &mut Frames, channel: &Channel, processed: &AtomicU64) -> Result<(), String> {
     let lost = |e: CarrierError| format!("the host side failed: {e}");
     let write = |frames: &mut Frames, response: Response| {
-        frames.write(&response).map_err(|e| format!("write: {e}"))
+        frames
+            .relay_console(channel)
+            .and_then(|()| frames.write(&response))
+            .map_err(|e| format!("write: {e}"))
     };
     // The module image in pieces, until its load.
     let mut image: Vec<u8> = Vec::new();
@@ -597,7 +614,8 @@ fn copy_from_device(
     };
     let finish = |frames: &mut Frames, result: u32| {
         frames
-            .write(&Response::Result { result })
+            .relay_console(channel)
+            .and_then(|()| frames.write(&Response::Result { result }))
             .map_err(|e| format!("write: {e}"))
     };
     if pieces <= 1 {
