@@ -51,7 +51,8 @@ cp tests/programs/rgpu_cuda.h tests/programs/driver_api_test.c \
     tests/programs/launch_attributes_test.c tests/programs/rgpu_launch.h \
     tests/bench/perf_bench.sh tests/bench/torch_train.py \
     tests/bench/share_tenant.c tests/bench/sharing_bench.sh tests/bench/priority_options.sh \
-    tests/gpu-tools/registration_probe.c tests/gpu/run-isolation-suite.sh "$dir/"
+    tests/gpu-tools/registration_probe.c tests/gpu/run-isolation-suite.sh \
+    tests/gpu/multi_device_runtime.cu "$dir/"
 mkdir -p "$dir/fixtures"
 cp tests/fixtures/fatbin/kernels.cu tests/fixtures/fatbin/second_unit.cu \
     tests/fixtures/fatbin/make-fixtures.sh "$dir/fixtures/"

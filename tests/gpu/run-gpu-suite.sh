@@ -36,8 +36,10 @@ work=$(mktemp -d /tmp/rgpu-gpu-work.XXXXXX)
 failures=0
 daemon_pid=
 limited_pid=
+second_pid=
 
 cleanup() {
+    [ -n "$second_pid" ] && kill "$second_pid" 2>/dev/null
     if [ -n "$limited_pid" ]; then
         kill "$limited_pid" 2>/dev/null
         wait "$limited_pid" 2>/dev/null
@@ -239,6 +241,25 @@ for program in graph_test query_test vmm_test pool_test launch_attributes_test; 
         grep -h '^launch completion' "$logs/$program-$side.log" 2>/dev/null | sed "s/^/$side: /"
     done
 done
+
+# Several GPUs in one program (issue 11): an nvcc runtime program switching
+# devices with cudaSetDevice, through two daemons on the one GPU
+# (RGPU_DEVICES); no native run (the host has one GPU).
+if [ -e "$bundle/multi_device_runtime.cu" ] && [ -z "${RGPU_SERVER:-}" ]; then
+    second_socket=$work/second.sock
+    env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" RGPU_LOG="${RGPU_LOG:-info}" \
+        "$bundle/vhost-device-rgpu" --executor "${RGPU_EXECUTOR:-cuda}" --socket-path "$second_socket" \
+        >"$logs/second-daemon.log" 2>&1 &
+    second_pid=$!
+    for _ in $(seq 200); do [ -S "$second_socket" ] && break; sleep 0.05; done
+    build multi_device_runtime "$cuda_home/bin/nvcc" -arch=sm_90 -o "$work/multi_device_runtime" \
+        "$bundle/multi_device_runtime.cu"
+    step "multi_device_runtime through two daemons" "checks passed" \
+        env RGPU_DEVICES="$socket,$second_socket" LD_LIBRARY_PATH="$work/rgpu-lib" \
+        "$work/multi_device_runtime"
+    kill "$second_pid" 2>/dev/null
+    wait "$second_pid" 2>/dev/null
+fi
 
 # NVML: rgpu's libnvidia-ml.so.1 must report what NVIDIA's reports.
 if [ -e "$bundle/libnvidia_ml.so" ]; then
