@@ -44,7 +44,7 @@ step() {
 
 case $part in
 1)
-    step sharing 170 '^(native|rgpu|w3|GPU|alone)|^\||memory_limit_torch' \
+    step sharing 170 '^(native|rgpu|w3|GPU|alone)|^  (alone|busy): (samples|slow sample [0-9]+ at)|^\||memory_limit_torch' \
         bash tests/bench/sharing_bench.sh "$bundle"
     step suite 230 '^FAIL|gpu suite:|^(sync|empty|HtoD|DtoH|event|stream) ' \
         bash "$bundle/run-gpu-suite.sh" "$bundle"

@@ -111,6 +111,7 @@ pub fn serve(
         .name("rgpu-remote".into())
         .spawn(move || {
             runtime.block_on(async move {
+                let permits = Arc::new(tokio::sync::Semaphore::new(MAX_REMOTE_CONNECTIONS));
                 let mut loops = Vec::new();
                 for (listener, _, config) in bound {
                     match tokio::net::TcpListener::from_std(listener) {
@@ -118,6 +119,7 @@ pub fn serve(
                             listener,
                             config,
                             Arc::clone(&gateway),
+                            Arc::clone(&permits),
                         ))),
                         Err(e) => log::error!("remote listener: {e}"),
                     }
@@ -131,19 +133,32 @@ pub fn serve(
     Ok(RemoteServer { addresses })
 }
 
+/// Remote connections served at once, on every listener together (each
+/// costs a thread, and a channel's buffers of up to a frame): past it, new
+/// ones are closed at once.
+pub const MAX_REMOTE_CONNECTIONS: usize = 1024;
+
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     config: Arc<ListenerConfig>,
     gateway: Arc<Gateway>,
+    permits: Arc<tokio::sync::Semaphore>,
 ) {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
+                let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+                    rgpu_session::warn_limited!(
+                        "remote {peer}: refused: {MAX_REMOTE_CONNECTIONS} remote connections already"
+                    );
+                    continue;
+                };
                 tokio::spawn(admit(
                     stream,
                     peer,
                     Arc::clone(&config),
                     Arc::clone(&gateway),
+                    permit,
                 ));
             }
             Err(e) => {
@@ -188,6 +203,7 @@ async fn admit(
     peer: SocketAddr,
     config: Arc<ListenerConfig>,
     gateway: Arc<Gateway>,
+    permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     let _ = stream.set_nodelay(true);
     let mut first = [0u8; 1];
@@ -270,7 +286,10 @@ async fn admit(
     };
     let spawned = std::thread::Builder::new()
         .name("rgpu-remote-conn".into())
-        .spawn(move || gateway.serve(accepted));
+        .spawn(move || {
+            gateway.serve(accepted);
+            drop(permit);
+        });
     if let Err(e) = spawned {
         rgpu_session::warn_limited!("remote {peer}: no thread to serve it: {e}");
     }
