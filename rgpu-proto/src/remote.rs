@@ -103,6 +103,11 @@ pub enum Request<'a> {
         stream: bool,
         handle: u32,
     },
+    /// On a query connection: does the daemon still serve this process's
+    /// channel? Answered by [`Response::Result`] (CUDA_SUCCESS) at once,
+    /// whatever the channel is doing: a client whose call has waited long
+    /// asks, to tell a long kernel from a dead peer.
+    Ping,
     /// A piece of the next module image (images can be larger than a
     /// frame); not answered.
     ImagePiece {
@@ -163,6 +168,7 @@ mod kind {
     pub const LOAD_MODULE: u8 = 6;
     pub const IMAGE_PIECE: u8 = 7;
     pub const QUERY: u8 = 8;
+    pub const PING: u8 = 9;
     pub const WELCOME: u8 = 0x81;
     pub const REFUSED: u8 = 0x82;
     pub const REPLY: u8 = 0x83;
@@ -247,19 +253,36 @@ impl Request<'_> {
         out
     }
 
-    /// The bytes of the frame's variable part (a copy's data, a command).
-    pub fn tail_len(&self) -> usize {
+    /// The frame's variable part (a copy's data, a command), which follows
+    /// its [`Request::head`].
+    pub fn tail(&self) -> &[u8] {
         match self {
-            Request::Hello { .. } | Request::CopyFromDevice { .. } | Request::Query { .. } => 0,
-            Request::Send { command } | Request::Call { command } => command.len(),
-            Request::CopyToDevice { data, .. } | Request::ImagePiece { data } => data.len(),
-            Request::LoadModule { command, image } => command.len() + image.len(),
+            Request::Hello { .. }
+            | Request::CopyFromDevice { .. }
+            | Request::Query { .. }
+            | Request::Ping => &[],
+            Request::Send { command } | Request::Call { command } => command,
+            Request::CopyToDevice { data, .. } | Request::ImagePiece { data } => data,
+            Request::LoadModule { image, .. } => image,
         }
+    }
+
+    /// The frame up to its [`Request::tail`]: length, kind and fixed fields.
+    pub fn head(&self) -> Vec<u8> {
+        let (mut head, _) = self.parts();
+        let body = u32::try_from(head.len() - 4 + self.tail().len()).unwrap_or(u32::MAX);
+        head.patch_u32(0, body);
+        head.into_bytes()
     }
 
     /// Writes the frame to `out` (a copy's data straight from its slice).
     pub fn write_to(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
-        let (head, tail): (WireWriter, &[u8]) = match self {
+        let (head, tail) = self.parts();
+        write_frame(head, tail, out)
+    }
+
+    fn parts(&self) -> (WireWriter, &[u8]) {
+        match self {
             Request::Hello { version, role } => {
                 let mut w = start(kind::HELLO, 64);
                 w.raw(&HELLO_MAGIC).u32(*version);
@@ -309,13 +332,13 @@ impl Request<'_> {
                 w.u64(*after).u8(u8::from(*stream)).u32(*handle);
                 (w, &[])
             }
+            Request::Ping => (start(kind::PING, 0), &[]),
             Request::LoadModule { command, image } => {
                 let mut w = start(kind::LOAD_MODULE, command.len() + 8);
                 w.bytes_with_len(command);
                 (w, image)
             }
-        };
-        write_frame(head, tail, out)
+        }
     }
 }
 
@@ -405,6 +428,7 @@ impl<'a> Request<'a> {
             kind::IMAGE_PIECE => Request::ImagePiece {
                 data: r.take(r.remaining())?,
             },
+            kind::PING => Request::Ping,
             kind::QUERY => Request::Query {
                 after: r.u64()?,
                 stream: match r.u8()? {
@@ -596,6 +620,7 @@ mod tests {
                 stream: true,
                 handle: 3,
             },
+            Request::Ping,
             Request::Hello {
                 version: REMOTE_VERSION,
                 role: HelloRole::Query {
@@ -610,6 +635,9 @@ mod tests {
         ];
         for request in requests {
             let frame = request.encode();
+            let mut parts = request.head();
+            parts.extend_from_slice(request.tail());
+            assert_eq!(parts, frame);
             assert_eq!(Request::decode(body(&frame)), Ok(request));
         }
     }

@@ -12,7 +12,8 @@ use crate::channel::{Channel, Completion, Reply};
 use crate::remote_channel::RemoteChannel;
 
 pub enum ContextChannel {
-    Ring(Channel),
+    /// Boxed: a ring channel is several times the size of a remote one.
+    Ring(Box<Channel>),
     Remote(RemoteChannel),
 }
 
@@ -22,7 +23,7 @@ impl ContextChannel {
         if carrier.remote().is_some() {
             Ok(Self::Remote(RemoteChannel::open(carrier, debug_name)?))
         } else {
-            Ok(Self::Ring(Channel::open(carrier, debug_name)?))
+            Ok(Self::Ring(Box::new(Channel::open(carrier, debug_name)?)))
         }
     }
 

@@ -70,7 +70,7 @@ pub struct RemoteChannel {
     ctx_id: u32,
     shared: Arc<Shared>,
     flusher: Option<JoinHandle<()>>,
-    queries: Mutex<QueryConnection>,
+    queries: Arc<Mutex<QueryConnection>>,
 }
 
 impl Drop for RemoteChannel {
@@ -83,6 +83,32 @@ impl Drop for RemoteChannel {
         // What was queued still reaches the host before the connection
         // closes.
         self.shared.flush();
+    }
+}
+
+/// Whether the daemon still serves the channel whose query connection is
+/// `queries` (see [`rgpu_proto::remote::Request::Ping`]).
+fn ping(queries: &Mutex<QueryConnection>) -> Result<(), CarrierError> {
+    let mut queries = queries.lock().unwrap_or_else(|e| e.into_inner());
+    let QueryConnection::Open(stream) = &mut *queries else {
+        return Err(CarrierError::ContextLost(
+            "no answer from the daemon within the timeout, and no query connection to ask".into(),
+        ));
+    };
+    let answer = stream.send(&Request::Ping).and_then(|()| stream.receive());
+    match answer {
+        Ok(Response::Result {
+            result: CUDA_SUCCESS,
+        }) => Ok(()),
+        Ok(other) => Err(CarrierError::ContextLost(format!(
+            "the daemon no longer serves this context ({other:?})"
+        ))),
+        Err(e) => {
+            *queries = QueryConnection::Failed;
+            Err(CarrierError::ContextLost(format!(
+                "no answer from the daemon within the timeout: {e}"
+            )))
+        }
     }
 }
 
@@ -111,6 +137,12 @@ impl RemoteChannel {
             token: remote.token(),
             name: debug_name.into(),
         })?;
+        // A call that waits past the timeout asks on the query connection
+        // whether the daemon still serves it (a long kernel), or gives up
+        // (a dead peer, a silent network).
+        let queries = Arc::new(Mutex::new(QueryConnection::NotOpened));
+        let pinged = Arc::clone(&queries);
+        stream.set_liveness(Arc::new(move || ping(&pinged)));
         let shared = Arc::new(Shared {
             sent: stream.sent_counter(),
             stream: Mutex::new(Ok(stream)),
@@ -125,7 +157,7 @@ impl RemoteChannel {
             ctx_id,
             shared,
             flusher: Some(flusher),
-            queries: Mutex::new(QueryConnection::NotOpened),
+            queries,
         }
         .with_query_connection())
     }

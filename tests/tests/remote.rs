@@ -10,6 +10,7 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -363,6 +364,9 @@ fn listen_alone_serves_plaintext_only_where_allowed_and_tls_clients_are_told() {
 struct Relay {
     port: u16,
     sockets: Arc<Mutex<Vec<TcpStream>>>,
+    /// Forwarding stops (bytes are read and dropped), sockets stay open:
+    /// a network that goes silent without closing anything.
+    frozen: Arc<AtomicBool>,
 }
 
 impl Relay {
@@ -371,6 +375,8 @@ impl Relay {
         let port = listener.local_addr().unwrap().port();
         let sockets: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
         let kept = Arc::clone(&sockets);
+        let frozen = Arc::new(AtomicBool::new(false));
+        let silent = Arc::clone(&frozen);
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
@@ -385,10 +391,17 @@ impl Relay {
                     (client.try_clone().unwrap(), server.try_clone().unwrap()),
                     (server, client),
                 ] {
+                    let silent = Arc::clone(&silent);
                     std::thread::spawn(move || {
                         let mut buffer = vec![0u8; 65536];
                         while let Ok(n) = from.read(&mut buffer) {
-                            if n == 0 || to.write_all(&buffer[..n]).is_err() {
+                            if n == 0 {
+                                break;
+                            }
+                            if silent.load(Ordering::Acquire) {
+                                continue;
+                            }
+                            if to.write_all(&buffer[..n]).is_err() {
                                 break;
                             }
                         }
@@ -397,7 +410,15 @@ impl Relay {
                 }
             }
         });
-        Self { port, sockets }
+        Self {
+            port,
+            sockets,
+            frozen,
+        }
+    }
+
+    fn freeze(&self) {
+        self.frozen.store(true, Ordering::Release);
     }
 
     fn cut(&self) {
@@ -454,6 +475,61 @@ fn a_dropped_connection_gives_errors_not_a_hang_and_the_host_frees_the_session()
     GuestProcess::spawn(command)
         .finish(RUN_TIMEOUT)
         .assert_checks_passed("driver_api_test after the cut");
+    assert!(daemon.is_alive());
+}
+
+#[test]
+fn a_silent_network_fails_calls_within_the_timeout_and_a_long_kernel_does_not() {
+    let pki = TestPki::new();
+    let client = pki.ca.client("default", false);
+    let mut env = pki.client_env(Some(&client));
+    env.push(("RGPU_REMOTE_TIMEOUT_S".into(), "1".into()));
+    let (mut daemon, port) = tls_daemon(&pki, &[]);
+    let guest = GuestLib::new();
+
+    // A kernel of 3 s, three times the timeout: the call waits, asks the
+    // daemon whether it still serves it, and goes on waiting.
+    let spin = guest.build_program("spin_test.c");
+    let mut command = remote_command(&guest, &spin, &format!("tls://localhost:{port}"), &env);
+    command.args(["--ptx", &ptx(), "--spin-ms", "3000"]);
+    let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
+    assert!(
+        outcome
+            .stdout
+            .contains("spin: synchronize rc 0 CUDA_SUCCESS"),
+        "{outcome:?}"
+    );
+
+    // The network goes silent mid-run: the program's calls fail within a
+    // few timeouts, and do not hang.
+    let relay = Relay::start(port);
+    let program = guest.build_program("driver_api_test.c");
+    let mut command = remote_command(
+        &guest,
+        &program,
+        &format!("tls://localhost:{}", relay.port),
+        &env,
+    );
+    command.args(["--ptx", &ptx(), "--iterations", "100000", "--hold-ms", "20"]);
+    let mut running = GuestProcess::spawn(command);
+    running.wait_for_line("running", RUN_TIMEOUT);
+    let silent_at = Instant::now();
+    relay.freeze();
+    let outcome = running.finish(FAIL_TIMEOUT);
+    assert!(
+        !outcome.status.success() && outcome.stderr.contains("no answer from the daemon"),
+        "{outcome:?}"
+    );
+    let took = silent_at.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "the program failed only after {took:?}"
+    );
+    eprintln!("remote: a silent network failed the program in {took:?} (timeout 1 s)");
+
+    // Once the relay lets go, the host frees the session; the daemon stays.
+    relay.cut();
+    daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
     assert!(daemon.is_alive());
 }
 

@@ -56,7 +56,8 @@ impl Connection {
             rgpu_transport::remote_channel::RemoteChannel::open(carrier, "nvml")
                 .map(ContextChannel::Remote)
         } else {
-            Channel::open_with_config(carrier, "nvml", config).map(ContextChannel::Ring)
+            Channel::open_with_config(carrier, "nvml", config)
+                .map(|c| ContextChannel::Ring(Box::new(c)))
         };
         let channel = opened.map_err(|e| {
             log::warn!("rgpu NVML: cannot open a channel to the host: {e}");

@@ -146,7 +146,7 @@ impl RemoteEndpoint {
         let mut last = None;
         let mut stream = None;
         for addr in addrs {
-            match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
+            match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT.min(self.timeout)) {
                 Ok(s) => {
                     stream = Some(s);
                     break;
@@ -169,6 +169,10 @@ impl RemoteEndpoint {
                 .with_retries(3),
         )?;
         socket.set_tcp_user_timeout(Some(self.timeout))?;
+        // A read or write that makes no progress this long asks whether
+        // the daemon is still there (FrameStream::liveness).
+        stream.set_read_timeout(Some(self.timeout))?;
+        stream.set_write_timeout(Some(self.timeout))?;
         let stream = SpinningSocket::new(stream, spin_from_env());
         let io: Box<dyn ReadWrite> = match &self.tls {
             Some(config) => {
@@ -177,13 +181,16 @@ impl RemoteEndpoint {
                         .map_err(|e| setup(format!("TLS client: {e}")))?;
                 let mut tls = rustls::StreamOwned::new(connection, stream);
                 // The handshake within the connect timeout.
-                tls.sock.get_ref().set_read_timeout(Some(CONNECT_TIMEOUT))?;
+                tls.sock
+                    .get_ref()
+                    .set_read_timeout(Some(CONNECT_TIMEOUT.min(self.timeout)))?;
                 while tls.conn.is_handshaking() {
                     tls.conn
                         .complete_io(&mut tls.sock)
                         .map_err(|e| self.tls_error(e))?;
                 }
-                tls.sock.get_ref().set_read_timeout(None)?;
+                tls.sock.get_ref().set_read_timeout(Some(self.timeout))?;
+                tls.sock.get_ref().set_write_timeout(Some(self.timeout))?;
                 Box::new(tls)
             }
             None => Box::new(stream),
@@ -193,6 +200,8 @@ impl RemoteEndpoint {
             peer: self.address.clone(),
             pending: Vec::new(),
             sent: Arc::default(),
+            timeout: self.timeout,
+            liveness: None,
         })
     }
 
@@ -344,6 +353,24 @@ pub struct FrameStream {
     /// Requests queued or sent so far (a query on another connection says
     /// how many must have reached the host before it is answered).
     sent: Arc<AtomicU64>,
+    /// After how long without progress a read or write asks
+    /// [`FrameStream::liveness`] (the socket's timeouts).
+    timeout: Duration,
+    /// Whether the daemon still serves this connection, asked when a read
+    /// or write made no progress for the timeout (a long kernel is not a
+    /// dead peer); `None`: the timeout fails the call.
+    liveness: Option<Liveness>,
+}
+
+/// Asks whether the daemon still serves a connection (an answer on
+/// another connection): `Ok` to keep waiting.
+pub type Liveness = Arc<dyn Fn() -> Result<(), CarrierError> + Send + Sync>;
+
+fn stalled(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
 }
 
 /// Frames with more bytes than this are written on their own, never
@@ -363,22 +390,22 @@ impl FrameStream {
         if !matches!(request, Request::Hello { .. }) {
             self.sent.fetch_add(1, Ordering::AcqRel);
         }
-        if request.tail_len() <= QUEUE_MAX_FRAME {
+        if request.tail().len() <= QUEUE_MAX_FRAME {
             // Writing to a vector cannot fail.
             let _ = request.write_to(&mut self.pending);
             return self.flush();
         }
         self.flush()?;
-        request
-            .write_to(&mut self.io)
-            .and_then(|()| self.io.flush())
-            .map_err(|e| self.broken(e))
+        // The head, then the data from where it is.
+        self.write_full(&request.head())?;
+        self.write_full(request.tail())?;
+        self.flush_io()
     }
 
     /// Queues a small `request` to be written with the next send or flush;
     /// true if the queue was empty before (someone must flush it soon).
     pub fn queue(&mut self, request: &Request<'_>) -> Result<bool, CarrierError> {
-        if request.tail_len() > QUEUE_MAX_FRAME {
+        if request.tail().len() > QUEUE_MAX_FRAME {
             self.send(request)?;
             return Ok(false);
         }
@@ -398,12 +425,67 @@ impl FrameStream {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let written = self
-            .io
-            .write_all(&self.pending)
-            .and_then(|()| self.io.flush());
+        let pending = std::mem::take(&mut self.pending);
+        let written = self.write_full(&pending).and_then(|()| self.flush_io());
+        self.pending = pending;
         self.pending.clear();
-        written.map_err(|e| self.broken(e))
+        written
+    }
+
+    /// Sets what a stalled read or write asks (see [`Liveness`]).
+    pub fn set_liveness(&mut self, liveness: Liveness) {
+        self.liveness = Some(liveness);
+    }
+
+    /// A read or write made no progress for the timeout: keep waiting if
+    /// the daemon says it still serves this connection.
+    fn stalled(&self) -> Result<(), CarrierError> {
+        match &self.liveness {
+            Some(alive) => alive(),
+            None => Err(CarrierError::ContextLost(format!(
+                "no answer from {} within {:?}",
+                self.peer, self.timeout
+            ))),
+        }
+    }
+
+    fn write_full(&mut self, mut bytes: &[u8]) -> Result<(), CarrierError> {
+        while !bytes.is_empty() {
+            match self.io.write(bytes) {
+                Ok(0) => return Err(self.broken(std::io::ErrorKind::WriteZero.into())),
+                Ok(n) => bytes = bytes.get(n..).unwrap_or_default(),
+                Err(e) if stalled(&e) => self.stalled()?,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.broken(e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn flush_io(&mut self) -> Result<(), CarrierError> {
+        loop {
+            match self.io.flush() {
+                Ok(()) => return Ok(()),
+                Err(e) if stalled(&e) => self.stalled()?,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.broken(e)),
+            }
+        }
+    }
+
+    fn read_full(&mut self, buf: &mut [u8]) -> Result<(), CarrierError> {
+        let mut filled = 0;
+        while filled < buf.len() {
+            let rest = buf.get_mut(filled..).unwrap_or_default();
+            match self.io.read(rest) {
+                Ok(0) => return Err(self.broken(std::io::ErrorKind::UnexpectedEof.into())),
+                Ok(n) => filled += n,
+                Err(e) if stalled(&e) => self.stalled()?,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.broken(e)),
+            }
+        }
+        Ok(())
     }
 
     /// The next frame from the gateway.
@@ -413,7 +495,7 @@ impl FrameStream {
         loop {
             let length = self.frame_length()?;
             let mut body = vec![0u8; length];
-            self.io.read_exact(&mut body).map_err(|e| self.broken(e))?;
+            self.read_full(&mut body)?;
             match Response::decode(&body).map_err(|e| self.protocol(e))? {
                 Response::Console { bytes } => crate::console::write_stdout(&bytes),
                 other => return Ok(other),
@@ -426,20 +508,18 @@ impl FrameStream {
     pub fn receive_into(&mut self, dst: &mut [u8]) -> Result<Received, CarrierError> {
         let length = self.frame_length()?;
         let mut kind = [0u8; 1];
-        self.io.read_exact(&mut kind).map_err(|e| self.broken(e))?;
+        self.read_full(&mut kind)?;
         let rest = length - 1;
         if is_data(kind[0]) {
             let target = dst.get_mut(..rest).ok_or_else(|| {
                 CarrierError::Protocol(format!("{} sent more data than asked", self.peer))
             })?;
-            self.io.read_exact(target).map_err(|e| self.broken(e))?;
+            self.read_full(target)?;
             return Ok(Received::Data(rest));
         }
         let mut body = vec![0u8; length];
         body[0] = kind[0];
-        self.io
-            .read_exact(&mut body[1..])
-            .map_err(|e| self.broken(e))?;
+        self.read_full(&mut body[1..])?;
         match Response::decode(&body).map_err(|e| self.protocol(e))? {
             Response::Console { bytes } => {
                 crate::console::write_stdout(&bytes);
@@ -451,9 +531,7 @@ impl FrameStream {
 
     fn frame_length(&mut self) -> Result<usize, CarrierError> {
         let mut header = [0u8; 4];
-        self.io
-            .read_exact(&mut header)
-            .map_err(|e| self.broken(e))?;
+        self.read_full(&mut header)?;
         frame_length(header).map_err(|e| self.protocol(e))
     }
 

@@ -418,13 +418,20 @@ impl Gateway {
             return;
         }
         let mut body = Vec::new();
-        while let Ok(Some(Request::Query {
-            after,
-            stream,
-            handle,
-        })) = frames.read(&mut body)
-        {
-            let result = answer_query(&open, after, stream, handle);
+        loop {
+            let result = match frames.read(&mut body) {
+                Ok(Some(Request::Query {
+                    after,
+                    stream,
+                    handle,
+                })) => answer_query(&open, after, stream, handle),
+                // Alive as long as the channel is open.
+                Ok(Some(Request::Ping)) => match open.channel.upgrade() {
+                    Some(_) => CUDA_SUCCESS,
+                    None => QUERY_ASK,
+                },
+                _ => break,
+            };
             if frames.write(&Response::Result { result }).is_err() {
                 break;
             }
@@ -640,7 +647,8 @@ fn replay_with(
             Request::Call { .. }
             | Request::CopyFromDevice { .. }
             | Request::LoadModule { .. }
-            | Request::Query { .. } => true,
+            | Request::Query { .. }
+            | Request::Ping => true,
             Request::CopyToDevice { sync, .. } => *sync,
             _ => false,
         };
@@ -718,7 +726,9 @@ fn replay_with(
                 )?;
             }
             Request::Hello { .. } => return Err("a second hello".into()),
-            Request::Query { .. } => return Err("a query on the channel connection".into()),
+            Request::Query { .. } | Request::Ping => {
+                return Err("a query on the channel connection".into())
+            }
         }
         if !waits {
             processed.fetch_add(1, Ordering::AcqRel);
