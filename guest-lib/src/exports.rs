@@ -12,6 +12,7 @@ use crate::abi::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule
 use crate::api::context::CtxCreateParams;
 use crate::api::copy_2d::Memcpy2D;
 use crate::api::graph::{CUgraph, CUgraphExec};
+use crate::api::ipc::IpcHandle;
 use crate::api::launch::LaunchConfig;
 use crate::api::library::{CUkernel, CUlibrary};
 use crate::api::memory_pool::{CUmemoryPool, PoolProps};
@@ -20,7 +21,7 @@ use crate::api::stream_ordered::HostFn;
 use crate::api::vmm::{AccessDesc, AllocationProp, MemLocation};
 use crate::api::{
     context, copy_2d, device, error, event, export_table, function, graph, host_register, init,
-    launch, library, memory, memory_pool, module, occupancy, peer, pointer, primary_context,
+    ipc, launch, library, memory, memory_pool, module, occupancy, peer, pointer, primary_context,
     proc_address, stream, stream_ordered, unified_copy, vmm,
 };
 
@@ -263,4 +264,11 @@ rgpu_shim::exported_api! {
     fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) => event::elapsed_time;
     fn cuEventDestroy(hevent: CUevent) => event::destroy;
     fn cuEventDestroy_v2(hevent: CUevent) => event::destroy;
+
+    fn cuIpcGetMemHandle(handle: *mut IpcHandle, dptr: CUdeviceptr) => ipc::get_mem_handle;
+    fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: IpcHandle, flags: c_uint) => ipc::open_mem_handle;
+    fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: IpcHandle, flags: c_uint) => ipc::open_mem_handle;
+    fn cuIpcCloseMemHandle(dptr: CUdeviceptr) => ipc::close_mem_handle;
+    fn cuIpcGetEventHandle(handle: *mut IpcHandle, event: CUevent) => ipc::get_event_handle;
+    fn cuIpcOpenEventHandle(phevent: *mut CUevent, handle: IpcHandle) => ipc::open_event_handle;
 }

@@ -153,11 +153,16 @@ pub(crate) fn new_id() -> u64 {
 pub(crate) const LEGACY_STREAM_ID: u64 = 1;
 pub(crate) const PER_THREAD_STREAM_ID: u64 = 2;
 
-/// A device allocation (`cuMemAlloc`), as pointer queries report it.
+/// A device allocation (`cuMemAlloc`), or memory of another process
+/// opened through CUDA IPC, as pointer queries report it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DeviceAllocation {
     pub size: u64,
     pub buffer_id: u64,
+    /// 0: this context's own allocation. Else memory another process
+    /// exported, opened this many times (`cuIpcOpenMemHandle`; the last
+    /// `cuIpcCloseMemHandle` forgets it, `cuMemFree` refuses it).
+    pub ipc_opens: u32,
 }
 
 /// A CUDA context: one channel to one host session.
@@ -172,8 +177,9 @@ pub(crate) struct Context {
     pub id: u64,
     /// `cuCtxSetCacheConfig` (a hint for the host driver; kept here).
     pub cache_config: AtomicI32,
-    /// This context's device allocations by base address: pointer
-    /// attributes and address ranges are answered from here.
+    /// This context's device allocations (and the memory of other
+    /// processes it opened) by base address: pointer attributes and
+    /// address ranges are answered from here.
     pub allocations: Mutex<BTreeMap<u64, DeviceAllocation>>,
     alive: AtomicBool,
     /// The sticky error this context hit (CUDA_SUCCESS while none).
@@ -420,6 +426,9 @@ pub(crate) struct Stream {
 pub(crate) struct Event {
     pub context: Arc<Context>,
     pub handle: u32,
+    /// Opened from another process's IPC handle: that process records it,
+    /// so only the host knows whether it completed.
+    pub ipc: bool,
 }
 
 pub(crate) struct Module {

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use cudarc::driver::sys;
 use log::{debug, info, trace, warn};
 use rgpu_proto::capset::{DeviceInfo, ATTRIBUTE_SLOTS, ATTRIBUTE_UNSUPPORTED};
-use rgpu_proto::command::{launch_attribute, ClusterQuery};
+use rgpu_proto::command::{launch_attribute, ClusterQuery, IpcHandle, IPC_HANDLE_BYTES};
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::reply::{FunctionInfo, ParamSlot};
 use rgpu_proto::MAX_KERNEL_PARAMS;
@@ -451,6 +451,7 @@ impl Executor for CudaExecutor {
             physical: HashMap::new(),
             reservations: HashMap::new(),
             mappings: HashMap::new(),
+            ipc_mappings: HashMap::new(),
         }))
     }
 
@@ -569,6 +570,10 @@ pub struct CudaContext {
     physical: HashMap<u64, sys::CUmemGenericAllocationHandle>,
     reservations: HashMap<sys::CUdeviceptr, usize>,
     mappings: HashMap<sys::CUdeviceptr, usize>,
+    /// Memory of other processes opened through CUDA IPC, with how many
+    /// times each is open (the driver counts opens of one handle by one
+    /// context and answers the same pointer), closed at the end.
+    ipc_mappings: HashMap<sys::CUdeviceptr, u32>,
 }
 
 impl CudaContext {
@@ -730,6 +735,26 @@ impl CudaContext {
 }
 
 impl CudaContext {
+    /// Memory of other processes this session opened is closed before its
+    /// context ends (as many times as it was opened), once its work is
+    /// done.
+    fn close_ipc_mappings(&mut self) {
+        if self.ipc_mappings.is_empty() {
+            return;
+        }
+        // SAFETY: waits for this context's work, which may use the memory.
+        let _ = check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() });
+        for (ptr, opens) in self.ipc_mappings.drain() {
+            for _ in 0..opens {
+                // SAFETY: a pointer cuIpcOpenMemHandle gave this context,
+                // closed once per open.
+                let _ = check("cuIpcCloseMemHandle", unsafe {
+                    sys::cuIpcCloseMemHandle(ptr)
+                });
+            }
+        }
+    }
+
     /// Virtual memory belongs to the device, not the context: unmapped,
     /// unreserved and released here whichever way the context ends.
     fn release_virtual_memory(&mut self) {
@@ -757,6 +782,7 @@ impl CudaContext {
 
 impl Drop for CudaContext {
     fn drop(&mut self) {
+        self.close_ipc_mappings();
         self.release_virtual_memory();
         let Some(primary) = self.primary.take() else {
             // Destroying the context frees its memory, modules, streams,
@@ -1451,6 +1477,91 @@ impl ContextExecutor for CudaContext {
         check("cuGraphDestroy", unsafe { sys::cuGraphDestroy(handle) })?;
         self.graphs.remove(&graph);
         Ok(())
+    }
+
+    fn ipc_get_mem_handle(&mut self, device_ptr: u64) -> CuResult<IpcHandle> {
+        let mut handle = sys::CUipcMemHandle {
+            reserved: [0; IPC_HANDLE_BYTES],
+        };
+        // SAFETY: valid out-pointer; the driver checks the pointer (the
+        // session checked it is memory of this process).
+        check("cuIpcGetMemHandle", unsafe {
+            sys::cuIpcGetMemHandle(&mut handle, device_ptr)
+        })?;
+        Ok(handle.reserved.map(|b| b as u8))
+    }
+
+    fn ipc_open_mem_handle(&mut self, handle: &IpcHandle, flags: u32) -> CuResult<(u64, u64)> {
+        let handle = sys::CUipcMemHandle {
+            reserved: handle.map(|b| b as c_char),
+        };
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; the handle is passed by value and the
+        // driver checks it and the flags (the session let only handles the
+        // tenant's processes exported through).
+        check("cuIpcOpenMemHandle_v2", unsafe {
+            sys::cuIpcOpenMemHandle_v2(&mut ptr, handle, flags)
+        })?;
+        *self.ipc_mappings.entry(ptr).or_insert(0) += 1;
+        let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: valid out-pointers; `ptr` was just mapped.
+        let range = check("cuMemGetAddressRange_v2", unsafe {
+            sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
+        });
+        match range {
+            Ok(()) if base == ptr && size > 0 => Ok((ptr, size as u64)),
+            _ => {
+                warn!(
+                    "cuda: an IPC mapping at {ptr:#x} has no address range ({base:#x}+{size:#x})"
+                );
+                let _ = self.ipc_close_mem_handle(ptr);
+                Err(CUDA_ERROR_UNKNOWN)
+            }
+        }
+    }
+
+    fn ipc_close_mem_handle(&mut self, device_ptr: u64) -> CuResult<()> {
+        let Some(opens) = self.ipc_mappings.get_mut(&device_ptr) else {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        };
+        // SAFETY: a pointer cuIpcOpenMemHandle gave this context and that
+        // is still open.
+        check("cuIpcCloseMemHandle", unsafe {
+            sys::cuIpcCloseMemHandle(device_ptr)
+        })?;
+        *opens = opens.saturating_sub(1);
+        if *opens == 0 {
+            self.ipc_mappings.remove(&device_ptr);
+        }
+        Ok(())
+    }
+
+    fn ipc_get_event_handle(&mut self, event: u64) -> CuResult<IpcHandle> {
+        let event = self.event(event)?;
+        let mut handle = sys::CUipcEventHandle {
+            reserved: [0; IPC_HANDLE_BYTES],
+        };
+        // SAFETY: a live event of this context, valid out-pointer; the
+        // driver refuses an event without the interprocess flags.
+        check("cuIpcGetEventHandle", unsafe {
+            sys::cuIpcGetEventHandle(&mut handle, event)
+        })?;
+        Ok(handle.reserved.map(|b| b as u8))
+    }
+
+    fn ipc_open_event_handle(&mut self, handle: &IpcHandle) -> CuResult<u64> {
+        let handle = sys::CUipcEventHandle {
+            reserved: handle.map(|b| b as c_char),
+        };
+        let mut event: sys::CUevent = null_mut();
+        // SAFETY: valid out-pointer; the handle is passed by value and
+        // checked by the driver (and before it by the session).
+        check("cuIpcOpenEventHandle", unsafe {
+            sys::cuIpcOpenEventHandle(&mut event, handle)
+        })?;
+        let handle = self.new_handle();
+        self.events.insert(handle, event);
+        Ok(handle)
     }
 
     fn event_create(&mut self, flags: u32) -> CuResult<u64> {

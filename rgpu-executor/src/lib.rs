@@ -26,7 +26,7 @@ pub mod ptx;
 pub mod sim;
 
 use rgpu_proto::capset::DeviceInfo;
-use rgpu_proto::command::ClusterQuery;
+use rgpu_proto::command::{ClusterQuery, IpcHandle};
 use rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED;
 use rgpu_proto::reply::FunctionInfo;
 use thiserror::Error;
@@ -367,6 +367,34 @@ pub trait ContextExecutor {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
     fn graph_destroy(&mut self, _graph: u64) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+
+    /// `cuIpcGetMemHandle` of device memory of this process (the session
+    /// checked that it lies in one of its allocations).
+    fn ipc_get_mem_handle(&mut self, _device_ptr: u64) -> CuResult<IpcHandle> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuIpcOpenMemHandle_v2` of a handle another process exported (the
+    /// session checked it against the tenant's registry): the pointer and
+    /// the size of the mapping. Opening a handle this context has open
+    /// already answers the same pointer (the driver counts the opens).
+    fn ipc_open_mem_handle(&mut self, _handle: &IpcHandle, _flags: u32) -> CuResult<(u64, u64)> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuIpcCloseMemHandle` of a pointer [`Self::ipc_open_mem_handle`]
+    /// answered (once per open).
+    fn ipc_close_mem_handle(&mut self, _device_ptr: u64) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuIpcGetEventHandle` of an event of this context (created with
+    /// `CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`).
+    fn ipc_get_event_handle(&mut self, _event: u64) -> CuResult<IpcHandle> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuIpcOpenEventHandle`: an event of this context's tables, destroyed
+    /// with [`Self::event_destroy`] as any other.
+    fn ipc_open_event_handle(&mut self, _handle: &IpcHandle) -> CuResult<u64> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
 }

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use log::{debug, trace, warn};
 use rgpu_proto::capset::{DeviceInfo, ATTRIBUTE_SLOTS, ATTRIBUTE_UNSUPPORTED};
-use rgpu_proto::command::ClusterQuery;
+use rgpu_proto::command::{ClusterQuery, IpcHandle, IPC_HANDLE_BYTES};
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::reply::FunctionInfo;
 
@@ -84,6 +84,34 @@ const SIM_KERNEL_MAX_DYNAMIC_SHARED: i32 = 49152;
 /// `CU_OCCUPANCY_DEFAULT | CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE`.
 const OCCUPANCY_FLAGS: u32 = 0x1;
 const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
+/// `CU_EVENT_INTERPROCESS`: an event whose IPC handle may be taken (with
+/// timing disabled).
+const CU_EVENT_INTERPROCESS: u32 = 0x4;
+/// How the fixture's IPC handles start: a memory handle's, an event's.
+pub const SIM_IPC_MEM_MAGIC: &[u8; 16] = b"rgpu-sim-ipc-mem";
+pub const SIM_IPC_EVENT_MAGIC: &[u8; 16] = b"rgpu-sim-ipc-evt";
+
+/// An IPC handle of the fixture: `magic`, this process's id, `object` (a
+/// device pointer or an event handle) and 32 unpredictable bytes, so that
+/// every handle is distinct and none can be guessed. The fixture never
+/// opens one (each worker's device memory is private host memory of its
+/// own process); the session records and checks them as real ones.
+fn sim_ipc_handle(magic: &[u8; 16], object: u64) -> IpcHandle {
+    use std::hash::{BuildHasher, Hasher};
+    static DRAWN: AtomicU64 = AtomicU64::new(0);
+    let mut handle = [0u8; IPC_HANDLE_BYTES];
+    handle[..16].copy_from_slice(magic);
+    handle[16..20].copy_from_slice(&std::process::id().to_le_bytes());
+    handle[24..32].copy_from_slice(&object.to_le_bytes());
+    for chunk in handle[32..].chunks_mut(8) {
+        // RandomState is seeded from the OS's randomness per instance.
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(DRAWN.fetch_add(1, Ordering::Relaxed));
+        hasher.write_u64(object);
+        chunk.copy_from_slice(&hasher.finish().to_le_bytes());
+    }
+    handle
+}
 /// Launch geometry limits of the H200 (device attributes 2-7).
 const MAX_THREADS_PER_BLOCK: u64 = 1024;
 const MAX_BLOCK: [u32; 3] = [1024, 1024, 64];
@@ -1624,6 +1652,43 @@ impl ContextExecutor for SimContext {
             .map(|_| ())
             .ok_or(CUDA_ERROR_INVALID_HANDLE)
     }
+
+    /// A handle the tenant's registry records; nothing else is kept (the
+    /// session checked that the pointer is memory of this process).
+    fn ipc_get_mem_handle(&mut self, device_ptr: u64) -> CuResult<IpcHandle> {
+        check_poisoned()?;
+        Ok(sim_ipc_handle(SIM_IPC_MEM_MAGIC, device_ptr))
+    }
+
+    /// Another worker's device memory is host memory of its own process:
+    /// the fixture cannot map it. The session answers only once the
+    /// tenant's registry let the handle through, so this result is what a
+    /// handle the registry accepted gets.
+    fn ipc_open_mem_handle(&mut self, _handle: &IpcHandle, _flags: u32) -> CuResult<(u64, u64)> {
+        debug!("sim: an IPC memory handle passed the registry; the fixture cannot open it");
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+
+    fn ipc_close_mem_handle(&mut self, _device_ptr: u64) -> CuResult<()> {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
+
+    /// As the driver: only an event created with `CU_EVENT_INTERPROCESS |
+    /// CU_EVENT_DISABLE_TIMING` has a handle.
+    fn ipc_get_event_handle(&mut self, event: u64) -> CuResult<IpcHandle> {
+        let flags = self.event(event)?.flags;
+        let wanted = CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING;
+        if flags & wanted != wanted {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(sim_ipc_handle(SIM_IPC_EVENT_MAGIC, event))
+    }
+
+    /// As for memory: another process's event is out of the fixture's reach.
+    fn ipc_open_event_handle(&mut self, _handle: &IpcHandle) -> CuResult<u64> {
+        debug!("sim: an IPC event handle passed the registry; the fixture cannot open it");
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
 }
 
 #[cfg(test)]
@@ -2330,5 +2395,36 @@ mod tests {
         );
         assert_eq!(&buf[8..24], &[9; 16]);
         assert_eq!(&buf[60..], &[1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn ipc_handles_are_distinct_and_never_opened_by_the_fixture() {
+        let mut ctx = context();
+        let ptr = ctx.mem_alloc(4096).unwrap();
+        let (one, two) = (
+            ctx.ipc_get_mem_handle(ptr).unwrap(),
+            ctx.ipc_get_mem_handle(ptr).unwrap(),
+        );
+        assert_eq!(&one[..16], SIM_IPC_MEM_MAGIC);
+        assert_ne!(one, two, "unpredictable bytes");
+        assert_eq!(
+            ctx.ipc_open_mem_handle(&one, 1),
+            Err(CUDA_ERROR_NOT_SUPPORTED)
+        );
+        // Only an interprocess event without timing has a handle.
+        let plain = ctx.event_create(CU_EVENT_DISABLE_TIMING).unwrap();
+        assert_eq!(
+            ctx.ipc_get_event_handle(plain),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        let shared = ctx
+            .event_create(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING)
+            .unwrap();
+        let handle = ctx.ipc_get_event_handle(shared).unwrap();
+        assert_eq!(&handle[..16], SIM_IPC_EVENT_MAGIC);
+        assert_eq!(
+            ctx.ipc_open_event_handle(&handle),
+            Err(CUDA_ERROR_NOT_SUPPORTED)
+        );
     }
 }

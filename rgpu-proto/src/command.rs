@@ -263,27 +263,33 @@ impl Field for [u32; 3] {
     }
 }
 
-/// A SHA-256 digest.
-impl Field for [u8; 32] {
+/// Bytes of a fixed length: a SHA-256 digest (32), a CUDA IPC handle (64).
+impl<const N: usize> Field for [u8; N] {
     fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError> {
-        let mut out = [0u8; 32];
-        out.copy_from_slice(r.take(32)?);
+        let mut out = [0u8; N];
+        out.copy_from_slice(r.take(N)?);
         Ok(out)
     }
     fn write(&self, w: &mut WireWriter) {
         w.raw(self);
     }
     fn wire_len(&self) -> usize {
-        32
+        N
     }
     fn draw(draw: &mut dyn FnMut() -> u64) -> Self {
-        let mut out = [0u8; 32];
+        let mut out = [0u8; N];
         for chunk in out.chunks_mut(8) {
             chunk.copy_from_slice(&draw().to_le_bytes()[..chunk.len()]);
         }
         out
     }
 }
+
+/// Bytes of a CUDA IPC handle (`CUipcMemHandle`, `CUipcEventHandle`).
+pub const IPC_HANDLE_BYTES: usize = 64;
+
+/// A CUDA IPC handle as the driver wrote it.
+pub type IpcHandle = [u8; IPC_HANDLE_BYTES];
 
 /// Bytes drawn for a variable-length field: at most `max` of them, each
 /// from `byte`.
@@ -716,6 +722,22 @@ commands! {
     GraphLaunch = 0x0701 { exec: u32, stream: u32 };
     GraphExecDestroy = 0x0702 { exec: u32 };
     GraphDestroy = 0x0703 { graph: u32 };
+    /// `cuIpcGetMemHandle` of device memory of the guest process (it must
+    /// lie in one of its `cuMemAlloc` allocations); answers the driver's
+    /// 64-byte handle, which the tenant's registry records.
+    IpcGetMemHandle = 0x0900 { device_ptr: u64 };
+    /// `cuIpcOpenMemHandle_v2` of a handle another process of the tenant
+    /// exported (any other is refused with `CUDA_ERROR_INVALID_HANDLE`
+    /// before the driver sees it); answers the device pointer `u64` and
+    /// the mapping's size `u64`.
+    IpcOpenMemHandle = 0x0901 { handle: IpcHandle, flags: u32 };
+    /// `cuIpcCloseMemHandle` of a pointer `IpcOpenMemHandle` answered.
+    IpcCloseMemHandle = 0x0902 { device_ptr: u64 };
+    /// `cuIpcGetEventHandle` of event `event`; answers the 64-byte handle.
+    IpcGetEventHandle = 0x0903 { event: u32 };
+    /// `cuIpcOpenEventHandle` of a handle another process of the tenant
+    /// exported; the event gets guest handle `event`.
+    IpcOpenEventHandle = 0x0904 { event: u32, handle: IpcHandle };
 }
 
 impl Command {

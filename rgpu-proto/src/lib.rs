@@ -29,6 +29,9 @@ pub use wire::DecodeError;
 /// reply record (`channel::REPLY_OFFSET_CONSOLE_LEN`); version 3 dropped the
 /// reserved words from command bodies (one table defines every command);
 /// version 4 gave `LaunchKernelEx` the launch attributes it carries.
+/// Commands added to the table without changing another (the `Ipc*`
+/// commands) keep the version: a daemon that does not know one answers it
+/// `CUDA_ERROR_INVALID_VALUE` as an undecodable command, and the call fails.
 pub const PROTOCOL_VERSION: u32 = 4;
 
 /// The virtio-gpu capability-set id of the rgpu CUDA context type.

@@ -14,6 +14,8 @@
 //! | `OccupancyMaxActiveClusters` | clusters `i32` |
 //! | `EventElapsedTime` | milliseconds `f32` |
 //! | `DeviceStatus` | [`DeviceStatus`] |
+//! | `IpcGetMemHandle`, `IpcGetEventHandle` | the driver's handle, 64 bytes |
+//! | `IpcOpenMemHandle` | device pointer `u64`, size `u64` |
 //!
 //! `MemcpyDtoH` with a reply number answers once the data is in the blob.
 

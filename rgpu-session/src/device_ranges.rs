@@ -28,6 +28,9 @@ pub enum RangeKind {
     /// A global of the module with this guest handle (`cuModuleGetGlobal`):
     /// gone when the module is unloaded.
     Global { module: u32 },
+    /// Memory another process of the tenant exported, opened through CUDA
+    /// IPC (`cuIpcOpenMemHandle`): gone when it is closed.
+    IpcMapping,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -138,6 +141,16 @@ impl DeviceRanges {
         before - self.ranges.len()
     }
 
+    /// The start of the allocation (a `cuMemAlloc` result) that holds
+    /// `ptr`, if one does.
+    pub fn allocation_holding(&self, ptr: u64) -> Option<u64> {
+        self.ranges
+            .range(..=ptr)
+            .next_back()
+            .filter(|(_, entry)| ptr < entry.end && entry.owner.kind == RangeKind::Allocation)
+            .map(|(start, _)| *start)
+    }
+
     /// Whether all of `[ptr, ptr + len)` lies inside ONE known range (a
     /// copy may not run from one allocation into the next, even where they
     /// touch). False when the end overflows.
@@ -187,6 +200,25 @@ mod tests {
         assert!(!map.contains(0, 0x2000));
         assert!(DeviceRanges::new().is_empty());
         assert!(!DeviceRanges::new().contains(0x1000, 1));
+    }
+
+    #[test]
+    fn only_an_allocation_holds_a_pointer_for_ipc() {
+        let mut map = DeviceRanges::new();
+        map.insert(0x1000, 0x100, ALLOC).unwrap();
+        map.insert(0x2000, 0x100, global(3)).unwrap();
+        let opened = RangeOwner {
+            session: 1,
+            kind: RangeKind::IpcMapping,
+        };
+        map.insert(0x3000, 0x100, opened).unwrap();
+        assert_eq!(map.allocation_holding(0x1000), Some(0x1000));
+        assert_eq!(map.allocation_holding(0x10ff), Some(0x1000));
+        assert_eq!(map.allocation_holding(0x1100), None, "one past the end");
+        assert_eq!(map.allocation_holding(0xfff), None);
+        assert_eq!(map.allocation_holding(0x2000), None, "a global");
+        assert_eq!(map.allocation_holding(0x3000), None, "another's memory");
+        assert!(map.contains(0x3000, 0x100), "usable all the same");
     }
 
     #[test]

@@ -8,13 +8,18 @@ use rgpu_proto::cuda_result::{
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND,
     CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN,
 };
+
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`: the one flag of
+/// `cuIpcOpenMemHandle` (NVIDIA documents it as required; 0 is taken too).
+const IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 0x1;
 use rgpu_proto::reply::{u64_payload, DeviceStatus, UTILIZATION_UNKNOWN};
 use rgpu_proto::wire::WireWriter;
 use rgpu_proto::{BlobRange, Command, LaunchAttr, STREAM_PER_THREAD};
 
 use crate::device_ranges::{Inserted, RangeKind, RangeOwner};
 use crate::driver_memory::Refresh;
-use crate::handles::{check_new, FunctionEntry, Handles, Physical};
+use crate::handles::{check_new, FunctionEntry, Handles, IpcMapping, Physical};
+use crate::ipc::{event_key, IpcKind};
 use crate::limits::{check_room, LIMIT_ERROR};
 use crate::module_cache::image_hash;
 use crate::tenant::Usage;
@@ -391,7 +396,9 @@ impl Worker {
                     .get(device_ptr)
                     .ok_or(CUDA_ERROR_INVALID_VALUE)?;
                 // Forgotten before the driver frees it: another context of the
-                // process may get the address back at once.
+                // process may get the address back at once. Its IPC export
+                // goes too: nobody opens freed memory through rgpu.
+                let exported = tenant.ipc().withdraw(IpcKind::Memory, *device_ptr);
                 let forgotten = tenant
                     .device_ranges_mut()
                     .remove(*device_ptr, owner(RangeKind::Allocation));
@@ -407,6 +414,12 @@ impl Worker {
                 usage.sub_device_memory(size);
                 if let Some(budget) = tenant.budget() {
                     budget.release(size);
+                }
+                // Another process may still have it open, and the driver
+                // keep it for that one: what the driver reports for this
+                // process settles what the tenant is charged.
+                if exported {
+                    let _ = tenant.account_driver_memory(Refresh::Settle, executor, counters);
                 }
                 Ok(Vec::new())
             }
@@ -690,6 +703,9 @@ impl Worker {
             }
             Command::EventDestroy { event } => {
                 let created = handles.event(*event)?;
+                tenant
+                    .ipc()
+                    .withdraw(IpcKind::Event, event_key(usage.member, *event));
                 ctx.event_destroy(created)?;
                 handles.events.remove(event);
                 Ok(Vec::new())
@@ -882,6 +898,85 @@ impl Worker {
                 let created = handles.graph(*graph)?;
                 ctx.graph_destroy(created)?;
                 handles.graphs.remove(graph);
+                Ok(Vec::new())
+            }
+            Command::IpcGetMemHandle { device_ptr } => {
+                // Only a `cuMemAlloc` allocation of this process: the driver
+                // exports whatever its process holds (registered host
+                // memory, another guest's pointer).
+                let Some(base) = tenant.device_ranges().allocation_holding(*device_ptr) else {
+                    warn_limited!(
+                        "ctx {ctx_id}: cuIpcGetMemHandle of {device_ptr:#x}, which is no \
+                         allocation of this process; refused"
+                    );
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                };
+                let handle = ctx.ipc_get_mem_handle(*device_ptr)?;
+                tenant
+                    .ipc()
+                    .export(ctx_id, IpcKind::Memory, base, &handle)?;
+                Ok(handle.to_vec())
+            }
+            Command::IpcOpenMemHandle { handle, flags } => {
+                tenant.ipc().check_open(ctx_id, IpcKind::Memory, handle)?;
+                if *flags & !IPC_MEM_LAZY_ENABLE_PEER_ACCESS != 0 {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                check_room(handles.ipc_mappings.len(), limits.allocations)?;
+                let (ptr, size) = ctx.ipc_open_mem_handle(handle, *flags)?;
+                if let Some(mapping) = handles.ipc_mappings.get_mut(&ptr) {
+                    mapping.opens = mapping.opens.saturating_add(1);
+                } else {
+                    // B's kernels and copies may use it from now on; the
+                    // memory is the exporter's and counted there.
+                    let range = owner(RangeKind::IpcMapping);
+                    if let Err(code) = record_range(tenant, ctx_id, ptr, size, range) {
+                        let _ = ctx.ipc_close_mem_handle(ptr);
+                        return Err(code);
+                    }
+                    handles
+                        .ipc_mappings
+                        .insert(ptr, IpcMapping { size, opens: 1 });
+                }
+                Ok(u64_payload(&[ptr, size]))
+            }
+            Command::IpcCloseMemHandle { device_ptr } => {
+                let mapping = *handles
+                    .ipc_mappings
+                    .get(device_ptr)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                let range = owner(RangeKind::IpcMapping);
+                let last = mapping.opens <= 1;
+                // The last close unmaps it: forgotten first, as in MemFree.
+                if last {
+                    tenant.device_ranges_mut().remove(*device_ptr, range);
+                }
+                if let Err(code) = ctx.ipc_close_mem_handle(*device_ptr) {
+                    if last {
+                        let _ = record_range(tenant, ctx_id, *device_ptr, mapping.size, range);
+                    }
+                    return Err(code);
+                }
+                if last {
+                    handles.ipc_mappings.remove(device_ptr);
+                } else if let Some(m) = handles.ipc_mappings.get_mut(device_ptr) {
+                    m.opens -= 1;
+                }
+                Ok(Vec::new())
+            }
+            Command::IpcGetEventHandle { event } => {
+                let created = handles.event(*event)?;
+                let handle = ctx.ipc_get_event_handle(created)?;
+                let key = event_key(usage.member, *event);
+                tenant.ipc().export(ctx_id, IpcKind::Event, key, &handle)?;
+                Ok(handle.to_vec())
+            }
+            Command::IpcOpenEventHandle { event, handle } => {
+                check_new(&handles.events, *event)?;
+                check_room(handles.events.len(), limits.events)?;
+                tenant.ipc().check_open(ctx_id, IpcKind::Event, handle)?;
+                let created = ctx.ipc_open_event_handle(handle)?;
+                handles.events.insert(*event, created);
                 Ok(Vec::new())
             }
         }

@@ -21,6 +21,15 @@ pub struct Physical {
     pub released: bool,
 }
 
+/// Memory of another process opened through CUDA IPC.
+#[derive(Debug, Clone, Copy)]
+pub struct IpcMapping {
+    pub size: u64,
+    /// Opens not closed yet (the driver answers a handle this context has
+    /// open with the same pointer, and counts).
+    pub opens: u32,
+}
+
 /// A function the guest looked up.
 #[derive(Debug, Clone)]
 pub struct FunctionEntry {
@@ -49,6 +58,10 @@ pub struct Handles {
     /// Device pointer -> (guest module handle, size) of every global looked
     /// up, until its module is unloaded.
     pub globals: HashMap<u64, (u32, u64)>,
+    /// Device pointer -> memory of another process of the tenant opened
+    /// through CUDA IPC, until closed (not charged: the exporter's
+    /// allocation is).
+    pub ipc_mappings: HashMap<u64, IpcMapping>,
 }
 
 fn lookup(table: &HashMap<u32, u64>, handle: u32) -> CuResult<u64> {

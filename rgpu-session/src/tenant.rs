@@ -9,8 +9,9 @@
 //!
 //! A tenant also holds what its sessions share: the device ranges they may
 //! name ([`DeviceRanges`]: with unified addressing, every context of a
-//! process may use every allocation of that process) and the limits each
-//! session runs under.
+//! process may use every allocation of that process), the limits each
+//! session runs under, and its side of the CUDA IPC registry
+//! ([`crate::ipc`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -23,6 +24,7 @@ use crate::channel::ReplyTarget;
 use crate::compute::ComputeGate;
 use crate::device_ranges::DeviceRanges;
 use crate::driver_memory::{DriverMemory, Refresh};
+use crate::ipc::{IpcExports, IpcRegistry};
 use crate::limits::SessionLimits;
 
 /// What one session of a tenant uses, updated by its worker.
@@ -106,6 +108,9 @@ pub struct Tenant {
     /// What the driver holds for this process beyond its allocations,
     /// charged to `budget`.
     driver_memory: DriverMemory,
+    /// The CUDA IPC handles the tenant's processes exported (a registry of
+    /// this process alone unless one is given), and this process's share.
+    ipc: IpcExports,
     /// How its sessions run (the daemon's command line).
     settings: crate::SessionSettings,
 }
@@ -158,19 +163,26 @@ impl Tenant {
     }
 
     /// A tenant whose sessions take device memory from `budget` (if any)
-    /// and GPU time as `compute` grants it (if any), and run as `settings`
-    /// say.
+    /// and GPU time as `compute` grants it (if any), record and check
+    /// CUDA IPC handles in `ipc` (if any; else a registry of this process
+    /// alone), and run as `settings` say.
     pub fn with_shares(
         budget: Option<Arc<dyn MemoryBudget>>,
         compute: Option<Arc<dyn ComputeGate>>,
+        ipc: Option<Arc<dyn IpcRegistry>>,
         settings: crate::SessionSettings,
     ) -> Arc<Self> {
         Arc::new(Self {
             budget,
             compute,
+            ipc: ipc.map(IpcExports::new).unwrap_or_default(),
             settings,
             ..Self::default()
         })
+    }
+
+    pub(crate) fn ipc(&self) -> &IpcExports {
+        &self.ipc
     }
 
     /// A tenant whose sessions run as `settings` say.

@@ -901,7 +901,15 @@ impl Worker {
             ..
         } = self;
         // Forgotten before the context frees them: another context of the
-        // process may get the addresses back at once.
+        // process may get the addresses back at once. What the session
+        // exported through CUDA IPC goes with them (its opened mappings
+        // close with its context).
+        let ipc = tenant.ipc();
+        ipc.withdraw_where(crate::IpcKind::Memory, |ptr| {
+            handles.allocations.contains_key(&ptr)
+        });
+        let events = crate::ipc::event_key(usage.member, 0);
+        ipc.withdraw_where(crate::IpcKind::Event, |key| key & !0xffff_ffff == events);
         tenant
             .device_ranges_mut()
             .remove_where(|owner| owner.session == usage.member);

@@ -52,7 +52,7 @@ cp tests/programs/rgpu_cuda.h tests/programs/driver_api_test.c \
     tests/bench/perf_bench.sh tests/bench/torch_train.py \
     tests/bench/share_tenant.c tests/bench/sharing_bench.sh tests/bench/priority_options.sh \
     tests/gpu-tools/registration_probe.c tests/gpu/run-isolation-suite.sh \
-    tests/gpu/multi_device_runtime.cu "$dir/"
+    tests/gpu/multi_device_runtime.cu tests/programs/ipc_test.c "$dir/"
 mkdir -p "$dir/fixtures"
 cp tests/fixtures/fatbin/kernels.cu tests/fixtures/fatbin/second_unit.cu \
     tests/fixtures/fatbin/make-fixtures.sh "$dir/fixtures/"

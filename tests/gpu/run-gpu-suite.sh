@@ -23,7 +23,9 @@
 # features, which make-bundle.sh leaves out, to try the script without a GPU),
 # RGPU_DAEMON_ARGS (more options for the daemon, e.g. --listen and TLS files;
 # with RGPU_SERVER set, guest processes go through the network carrier, and
-# the parts that need a second daemon or local blobs are left out).
+# the parts that need a second daemon or local blobs are left out),
+# RGPU_IPC_DAEMON_ARGS (more options for the CUDA IPC steps' daemon, e.g.
+# --worker-seccomp log).
 set -uo pipefail
 
 bundle=$(cd "${1:-$(dirname "$0")}" && pwd)
@@ -37,9 +39,16 @@ failures=0
 daemon_pid=
 limited_pid=
 second_pid=
+ipc_pid=
+ipc_exporter=
 
 cleanup() {
     [ -n "$second_pid" ] && kill "$second_pid" 2>/dev/null
+    [ -n "$ipc_exporter" ] && kill "$ipc_exporter" 2>/dev/null
+    if [ -n "$ipc_pid" ]; then
+        kill "$ipc_pid" 2>/dev/null
+        wait "$ipc_pid" 2>/dev/null
+    fi
     if [ -n "$limited_pid" ]; then
         kill "$limited_pid" 2>/dev/null
         wait "$limited_pid" 2>/dev/null
@@ -259,6 +268,127 @@ if [ -e "$bundle/multi_device_runtime.cu" ] && [ -z "${RGPU_SERVER:-}" ]; then
         "$work/multi_device_runtime"
     kill "$second_pid" 2>/dev/null
     wait "$second_pid" 2>/dev/null
+fi
+
+# CUDA IPC within a tenant (issue 10): process A exports device memory and
+# an interprocess event, process B opens both, waits for the event, reads
+# A's data (to the host and into its own memory) and overwrites it, and A
+# reads B's words back; natively, then through a daemon serving two tenants
+# (ipc-a, ipc-b), where a process of ipc-b, forged handles and the handles
+# of A's freed memory and destroyed event are refused with
+# CUDA_ERROR_INVALID_HANDLE. The native runs with a forged handle and after
+# the free only print what NVIDIA's driver answers. With
+# RGPU_EXECUTOR=sim, B's opens answer CUDA_ERROR_NOT_SUPPORTED (the fixture
+# cannot map another process's memory) and A expects no write.
+ipc_opened=opened
+ipc_write=--expect-write
+if [ "${RGPU_EXECUTOR:-cuda}" = sim ]; then ipc_opened=unsupported ipc_write=; fi
+#   ipc_export LOG DIR RUNNER...: starts A in the background (its output in
+#   $logs/LOG-exporter.log); returns once it printed "exported", 1 if it
+#   ended first or took over 30 s.
+ipc_export() {
+    local log=$logs/$1-exporter.log dir=$2
+    shift 2
+    rm -rf "$dir" && mkdir -p "$dir"
+    "$@" export "$dir" $ipc_write >"$log" 2>&1 &
+    ipc_exporter=$!
+    for _ in $(seq 600); do
+        grep -qx exported "$log" && return 0
+        kill -0 "$ipc_exporter" 2>/dev/null || return 1
+        sleep 0.05
+    done
+    return 1
+}
+#   ipc_free LOG DIR: A frees its memory and destroys its event.
+ipc_free() {
+    touch "$2/free"
+    for _ in $(seq 600); do
+        grep -qx freed "$logs/$1-exporter.log" && return 0
+        kill -0 "$ipc_exporter" 2>/dev/null || return 1
+        sleep 0.05
+    done
+    return 1
+}
+#   ipc_end LOG DIR LABEL: A ends; PASS when all its checks passed (and,
+#   unless in sim, it read B's write back).
+ipc_end() {
+    local log=$logs/$1-exporter.log waited=0
+    touch "$2/exit"
+    while kill -0 "$ipc_exporter" 2>/dev/null && [ "$waited" -lt 600 ]; do
+        sleep 0.05
+        waited=$((waited + 1))
+    done
+    kill "$ipc_exporter" 2>/dev/null
+    wait "$ipc_exporter" 2>/dev/null
+    ipc_exporter=
+    if grep -q '^ipc_test: [0-9]* checks passed$' "$log" &&
+        { [ -z "$ipc_write" ] || grep -q "^A sees B's write$" "$log"; }; then
+        pass "$3: A's checks, and A reads back what B wrote into its memory"
+    else
+        fail "$3: A's checks, and A reads back what B wrote into its memory" "see $log"
+        tail -n 20 "$log" | sed 's/^/    /'
+    fi
+}
+if [ -e "$bundle/ipc_test.c" ] && [ -z "${RGPU_SERVER:-}" ]; then
+    passed='^ipc_test: [0-9]* checks passed$'
+    for side in native rgpu; do
+        build "ipc_test-$side" gcc -O2 -std=c11 -Wall -I "$bundle" -o "$work/ipc_test-$side" \
+            "$bundle/ipc_test.c" -L "$work/$side-lib" -lcuda
+    done
+    ipc_dir=$work/ipc-native
+    if ipc_export ipc_test-native "$ipc_dir" "${native[@]}" "$work/ipc_test-native"; then
+        step "ipc_test native: B opens A's memory and event" "$passed" \
+            "${native[@]}" "$work/ipc_test-native" open "$ipc_dir" --expect opened
+        "${native[@]}" "$work/ipc_test-native" open "$ipc_dir" --expect any --flip 37 \
+            >"$logs/ipc_test-native-forged.log" 2>&1
+        ipc_free ipc_test-native "$ipc_dir"
+        "${native[@]}" "$work/ipc_test-native" open "$ipc_dir" --expect any \
+            >"$logs/ipc_test-native-freed.log" 2>&1
+        grep -h '^open' "$logs/ipc_test-native-forged.log" | sed 's/^/NVIDIA, a forged handle: /'
+        grep -h '^open' "$logs/ipc_test-native-freed.log" | sed 's/^/NVIDIA, freed memory: /'
+        ipc_end ipc_test-native "$ipc_dir" "ipc_test native"
+    else
+        fail "ipc_test native: A exports" "see $logs/ipc_test-native-exporter.log"
+        tail -n 20 "$logs/ipc_test-native-exporter.log" | sed 's/^/    /'
+    fi
+
+    printf '[[tenant]]\nname = "ipc-a"\nsocket = "%s"\n\n[[tenant]]\nname = "ipc-b"\nsocket = "%s"\n' \
+        "$work/ipc-a.sock" "$work/ipc-b.sock" >"$work/ipc.toml"
+    env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" \
+        RGPU_LOG="${RGPU_LOG:-info},rgpu_session::ipc=debug" \
+        "$bundle/vhost-device-rgpu" --executor "${RGPU_EXECUTOR:-cuda}" --config "$work/ipc.toml" \
+        ${RGPU_IPC_DAEMON_ARGS:-} >"$logs/ipc-daemon.log" 2>&1 &
+    ipc_pid=$!
+    for _ in $(seq 400); do [ -S "$work/ipc-a.sock" ] && [ -S "$work/ipc-b.sock" ] && break; sleep 0.05; done
+    ipc_a=(env RGPU_SOCKET="$work/ipc-a.sock" LD_LIBRARY_PATH="$work/rgpu-lib")
+    ipc_b=(env RGPU_SOCKET="$work/ipc-b.sock" LD_LIBRARY_PATH="$work/rgpu-lib")
+    ipc_dir=$work/ipc-rgpu
+    if ipc_export ipc_test-rgpu "$ipc_dir" "${ipc_a[@]}" "$work/ipc_test-rgpu"; then
+        step "ipc_test through rgpu: B of the same tenant opens A's memory and event" "$passed" \
+            "${ipc_a[@]}" "$work/ipc_test-rgpu" open "$ipc_dir" --expect "$ipc_opened" --check-closed
+        step "ipc_test through rgpu: a process of another tenant is refused" "$passed" \
+            "${ipc_b[@]}" "$work/ipc_test-rgpu" open "$ipc_dir" --expect refused
+        step "ipc_test through rgpu: a handle with a byte flipped is refused" "$passed" \
+            "${ipc_a[@]}" "$work/ipc_test-rgpu" open "$ipc_dir" --expect refused --flip 37
+        step "ipc_test through rgpu: random bytes are refused" "$passed" \
+            "${ipc_a[@]}" "$work/ipc_test-rgpu" open "$ipc_dir" --expect refused --random
+        ipc_free ipc_test-rgpu "$ipc_dir"
+        step "ipc_test through rgpu: freed memory and a destroyed event are refused" "$passed" \
+            "${ipc_a[@]}" "$work/ipc_test-rgpu" open "$ipc_dir" --expect refused
+        ipc_end ipc_test-rgpu "$ipc_dir" "ipc_test through rgpu"
+    else
+        fail "ipc_test through rgpu: A exports" "see $logs/ipc_test-rgpu-exporter.log"
+        tail -n 20 "$logs/ipc_test-rgpu-exporter.log" | sed 's/^/    /'
+    fi
+    if grep -q SIGSYS "$logs/ipc-daemon.log"; then
+        echo "    a worker died of SIGSYS (seccomp): run again with RGPU_IPC_DAEMON_ARGS='--worker-seccomp log'"
+        echo "    and look for type=SECCOMP in the kernel log (journalctl -k) to see which call IPC needs"
+    fi
+    grep -hoE 'IPC (Memory|Event) handle (accepted|refused)' "$logs/ipc-daemon.log" | sort | uniq -c |
+        sed 's/^ */ipc daemon: /'
+    kill "$ipc_pid" 2>/dev/null
+    wait "$ipc_pid" 2>/dev/null
+    ipc_pid=
 fi
 
 # NVML: rgpu's libnvidia-ml.so.1 must report what NVIDIA's reports.

@@ -14,7 +14,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use log::{error, info, warn};
 use rgpu_executor::Executor;
-use rgpu_session::{ComputeGate, Counters, MemoryBudget, SessionSettings, Tenant};
+use rgpu_session::{ComputeGate, Counters, IpcRegistry, MemoryBudget, SessionSettings, Tenant};
 use vhost_device_rgpu::config::{parse_size, Config, DaemonSettings, TenantSettings};
 use vhost_device_rgpu::signals::CreatedFiles;
 use vhost_device_rgpu::supervisor::{Message, Notifier};
@@ -596,7 +596,8 @@ fn serve_worker(args: Args) -> Result<(), String> {
     let tenant = match inherit_tenant(args.tenant_fd)? {
         Some(page) => Tenant::with_shares(
             Some(Arc::clone(&page) as Arc<dyn MemoryBudget>),
-            Some(page as Arc<dyn ComputeGate>),
+            Some(Arc::clone(&page) as Arc<dyn ComputeGate>),
+            Some(page as Arc<dyn IpcRegistry>),
             settings,
         ),
         None => Tenant::with_settings(settings),

@@ -27,7 +27,7 @@ impl SharedCounters {
     /// Creates a zeroed page (all counters 0) and maps it. The descriptor is
     /// close-on-exec; hand it to the child explicitly, then drop it.
     pub fn create(name: &CStr) -> io::Result<(Self, OwnedFd)> {
-        let fd = shared_page::create(name)?;
+        let fd = shared_page::create(name, SharedPage::<CounterPage>::BYTES)?;
         let page = SharedPage::map(&fd)?;
         Ok((Self { page }, fd))
     }
@@ -40,7 +40,7 @@ impl SharedCounters {
 /// Maps the page the parent handed over as `fd` for the rest of the
 /// process's life, and closes `fd`.
 pub fn map_inherited(fd: RawFd) -> io::Result<&'static CounterPage> {
-    let fd = shared_page::adopt(fd, "a counters page")?;
+    let fd = shared_page::adopt(fd, "a counters page", SharedPage::<CounterPage>::BYTES)?;
     Ok(SharedPage::map(&fd)?.leak())
 }
 

@@ -573,6 +573,9 @@ impl Supervisor {
         // (under the lock), so `terminate` never signals a recycled pid.
         wait_for_exit(child.id());
         let mut state = self.lock();
+        // Its workers die with it: the IPC handles they exported go, while
+        // its pid cannot name another process yet.
+        self.tenant.forget_connection(child.id());
         let status = child.wait();
         // Before the gauges drop: whoever sees them drop (the stats socket
         // takes the lock) finds the end already logged.

@@ -2,17 +2,25 @@
 //! process that serves it: the parent (which sets the limit, live, and
 //! whose scheduler grants turns), its connection processes and their
 //! workers (which take device memory against the budget and submit when
-//! granted). One page of a memfd that the parent creates per tenant and its
+//! granted). Pages of a memfd that the parent creates per tenant and its
 //! children inherit, holding atomics only, so every process sees the same
 //! numbers without a round trip; waits are futexes on the shared page.
+//!
+//! The tenant's CUDA IPC registry lives here too ([`IpcRegistry`]): the
+//! handles its workers exported, which only its own workers see, so a
+//! worker opens a handle only if a process of the same tenant exported it.
+//! Each entry is a slot of fixed size claimed by its worker's pid and
+//! published under a sequence number (a reader that raced a change looks
+//! again or skips the slot: it never matches a half-written handle).
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use rgpu_proto::reply::SessionUsage;
-use rgpu_session::{Admission, ComputeGate, MemoryBudget};
+use rgpu_session::ipc::{IpcHandle, IPC_HANDLE_BYTES, MAX_IPC_EXPORTS};
+use rgpu_session::{Admission, ComputeGate, IpcKind, IpcRegistry, MemoryBudget};
 
 use crate::shared_page::{self, SharedLayout, SharedPage};
 
@@ -58,6 +66,122 @@ struct Layout {
     /// The tenant's worker processes that named their guest process, with
     /// what each holds: NVML's process lists in the guest.
     processes: [ProcessSlot; MAX_LISTED_PROCESSES],
+    /// The CUDA IPC handles the tenant's processes exported.
+    ipc: [IpcSlot; MAX_IPC_EXPORTS],
+}
+
+/// Words of an IPC handle.
+const IPC_HANDLE_WORDS: usize = IPC_HANDLE_BYTES / 8;
+
+/// One exported IPC handle. `owner` claims the slot (a compare-and-swap
+/// from 0); the owner alone writes it, between two increments of
+/// `sequence` (odd while it writes), and `kind` non-zero publishes it. A
+/// withdrawal moves `sequence` from what its reader saw to odd (a
+/// compare-and-swap: one withdrawer wins, and only if nothing changed
+/// since), unpublishes, moves it on to even and frees the slot.
+#[repr(C)]
+struct IpcSlot {
+    /// The worker process that exported it (host pid); 0: a free slot.
+    owner: AtomicU32,
+    /// That worker's connection process (its parent), which may end
+    /// without its workers being reaped one by one.
+    connection: AtomicU32,
+    /// An [`IpcKind::code`]; 0: not published.
+    kind: AtomicU32,
+    _reserved: AtomicU32,
+    sequence: AtomicU64,
+    /// What the owner exported, in its own terms (an allocation's start, an
+    /// event's key): what its free or destroy names.
+    key: AtomicU64,
+    handle: [AtomicU64; IPC_HANDLE_WORDS],
+}
+
+fn handle_words(handle: &IpcHandle) -> [u64; IPC_HANDLE_WORDS] {
+    let mut words = [0u64; IPC_HANDLE_WORDS];
+    for (word, bytes) in words.iter_mut().zip(handle.chunks_exact(8)) {
+        let mut le = [0u8; 8];
+        le.copy_from_slice(bytes);
+        *word = u64::from_le_bytes(le);
+    }
+    words
+}
+
+/// What an [`IpcSlot`] published, as one reader saw it.
+struct Published {
+    /// The slot's sequence when read: a withdrawal changes nothing unless
+    /// it is still this.
+    sequence: u64,
+    kind: u32,
+    key: u64,
+    words: [u64; IPC_HANDLE_WORDS],
+}
+
+impl IpcSlot {
+    /// What the slot publishes now, or `None` when it publishes nothing or
+    /// changed under the reader.
+    fn read(&self) -> Option<Published> {
+        for _ in 0..4 {
+            let sequence = self.sequence.load(Ordering::Acquire);
+            if sequence & 1 == 1 {
+                // Being written (or withdrawn): not published.
+                return None;
+            }
+            let kind = self.kind.load(Ordering::Relaxed);
+            if kind == 0 {
+                return None;
+            }
+            let key = self.key.load(Ordering::Relaxed);
+            let mut words = [0u64; IPC_HANDLE_WORDS];
+            for (word, shared) in words.iter_mut().zip(&self.handle) {
+                *word = shared.load(Ordering::Relaxed);
+            }
+            fence(Ordering::Acquire);
+            if self.sequence.load(Ordering::Relaxed) == sequence {
+                return Some(Published {
+                    sequence,
+                    kind,
+                    key,
+                    words,
+                });
+            }
+        }
+        // Changing all along: withdrawn or rewritten meanwhile, so what it
+        // held is no longer there.
+        None
+    }
+
+    /// Withdraws what `seen` read, unless the slot changed since (another
+    /// withdrawal won, or the slot holds another export now).
+    fn withdraw(&self, seen: &Published) -> bool {
+        let odd = seen.sequence.wrapping_add(1);
+        if self
+            .sequence
+            .compare_exchange(seen.sequence, odd, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        self.kind.store(0, Ordering::Relaxed);
+        self.sequence.store(odd.wrapping_add(1), Ordering::Release);
+        self.connection.store(0, Ordering::Relaxed);
+        self.owner.store(0, Ordering::Release);
+        true
+    }
+
+    /// Clears the slot of a process that ended, whatever state it left it
+    /// in (half-written included).
+    fn clear(&self) {
+        let odd = match self
+            .sequence
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| Some(s | 1))
+        {
+            Ok(before) | Err(before) => before | 1,
+        };
+        self.kind.store(0, Ordering::Relaxed);
+        self.sequence.store(odd.wrapping_add(1), Ordering::Release);
+        self.connection.store(0, Ordering::Relaxed);
+        self.owner.store(0, Ordering::Release);
+    }
 }
 
 /// One worker process's line in the tenant's process list.
@@ -151,7 +275,7 @@ impl TenantPage {
     /// ([`TenantPage::fd`]) is close-on-exec: a child's spawner makes it
     /// inheritable.
     pub fn create(limit: u64) -> io::Result<TenantPage> {
-        let fd = shared_page::create(c"rgpu-tenant")?;
+        let fd = shared_page::create(c"rgpu-tenant", SharedPage::<Layout>::BYTES)?;
         let budget = SharedPage::map(&fd)?;
         let page = TenantPage::new(budget, fd);
         page.set_limit(limit);
@@ -162,7 +286,7 @@ impl TenantPage {
     /// Maps the page a parent passed as descriptor `fd` (which it keeps,
     /// close-on-exec from now on, for its own children).
     pub fn inherit(fd: RawFd) -> io::Result<TenantPage> {
-        let fd = shared_page::adopt(fd, "a tenant page")?;
+        let fd = shared_page::adopt(fd, "a tenant page", SharedPage::<Layout>::BYTES)?;
         // SAFETY: plain call on our descriptor.
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
             return Err(io::Error::last_os_error());
@@ -208,7 +332,8 @@ impl TenantPage {
             .and_then(|i| self.layout().processes.get(*i))
     }
 
-    /// Worker process `owner` ended: its line goes.
+    /// Worker process `owner` ended: its line goes, and so do the IPC
+    /// handles it exported (its memory and events are gone with it).
     pub fn forget_process(&self, owner: u32) {
         if owner == 0 {
             return;
@@ -221,6 +346,35 @@ impl TenantPage {
                 slot.owner.store(0, Ordering::Release);
             }
         }
+        for slot in &self.layout().ipc {
+            if slot.owner.load(Ordering::Acquire) == owner {
+                slot.clear();
+            }
+        }
+    }
+
+    /// Connection process `connection` ended (its workers die with it,
+    /// whether or not it reaped them): the IPC handles they exported go.
+    pub fn forget_connection(&self, connection: u32) {
+        if connection == 0 {
+            return;
+        }
+        for slot in &self.layout().ipc {
+            if slot.owner.load(Ordering::Acquire) != 0
+                && slot.connection.load(Ordering::Acquire) == connection
+            {
+                slot.clear();
+            }
+        }
+    }
+
+    /// IPC handles exported now, all processes of the tenant together.
+    pub fn ipc_exports(&self) -> usize {
+        self.layout()
+            .ipc
+            .iter()
+            .filter(|slot| slot.read().is_some())
+            .count()
     }
 
     /// The page's descriptor, to pass to a child.
@@ -327,6 +481,68 @@ impl TenantPage {
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                     Some(n.saturating_sub(sessions))
                 });
+    }
+}
+
+impl IpcRegistry for TenantPage {
+    fn export(&self, kind: IpcKind, key: u64, handle: &IpcHandle) -> bool {
+        let (me, code, words) = (std::process::id(), kind.code(), handle_words(handle));
+        let slots = &self.layout().ipc;
+        let known = slots.iter().any(|slot| {
+            slot.owner.load(Ordering::Acquire) == me
+                && slot
+                    .read()
+                    .is_some_and(|p| p.kind == code && p.words == words)
+        });
+        if known {
+            return true;
+        }
+        let Some(slot) = slots.iter().find(|slot| {
+            slot.owner
+                .compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        }) else {
+            return false;
+        };
+        // Odd while written (a seqlock's writer: the increment is ordered
+        // before the stores by the release fence). A freed slot's sequence
+        // is even.
+        slot.sequence.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        // SAFETY: getppid has no preconditions.
+        let parent = unsafe { libc::getppid() };
+        slot.connection
+            .store(u32::try_from(parent).unwrap_or(0), Ordering::Relaxed);
+        slot.key.store(key, Ordering::Relaxed);
+        for (shared, word) in slot.handle.iter().zip(words) {
+            shared.store(word, Ordering::Relaxed);
+        }
+        slot.kind.store(code, Ordering::Relaxed);
+        slot.sequence.fetch_add(1, Ordering::Release);
+        true
+    }
+
+    fn is_exported(&self, kind: IpcKind, handle: &IpcHandle) -> bool {
+        let (code, words) = (kind.code(), handle_words(handle));
+        self.layout().ipc.iter().any(|slot| {
+            slot.read()
+                .is_some_and(|p| p.kind == code && p.words == words)
+        })
+    }
+
+    fn withdraw(&self, kind: IpcKind, gone: &dyn Fn(u64) -> bool) -> usize {
+        let (me, code) = (std::process::id(), kind.code());
+        self.layout()
+            .ipc
+            .iter()
+            .filter(|slot| {
+                slot.owner.load(Ordering::Acquire) == me
+                    && slot
+                        .read()
+                        .filter(|p| p.kind == code && gone(p.key))
+                        .is_some_and(|p| slot.withdraw(&p))
+            })
+            .count()
     }
 }
 
@@ -511,6 +727,115 @@ mod tests {
         assert_eq!(MemoryBudget::limit(&child), None);
         assert!(child.try_reserve(u64::MAX - 40));
         assert!(!child.try_reserve(1), "no overflow");
+    }
+
+    fn ipc_handle(n: u64) -> IpcHandle {
+        let mut handle = [0xa5u8; IPC_HANDLE_BYTES];
+        handle[8..16].copy_from_slice(&n.to_le_bytes());
+        handle
+    }
+
+    #[test]
+    fn an_ipc_export_is_seen_by_every_mapping_until_withdrawn() {
+        let parent = TenantPage::create(UNLIMITED).expect("a page");
+        // SAFETY: dup of its descriptor, owned by the child mapping.
+        let child = TenantPage::inherit(unsafe { libc::dup(parent.fd()) }).expect("mapping");
+        let (h, other) = (ipc_handle(1), ipc_handle(2));
+        assert!(!parent.is_exported(IpcKind::Memory, &h));
+        assert!(child.export(IpcKind::Memory, 0x7000, &h));
+        assert!(
+            child.export(IpcKind::Memory, 0x7000, &h),
+            "again: no second slot"
+        );
+        assert_eq!(parent.ipc_exports(), 1);
+        assert!(parent.is_exported(IpcKind::Memory, &h));
+        assert!(!parent.is_exported(IpcKind::Event, &h), "not as an event");
+        assert!(!parent.is_exported(IpcKind::Memory, &other));
+        let mut flipped = h;
+        flipped[63] ^= 0x80;
+        assert!(!parent.is_exported(IpcKind::Memory, &flipped));
+        assert_eq!(parent.withdraw(IpcKind::Memory, &|key| key == 0x8000), 0);
+        assert_eq!(parent.withdraw(IpcKind::Event, &|key| key == 0x7000), 0);
+        assert_eq!(parent.withdraw(IpcKind::Memory, &|key| key == 0x7000), 1);
+        assert!(!child.is_exported(IpcKind::Memory, &h));
+        assert_eq!(parent.ipc_exports(), 0);
+    }
+
+    #[test]
+    fn a_reaped_worker_or_connection_takes_its_ipc_exports_along() {
+        let page = TenantPage::create(UNLIMITED).expect("a page");
+        assert!(page.export(IpcKind::Memory, 1, &ipc_handle(1)));
+        assert!(page.export(IpcKind::Event, 2, &ipc_handle(2)));
+        page.forget_process(std::process::id() + 1);
+        page.forget_connection(std::process::id());
+        assert_eq!(page.ipc_exports(), 2, "another process's end");
+        page.forget_process(std::process::id());
+        assert_eq!(page.ipc_exports(), 0);
+        assert!(page.export(IpcKind::Memory, 1, &ipc_handle(1)));
+        // SAFETY: getppid has no preconditions.
+        let parent = u32::try_from(unsafe { libc::getppid() }).expect("a pid");
+        page.forget_connection(parent);
+        assert!(!page.is_exported(IpcKind::Memory, &ipc_handle(1)));
+        // A slot left half-written by a killed worker is freed too.
+        let slot = &page.layout().ipc[0];
+        slot.owner.store(4242, Ordering::Release);
+        slot.sequence.fetch_add(1, Ordering::AcqRel);
+        page.forget_process(4242);
+        assert_eq!(slot.owner.load(Ordering::Acquire), 0);
+        assert_eq!(slot.sequence.load(Ordering::Acquire) & 1, 0);
+        assert!(page.export(IpcKind::Memory, 3, &ipc_handle(3)));
+        assert!(page.is_exported(IpcKind::Memory, &ipc_handle(3)));
+    }
+
+    #[test]
+    fn the_ipc_registry_is_bounded() {
+        let page = TenantPage::create(UNLIMITED).expect("a page");
+        for n in 0..MAX_IPC_EXPORTS as u64 {
+            assert!(page.export(IpcKind::Memory, n, &ipc_handle(n)));
+        }
+        let past = MAX_IPC_EXPORTS as u64;
+        assert!(
+            !page.export(IpcKind::Memory, past, &ipc_handle(past)),
+            "full"
+        );
+        assert!(page.export(IpcKind::Memory, 0, &ipc_handle(0)), "known");
+        assert_eq!(page.withdraw(IpcKind::Memory, &|key| key == 5), 1);
+        assert!(page.export(IpcKind::Memory, past, &ipc_handle(past)));
+        assert!(!page.is_exported(IpcKind::Memory, &ipc_handle(5)));
+        assert!(page.is_exported(IpcKind::Memory, &ipc_handle(past)));
+    }
+
+    /// Exports and withdrawals in one mapping while another looks: a
+    /// handle is seen whole or not at all, and one never exported is
+    /// never seen.
+    #[test]
+    fn concurrent_exports_never_show_a_torn_handle() {
+        let page = std::sync::Arc::new(TenantPage::create(UNLIMITED).expect("a page"));
+        let writer = {
+            let page = std::sync::Arc::clone(&page);
+            std::thread::spawn(move || {
+                for round in 0..2000u64 {
+                    let n = round % 16;
+                    assert!(page.export(IpcKind::Memory, n, &ipc_handle(n)));
+                    if round % 3 == 0 {
+                        page.withdraw(IpcKind::Memory, &|key| key == n);
+                    }
+                }
+            })
+        };
+        let mut seen = 0;
+        while !writer.is_finished() {
+            for slot in &page.layout().ipc[..32] {
+                if let Some(p) = slot.read() {
+                    let n = p.key;
+                    assert_eq!(p.words, handle_words(&ipc_handle(n)), "torn");
+                    seen += 1;
+                }
+            }
+            assert!(!page.is_exported(IpcKind::Memory, &ipc_handle(99)));
+        }
+        writer.join().expect("writer");
+        assert!(seen > 0 || page.ipc_exports() > 0);
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub(crate) fn create(phevent: *mut CUevent, flags: c_uint) -> Result<(), u32> {
         EVENTS.insert(Arc::new(Event {
             context: ctx,
             handle,
+            ipc: false,
         })),
     )
 }
@@ -69,9 +70,16 @@ pub(crate) fn synchronize(hevent: CUevent) -> Result<(), u32> {
 }
 
 /// Answered from the host's completion table: never waits behind queued
-/// commands.
+/// commands. An event opened from another process's IPC handle is recorded
+/// there, out of this channel's sight: the host is asked.
 pub(crate) fn query(hevent: CUevent) -> Result<(), u32> {
     let e = event(hevent)?;
+    if e.ipc {
+        return e
+            .context
+            .call(&Command::EventQuery { event: e.handle })
+            .map(|_| ());
+    }
     e.context.query(CompletionKind::Event, e.handle)
 }
 

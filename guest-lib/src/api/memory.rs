@@ -42,6 +42,7 @@ pub(crate) fn alloc(dptr: *mut CUdeviceptr, size: usize) -> Result<(), u32> {
             DeviceAllocation {
                 size: size as u64,
                 buffer_id: new_id(),
+                ipc_opens: 0,
             },
         );
     device_ranges::add_allocation(ctx.space, ctx.id, ptr, size as u64);
@@ -57,6 +58,13 @@ pub(crate) fn free(dptr: CUdeviceptr) -> Result<(), u32> {
     // with several carriers (`RGPU_DEVICES`) only the owner's daemon can.
     // The current context first, as addresses of two daemons may coincide.
     let is_base = |c: &Context| c.allocation_at(dptr).is_some_and(|(base, _)| base == dptr);
+    // Memory of another process opened through IPC is closed, not freed.
+    if current
+        .allocation_at(dptr)
+        .is_some_and(|(base, a)| base == dptr && a.ipc_opens > 0)
+    {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
     let ctx = if is_base(&current) {
         current
     } else {

@@ -11,6 +11,7 @@ pub mod function;
 pub mod graph;
 pub mod host_register;
 pub mod init;
+pub mod ipc;
 pub mod launch;
 pub mod library;
 pub mod memory;

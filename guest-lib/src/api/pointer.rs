@@ -61,6 +61,9 @@ struct Located {
     base: u64,
     size: u64,
     buffer_id: u64,
+    /// A `cuMemAlloc` allocation of this process: `cuIpcGetMemHandle`
+    /// exports it.
+    ipc_capable: bool,
 }
 
 /// One attribute value, in the width the driver writes it.
@@ -89,6 +92,7 @@ fn locate(ptr: CUdeviceptr) -> Result<Option<Located>, u32> {
                 base,
                 size: allocation.size,
                 buffer_id: allocation.buffer_id,
+                ipc_capable: allocation.ipc_opens == 0,
             }));
         }
     }
@@ -104,6 +108,7 @@ fn locate(ptr: CUdeviceptr) -> Result<Option<Located>, u32> {
             base: range.base as u64,
             size: range.size,
             buffer_id: range.buffer_id,
+            ipc_capable: false,
         }
     }))
 }
@@ -142,7 +147,8 @@ fn value(
         // rgpu's synchronous copies always wait for the host.
         SYNC_MEMOPS => Value::Bool(true),
         BUFFER_ID | MEMORY_BLOCK_ID => Value::U64(m.buffer_id),
-        IS_MANAGED | IS_LEGACY_CUDA_IPC_CAPABLE | IS_HW_DECOMPRESS_CAPABLE => Value::Bool(false),
+        IS_LEGACY_CUDA_IPC_CAPABLE => Value::Bool(m.ipc_capable),
+        IS_MANAGED | IS_HW_DECOMPRESS_CAPABLE => Value::Bool(false),
         DEVICE_ORDINAL => Value::Int(m.device),
         RANGE_START_ADDR | MAPPING_BASE_ADDR => Value::U64(m.base),
         RANGE_SIZE | MAPPING_SIZE => Value::Size(usize::try_from(m.size).unwrap_or(usize::MAX)),
@@ -252,6 +258,7 @@ mod tests {
         base: 0x7f00_0000_0000,
         size: 4096,
         buffer_id: 9,
+        ipc_capable: true,
     };
 
     #[test]
@@ -265,6 +272,7 @@ mod tests {
         assert_eq!(v(RANGE_SIZE), Ok(Value::Size(4096)));
         assert_eq!(v(BUFFER_ID), Ok(Value::U64(9)));
         assert_eq!(v(IS_MANAGED), Ok(Value::Bool(false)));
+        assert_eq!(v(IS_LEGACY_CUDA_IPC_CAPABLE), Ok(Value::Bool(true)));
         assert_eq!(v(CONTEXT), Ok(Value::Pointer(0x1000)));
         assert_eq!(v(P2P_TOKENS), Err(CUDA_ERROR_NOT_SUPPORTED));
         assert_eq!(v(99), Err(CUDA_ERROR_INVALID_VALUE));

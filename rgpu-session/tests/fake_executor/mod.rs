@@ -5,12 +5,17 @@
 //! Like NVIDIA's driver with unified addressing, every context of the
 //! executor (of the host process) can reach every allocation of every other
 //! one: the sessions must check pointers themselves.
+//!
+//! CUDA IPC: a memory handle names an allocation by its address, and
+//! opening it (from any context: one address space) maps that same memory
+//! at that same address; an event handle opens as a new event.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use rgpu_executor::{ContextExecutor, CuResult, DeviceStatus, Executor, HostRun, StreamRef};
 use rgpu_proto::capset::{DeviceInfo, ATTRIBUTE_SLOTS, ATTRIBUTE_UNSUPPORTED};
+use rgpu_proto::command::{IpcHandle, IPC_HANDLE_BYTES};
 use rgpu_proto::cuda_result::{
     CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_IMAGE,
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND,
@@ -27,6 +32,8 @@ pub struct FakeState {
     pub fail_create: Option<u32>,
     pub registered_bytes: usize,
     pub launches: usize,
+    /// IPC opens of memory not closed yet (a context's end closes its own).
+    pub ipc_opens: usize,
 }
 
 pub struct FakeExecutor {
@@ -106,6 +113,7 @@ impl Executor for FakeExecutor {
             functions: HashMap::new(),
             streams: HashMap::new(),
             events: HashMap::new(),
+            ipc_opens: HashMap::new(),
         }))
     }
     fn register_host_memory(&self, run: HostRun) -> CuResult<()> {
@@ -139,6 +147,27 @@ struct FakeContext {
     functions: HashMap<u64, ()>,
     streams: HashMap<u64, ()>,
     events: HashMap<u64, f32>,
+    /// Memory opened through IPC, with how often.
+    ipc_opens: HashMap<u64, u32>,
+}
+
+const FAKE_IPC_MEM: &[u8; 8] = b"fake-mem";
+const FAKE_IPC_EVENT: &[u8; 8] = b"fake-evt";
+
+fn fake_handle(magic: &[u8; 8], object: u64) -> IpcHandle {
+    let mut handle = [0u8; IPC_HANDLE_BYTES];
+    handle[..8].copy_from_slice(magic);
+    handle[8..16].copy_from_slice(&object.to_le_bytes());
+    handle
+}
+
+fn fake_object(magic: &[u8; 8], handle: &IpcHandle) -> CuResult<u64> {
+    if &handle[..8] != magic || handle[16..].iter().any(|b| *b != 0) {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    let mut object = [0u8; 8];
+    object.copy_from_slice(&handle[8..16]);
+    Ok(u64::from_le_bytes(object))
 }
 
 impl Drop for FakeContext {
@@ -147,7 +176,9 @@ impl Drop for FakeContext {
         for ptr in self.owned.drain() {
             memory.blocks.remove(&ptr);
         }
-        lock(&self.state).live_contexts -= 1;
+        let mut state = lock(&self.state);
+        state.live_contexts -= 1;
+        state.ipc_opens -= self.ipc_opens.values().map(|n| *n as usize).sum::<usize>();
     }
 }
 
@@ -397,5 +428,45 @@ impl ContextExecutor for FakeContext {
         let a = self.events.get(&start).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let b = self.events.get(&end).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         Ok(b - a)
+    }
+    fn ipc_get_mem_handle(&mut self, device_ptr: u64) -> CuResult<IpcHandle> {
+        let memory = lock(&self.memory);
+        let (base, _) = memory
+            .blocks
+            .range(..=device_ptr)
+            .next_back()
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        Ok(fake_handle(FAKE_IPC_MEM, *base))
+    }
+    fn ipc_open_mem_handle(&mut self, handle: &IpcHandle, _flags: u32) -> CuResult<(u64, u64)> {
+        let ptr = fake_object(FAKE_IPC_MEM, handle)?;
+        let size = lock(&self.memory)
+            .blocks
+            .get(&ptr)
+            .map(|b| b.len() as u64)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        *self.ipc_opens.entry(ptr).or_insert(0) += 1;
+        lock(&self.state).ipc_opens += 1;
+        Ok((ptr, size))
+    }
+    fn ipc_close_mem_handle(&mut self, device_ptr: u64) -> CuResult<()> {
+        let opens = self
+            .ipc_opens
+            .get_mut(&device_ptr)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        *opens -= 1;
+        if *opens == 0 {
+            self.ipc_opens.remove(&device_ptr);
+        }
+        lock(&self.state).ipc_opens -= 1;
+        Ok(())
+    }
+    fn ipc_get_event_handle(&mut self, event: u64) -> CuResult<IpcHandle> {
+        self.event_query(event)?;
+        Ok(fake_handle(FAKE_IPC_EVENT, event))
+    }
+    fn ipc_open_event_handle(&mut self, handle: &IpcHandle) -> CuResult<u64> {
+        fake_object(FAKE_IPC_EVENT, handle)?;
+        self.event_create(0)
     }
 }
