@@ -428,6 +428,21 @@ impl Relay {
     }
 }
 
+/// driver_api_test, looping, through `relay`; returns once it is running.
+fn run_through(
+    relay: &Relay,
+    guest: &GuestLib,
+    program: &Path,
+    env: &[(String, String)],
+) -> GuestProcess {
+    let url = format!("tls://localhost:{}", relay.port);
+    let mut command = remote_command(guest, program, &url, env);
+    command.args(["--ptx", &ptx(), "--iterations", "100000", "--hold-ms", "20"]);
+    let mut running = GuestProcess::spawn(command);
+    running.wait_for_line("running", RUN_TIMEOUT);
+    running
+}
+
 #[test]
 fn a_dropped_connection_gives_errors_not_a_hang_and_the_host_frees_the_session() {
     let pki = TestPki::new();
@@ -437,16 +452,7 @@ fn a_dropped_connection_gives_errors_not_a_hang_and_the_host_frees_the_session()
     let relay = Relay::start(port);
     let guest = GuestLib::new();
     let program = guest.build_program("driver_api_test.c");
-
-    let mut command = remote_command(
-        &guest,
-        &program,
-        &format!("tls://localhost:{}", relay.port),
-        &env,
-    );
-    command.args(["--ptx", &ptx(), "--iterations", "100000", "--hold-ms", "20"]);
-    let mut running = GuestProcess::spawn(command);
-    running.wait_for_line("running", RUN_TIMEOUT);
+    let running = run_through(&relay, &guest, &program, &env);
     daemon.wait_for_stats(ACCOUNTING_TIMEOUT, "a session", |s| {
         s.get("sessions_active") >= 1
     });
@@ -504,15 +510,7 @@ fn a_silent_network_fails_calls_within_the_timeout_and_a_long_kernel_does_not() 
     // few timeouts, and do not hang.
     let relay = Relay::start(port);
     let program = guest.build_program("driver_api_test.c");
-    let mut command = remote_command(
-        &guest,
-        &program,
-        &format!("tls://localhost:{}", relay.port),
-        &env,
-    );
-    command.args(["--ptx", &ptx(), "--iterations", "100000", "--hold-ms", "20"]);
-    let mut running = GuestProcess::spawn(command);
-    running.wait_for_line("running", RUN_TIMEOUT);
+    let running = run_through(&relay, &guest, &program, &env);
     let silent_at = Instant::now();
     relay.freeze();
     let outcome = running.finish(FAIL_TIMEOUT);
