@@ -14,7 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rgpu_proto::remote::{HelloRole, Request, TOKEN_BYTES};
+use rgpu_proto::{BlobRange, Command as CudaCommand};
 use rgpu_tests::{reference_ptx, CertFiles, Daemon, GuestLib, GuestProcess, TempDir, TestPki};
+use rgpu_transport::carrier::remote::{FrameStream, RemoteEndpoint};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 const ACCOUNTING_TIMEOUT: Duration = Duration::from_secs(15);
@@ -617,4 +620,152 @@ fn the_certificate_names_the_tenant_whose_limits_apply() {
         outcome.stderr.contains("no tenant \"nobody\""),
         "{outcome:?}"
     );
+}
+
+/// A connection to the daemon at `port` as the client `who` (a certificate
+/// of `pki`'s CA), speaking frames directly, as a hostile client could.
+fn raw_connection(pki: &TestPki, who: &CertFiles, port: u16) -> FrameStream {
+    let endpoint = RemoteEndpoint::with_files(
+        &format!("tls://localhost:{port}"),
+        [
+            Some(pki.ca.cert.clone()),
+            Some(who.cert.clone()),
+            Some(who.key.clone()),
+        ],
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    endpoint.connect().unwrap()
+}
+
+fn process_token(pki: &TestPki, who: &CertFiles, port: u16) -> (FrameStream, [u8; TOKEN_BYTES]) {
+    let mut process = raw_connection(pki, who, port);
+    let (token, _, _) = process
+        .hello(HelloRole::Process {
+            name: "1:hostile".into(),
+        })
+        .unwrap();
+    (process, token)
+}
+
+/// A channel of `token`'s process, or why the daemon refused it.
+fn open_channel(
+    pki: &TestPki,
+    who: &CertFiles,
+    port: u16,
+    token: [u8; TOKEN_BYTES],
+) -> Result<FrameStream, String> {
+    let mut channel = raw_connection(pki, who, port);
+    channel
+        .hello(HelloRole::Channel {
+            token,
+            name: "1:hostile".into(),
+        })
+        .map(|_| channel)
+        .map_err(|e| e.to_string())
+}
+
+/// What the gateway answers `frame` on a fresh channel of `token`.
+fn answer_to(
+    pki: &TestPki,
+    who: &CertFiles,
+    port: u16,
+    token: [u8; TOKEN_BYTES],
+    frame: &[u8],
+) -> String {
+    let mut channel = open_channel(pki, who, port, token).unwrap();
+    channel.send_raw(frame).unwrap();
+    match channel.receive() {
+        Ok(response) => format!("{response:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn the_gateway_refuses_what_no_client_may_ask() {
+    let pki = TestPki::new();
+    let config = "[[tenant]]\nname = \"vm1\"\nsocket = \"vm1.sock\"\n\
+                  [[tenant]]\nname = \"vm2\"\nsocket = \"vm2.sock\"\n";
+    let args = pki.daemon_args("127.0.0.1:0");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut daemon = Daemon::start_with_config("sim", config, &args, &[]);
+    let port = remote_port(|| daemon.log());
+    let vm1 = pki.ca.client("vm1", false);
+    let vm2 = pki.ca.client("vm2", false);
+    let (_vm1_process, token1) = process_token(&pki, &vm1, port);
+    let (_vm2_process, _) = process_token(&pki, &vm2, port);
+
+    // Another tenant's process token, and a made-up one.
+    let err = open_channel(&pki, &vm2, port, token1).err().unwrap();
+    assert!(err.contains("unknown process token"), "{err}");
+    let err = open_channel(&pki, &vm1, port, [0x5a; TOKEN_BYTES])
+        .err()
+        .unwrap();
+    assert!(err.contains("unknown process token"), "{err}");
+    // A query connection for a channel that does not exist.
+    let mut queries = raw_connection(&pki, &vm1, port);
+    let err = queries
+        .hello(HelloRole::Query {
+            token: token1,
+            ctx_id: 9999,
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown process token or channel"), "{err}");
+
+    // Commands that name blob memory (the gateway's own ring is blob
+    // memory of this process on the host) or drive the ring itself.
+    let steal = CudaCommand::MemcpyDtoH {
+        stream: 0,
+        dst: BlobRange {
+            resource_id: 1,
+            offset: 0,
+            length: 4096,
+        },
+        src: 0x7f00_0000_0000,
+    }
+    .to_bytes(0);
+    let answer = answer_to(
+        &pki,
+        &vm1,
+        port,
+        token1,
+        &Request::Call { command: &steal }.encode(),
+    );
+    assert!(
+        answer.contains("not allowed on a remote connection"),
+        "{answer}"
+    );
+    let doorbell = CudaCommand::Doorbell { until: u64::MAX }.to_bytes(0);
+    let answer = answer_to(
+        &pki,
+        &vm1,
+        port,
+        token1,
+        &Request::Send { command: &doorbell }.encode(),
+    );
+    assert!(
+        answer.contains("not allowed on a remote connection"),
+        "{answer}"
+    );
+    // A frame of an unknown kind, and one longer than any frame may be.
+    let answer = answer_to(&pki, &vm1, port, token1, &[1, 0, 0, 0, 0x7f]);
+    assert!(answer.contains("request kind"), "{answer}");
+    let answer = answer_to(&pki, &vm1, port, token1, &u32::MAX.to_le_bytes());
+    assert!(answer.contains("out of range"), "{answer}");
+
+    // Nothing of it reached a session, and the daemon serves on.
+    assert!(daemon.is_alive());
+    let guest = GuestLib::new();
+    let program = guest.build_program("driver_api_test.c");
+    let mut command = remote_command(
+        &guest,
+        &program,
+        &format!("tls://localhost:{port}"),
+        &pki.client_env(Some(&vm1)),
+    );
+    command.args(["--ptx", &ptx()]);
+    GuestProcess::spawn(command)
+        .finish(RUN_TIMEOUT)
+        .assert_checks_passed("driver_api_test after the hostile frames");
 }

@@ -86,6 +86,29 @@ impl RemoteEndpoint {
     /// Parses `tls://HOST:PORT` or `tcp://HOST:PORT`, reading the TLS files
     /// the environment names.
     pub fn from_url(url: &str) -> Result<Self, CarrierError> {
+        let timeout = std::env::var("RGPU_REMOTE_TIMEOUT_S")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|s| *s > 0)
+            .unwrap_or(DEFAULT_TIMEOUT_S);
+        Self::with_files(
+            url,
+            [
+                env_path("RGPU_TLS_CA"),
+                env_path("RGPU_TLS_CERT"),
+                env_path("RGPU_TLS_KEY"),
+            ],
+            Duration::from_secs(timeout),
+        )
+    }
+
+    /// [`RemoteEndpoint::from_url`] with the CA, certificate and key files
+    /// given (`[ca, cert, key]`) instead of the environment's.
+    pub fn with_files(
+        url: &str,
+        files: [Option<std::path::PathBuf>; 3],
+        timeout: Duration,
+    ) -> Result<Self, CarrierError> {
         let (tls, address) = if let Some(rest) = url.strip_prefix("tls://") {
             (true, rest)
         } else if let Some(rest) = url.strip_prefix("tcp://") {
@@ -109,16 +132,12 @@ impl RemoteEndpoint {
         };
         let server_name = ServerName::try_from(host.to_owned())
             .map_err(|e| setup(format!("RGPU_SERVER={url:?}: bad host name: {e}")))?;
-        let timeout = std::env::var("RGPU_REMOTE_TIMEOUT_S")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .filter(|s| *s > 0)
-            .unwrap_or(DEFAULT_TIMEOUT_S);
+        let [ca, cert, key] = files;
         let tls = if tls {
             Some(Arc::new(client_config(
-                env_path("RGPU_TLS_CA").as_deref(),
-                env_path("RGPU_TLS_CERT").as_deref(),
-                env_path("RGPU_TLS_KEY").as_deref(),
+                ca.as_deref(),
+                cert.as_deref(),
+                key.as_deref(),
             )?))
         } else {
             None
@@ -127,7 +146,7 @@ impl RemoteEndpoint {
             address: address.to_owned(),
             tls,
             server_name,
-            timeout: Duration::from_secs(timeout),
+            timeout,
         })
     }
 
@@ -383,6 +402,13 @@ impl FrameStream {
     /// The count of requests queued or sent, shared.
     pub fn sent_counter(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.sent)
+    }
+
+    /// Writes `bytes` as they are (tests of the gateway's checks send
+    /// frames no client would).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), CarrierError> {
+        self.write_full(bytes)?;
+        self.flush_io()
     }
 
     /// Sends `request` now, after whatever was queued.
