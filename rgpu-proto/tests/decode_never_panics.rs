@@ -10,9 +10,7 @@ use proptest::prelude::*;
 use rgpu_proto::batch::{decode_batch, encode_batch};
 use rgpu_proto::capset::{Capset, DeviceInfo, ATTRIBUTE_SLOTS};
 use rgpu_proto::command::{decode_all, decode_one};
-use rgpu_proto::remote::{
-    frame_length, HelloRole, Request, Response, REMOTE_VERSION, TOKEN_BYTES,
-};
+use rgpu_proto::remote::{frame_length, HelloRole, Request, Response, REMOTE_VERSION, TOKEN_BYTES};
 use rgpu_proto::reply::{DeviceStatus, FunctionInfo, ParamSlot};
 use rgpu_proto::virtio_gpu::{MemEntry, ResourceCreateBlob};
 use rgpu_proto::wire::{WireReader, WireWriter};
@@ -66,7 +64,7 @@ fn remote_request<'a>(kind: u8, draw: &mut impl FnMut() -> u64, data: &'a [u8]) 
         5 => Request::CopyToDevice {
             stream: draw() as u32,
             dst: draw(),
-            sync: draw() % 2 == 0,
+            sync: draw().is_multiple_of(2),
             data,
         },
         6 => Request::CopyFromDevice {
@@ -81,7 +79,7 @@ fn remote_request<'a>(kind: u8, draw: &mut impl FnMut() -> u64, data: &'a [u8]) 
         },
         9 => Request::Query {
             after: draw(),
-            stream: draw() % 2 == 0,
+            stream: draw().is_multiple_of(2),
             handle: draw() as u32,
         },
         _ => Request::Ping,
