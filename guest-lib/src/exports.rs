@@ -11,7 +11,10 @@ use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use crate::abi::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule, CUstream};
 use crate::api::context::CtxCreateParams;
 use crate::api::copy_2d::Memcpy2D;
-use crate::api::graph::{CUgraph, CUgraphExec};
+use crate::api::graph::{
+    CUgraph, CUgraphExec, CUgraphNode, KernelNodeParams, KernelNodeParamsV1, Memcpy3D,
+    MemsetNodeParams,
+};
 use crate::api::ipc::IpcHandle;
 use crate::api::launch::LaunchConfig;
 use crate::api::library::{CUkernel, CUlibrary};
@@ -236,6 +239,18 @@ rgpu_shim::exported_api! {
     fn cuGraphLaunch_ptsz(hexec: CUgraphExec, hstream: CUstream) => graph::launch_ptsz;
     fn cuGraphExecDestroy(hexec: CUgraphExec) => graph::exec_destroy;
     fn cuGraphDestroy(hgraph: CUgraph) => graph::destroy;
+    fn cuGraphCreate(phgraph: *mut CUgraph, flags: c_uint) => graph::create;
+    fn cuGraphClone(phgraph_clone: *mut CUgraph, original_graph: CUgraph) => graph::clone;
+    fn cuGraphAddEmptyNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize) => graph::add_empty_node;
+    fn cuGraphAddKernelNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, node_params: *const KernelNodeParamsV1) => graph::add_kernel_node_v1;
+    fn cuGraphAddKernelNode_v2(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, node_params: *const KernelNodeParams) => graph::add_kernel_node;
+    fn cuGraphAddMemsetNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, memset_params: *const MemsetNodeParams, ctx: *mut c_void) => graph::add_memset_node;
+    fn cuGraphAddMemcpyNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, copy_params: *const Memcpy3D, ctx: *mut c_void) => graph::add_memcpy_node;
+    fn cuGraphAddEventRecordNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, event: CUevent) => graph::add_event_record_node;
+    fn cuGraphAddEventWaitNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, event: CUevent) => graph::add_event_wait_node;
+    fn cuGraphAddChildGraphNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, child_graph: CUgraph) => graph::add_child_graph_node;
+    fn cuGraphGetNodes(hgraph: CUgraph, nodes: *mut CUgraphNode, num_nodes: *mut usize) => graph::get_nodes;
+    fn cuGraphNodeGetType(hnode: CUgraphNode, node_type: *mut c_int) => graph::node_get_type;
     fn cuStreamIsCapturing(hstream: CUstream, capture_status: *mut c_int) => stream::is_capturing;
     fn cuStreamIsCapturing_ptsz(hstream: CUstream, capture_status: *mut c_int) => stream::is_capturing_ptsz;
     fn cuStreamGetCaptureInfo(hstream: CUstream, capture_status: *mut c_int, id: *mut u64) => stream::capture_info;

@@ -272,6 +272,21 @@ impl Context {
         Ok(handle)
     }
 
+    /// `count` consecutive handles (a graph clone's nodes): the first.
+    pub fn new_handles(&self, count: u32) -> Result<u32, u32> {
+        if count == 0 {
+            return Ok(0);
+        }
+        let first = self.next_handle.fetch_add(count, Ordering::Relaxed);
+        let last = first
+            .checked_add(count - 1)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        if first == 0 || last == rgpu_proto::STREAM_PER_THREAD {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        Ok(first)
+    }
+
     pub fn with_channel<R>(
         &self,
         f: impl FnOnce(&ContextChannel) -> Result<R, CarrierError>,

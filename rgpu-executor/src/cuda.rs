@@ -30,8 +30,8 @@ use rgpu_proto::MAX_KERNEL_PARAMS;
 use crate::image::{classify, ImageKind};
 use crate::nvml::HostNvml;
 use crate::{
-    ptx, ContextExecutor, CuResult, DeviceStatus, Executor, ExecutorError, HostRun, LaunchHint,
-    LaunchOptions, StreamRef,
+    ptx, ContextExecutor, CuResult, DeviceStatus, Executor, ExecutorError, GraphNode, HostRun,
+    LaunchHint, LaunchOptions, StreamRef,
 };
 
 /// Exported by rgpu's guest library so the daemon can tell it apart from
@@ -447,6 +447,7 @@ impl Executor for CudaExecutor {
             events: HashMap::new(),
             graphs: HashMap::new(),
             graph_execs: HashMap::new(),
+            graph_nodes: HashMap::new(),
             device: self.device,
             physical: HashMap::new(),
             reservations: HashMap::new(),
@@ -563,6 +564,9 @@ pub struct CudaContext {
     events: HashMap<u64, sys::CUevent>,
     graphs: HashMap<u64, sys::CUgraph>,
     graph_execs: HashMap<u64, sys::CUgraphExec>,
+    /// Nodes of graphs built node by node: (graph handle, node), until
+    /// their graph is destroyed.
+    graph_nodes: HashMap<u64, (u64, sys::CUgraphNode)>,
     /// The device, for the virtual-memory calls' locations.
     device: sys::CUdevice,
     /// Virtual memory: physical allocations by handle, reserved ranges and
@@ -1476,7 +1480,187 @@ impl ContextExecutor for CudaContext {
         // SAFETY: a live graph of this context, destroyed once.
         check("cuGraphDestroy", unsafe { sys::cuGraphDestroy(handle) })?;
         self.graphs.remove(&graph);
+        self.graph_nodes.retain(|_, (of, _)| *of != graph);
         Ok(())
+    }
+
+    fn graph_create(&mut self) -> CuResult<u64> {
+        let mut graph: sys::CUgraph = null_mut();
+        // SAFETY: a valid out-pointer; flags 0.
+        check("cuGraphCreate", unsafe {
+            sys::cuGraphCreate(&mut graph, 0)
+        })?;
+        let handle = self.new_handle();
+        self.graphs.insert(handle, graph);
+        Ok(handle)
+    }
+
+    fn graph_add_node(
+        &mut self,
+        graph: u64,
+        dependencies: &[u64],
+        node: &GraphNode<'_>,
+    ) -> CuResult<u64> {
+        let hgraph = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let deps = dependencies
+            .iter()
+            .map(|d| match self.graph_nodes.get(d) {
+                Some((of, n)) if *of == graph => Ok(*n),
+                _ => Err(CUDA_ERROR_INVALID_VALUE),
+            })
+            .collect::<CuResult<Vec<sys::CUgraphNode>>>()?;
+        let mut added: sys::CUgraphNode = null_mut();
+        let (out, d, n) = (
+            &mut added as *mut sys::CUgraphNode,
+            deps.as_ptr(),
+            deps.len(),
+        );
+        match *node {
+            GraphNode::Empty => {
+                // SAFETY: (this arm and those below) a live graph of this
+                // context, `n` live nodes of it at `d`, a valid
+                // out-pointer; the parameters are read during the call
+                // only (the driver copies them).
+                check("cuGraphAddEmptyNode", unsafe {
+                    sys::cuGraphAddEmptyNode(out, hgraph, d, n)
+                })?
+            }
+            GraphNode::Kernel {
+                function,
+                grid,
+                block,
+                shared_mem_bytes,
+                params,
+            } => {
+                let func = self.function(function)?;
+                with_param_buffer(params, |extra| {
+                    let p = sys::CUDA_KERNEL_NODE_PARAMS {
+                        func,
+                        gridDimX: grid[0],
+                        gridDimY: grid[1],
+                        gridDimZ: grid[2],
+                        blockDimX: block[0],
+                        blockDimY: block[1],
+                        blockDimZ: block[2],
+                        sharedMemBytes: shared_mem_bytes,
+                        kernelParams: null_mut(),
+                        extra,
+                        kern: null_mut(),
+                        ctx: null_mut(),
+                    };
+                    // SAFETY: as above; `extra` describes `params` and ends
+                    // with END; the function is live in this context.
+                    check("cuGraphAddKernelNode_v2", unsafe {
+                        sys::cuGraphAddKernelNode_v2(out, hgraph, d, n, &p)
+                    })
+                })?
+            }
+            GraphNode::Memset {
+                dst,
+                value,
+                element_size,
+                width,
+                height,
+                pitch,
+            } => {
+                let size = |v: u64| usize::try_from(v).map_err(|_| CUDA_ERROR_INVALID_VALUE);
+                let p = sys::CUDA_MEMSET_NODE_PARAMS {
+                    dst,
+                    pitch: size(pitch)?,
+                    value,
+                    elementSize: element_size,
+                    width: size(width)?,
+                    height: size(height)?,
+                };
+                // SAFETY: as above; the driver checks the device range.
+                check("cuGraphAddMemsetNode", unsafe {
+                    sys::cuGraphAddMemsetNode(out, hgraph, d, n, &p, self.ctx)
+                })?
+            }
+            GraphNode::CopyDtoD { dst, src, size } => {
+                let device = sys::CUmemorytype_enum::CU_MEMORYTYPE_DEVICE;
+                // SAFETY: CUDA_MEMCPY3D is plain data, all-zero valid (NULL
+                // pointers, zero offsets).
+                let mut p: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+                p.srcMemoryType = device;
+                p.srcDevice = src;
+                p.dstMemoryType = device;
+                p.dstDevice = dst;
+                p.WidthInBytes = usize::try_from(size).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+                p.Height = 1;
+                p.Depth = 1;
+                // SAFETY: as above; device to device only.
+                check("cuGraphAddMemcpyNode", unsafe {
+                    sys::cuGraphAddMemcpyNode(out, hgraph, d, n, &p, self.ctx)
+                })?
+            }
+            GraphNode::EventRecord(event) => {
+                let event = *self.events.get(&event).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+                // SAFETY: as above; a live event of this context.
+                check("cuGraphAddEventRecordNode", unsafe {
+                    sys::cuGraphAddEventRecordNode(out, hgraph, d, n, event)
+                })?
+            }
+            GraphNode::EventWait(event) => {
+                let event = *self.events.get(&event).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+                // SAFETY: as above.
+                check("cuGraphAddEventWaitNode", unsafe {
+                    sys::cuGraphAddEventWaitNode(out, hgraph, d, n, event)
+                })?
+            }
+            GraphNode::Child(child) => {
+                let child = *self.graphs.get(&child).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+                // SAFETY: as above; a live graph of this context (cloned
+                // into the node).
+                check("cuGraphAddChildGraphNode", unsafe {
+                    sys::cuGraphAddChildGraphNode(out, hgraph, d, n, child)
+                })?
+            }
+        }
+        let handle = self.new_handle();
+        self.graph_nodes.insert(handle, (graph, added));
+        Ok(handle)
+    }
+
+    fn graph_clone(&mut self, graph: u64, nodes: &[u64]) -> CuResult<(u64, Vec<u64>)> {
+        let original = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let originals = nodes
+            .iter()
+            .map(|n| match self.graph_nodes.get(n) {
+                Some((of, node)) if *of == graph => Ok(*node),
+                _ => Err(CUDA_ERROR_INVALID_VALUE),
+            })
+            .collect::<CuResult<Vec<sys::CUgraphNode>>>()?;
+        let mut clone: sys::CUgraph = null_mut();
+        // SAFETY: a live graph of this context, a valid out-pointer.
+        check("cuGraphClone", unsafe {
+            sys::cuGraphClone(&mut clone, original)
+        })?;
+        let mut found = Vec::with_capacity(originals.len());
+        for node in originals {
+            let mut copy: sys::CUgraphNode = null_mut();
+            // SAFETY: a live node of the original, the clone just made.
+            let looked = check("cuGraphNodeFindInClone", unsafe {
+                sys::cuGraphNodeFindInClone(&mut copy, node, clone)
+            });
+            if let Err(code) = looked {
+                // SAFETY: the clone is ours, destroyed once.
+                let _ = unsafe { sys::cuGraphDestroy(clone) };
+                return Err(code);
+            }
+            found.push(copy);
+        }
+        let handle = self.new_handle();
+        self.graphs.insert(handle, clone);
+        let handles = found
+            .into_iter()
+            .map(|node| {
+                let h = self.new_handle();
+                self.graph_nodes.insert(h, (handle, node));
+                h
+            })
+            .collect();
+        Ok((handle, handles))
     }
 
     fn ipc_get_mem_handle(&mut self, device_ptr: u64) -> CuResult<IpcHandle> {

@@ -84,6 +84,40 @@ pub enum StreamRef {
     Created(u64),
 }
 
+/// A node of a graph built node by node, as the session checked it: the
+/// function, events and child graph are this executor's handles; the
+/// memory a memset or copy names lies in the process's own device ranges.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GraphNode<'a> {
+    Empty,
+    Kernel {
+        function: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        /// The parameter buffer, laid out as for a launch.
+        params: &'a [u8],
+    },
+    /// `height` rows `pitch` bytes apart, `width` elements each.
+    Memset {
+        dst: u64,
+        value: u32,
+        element_size: u32,
+        width: u64,
+        height: u64,
+        pitch: u64,
+    },
+    CopyDtoD {
+        dst: u64,
+        src: u64,
+        size: u64,
+    },
+    EventRecord(u64),
+    EventWait(u64),
+    /// A copy of this graph as it is now.
+    Child(u64),
+}
+
 /// Live state of one device, as NVML reports it ([`Executor::device_status`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DeviceStatus {
@@ -367,6 +401,24 @@ pub trait ContextExecutor {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
     fn graph_destroy(&mut self, _graph: u64) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// An empty graph.
+    fn graph_create(&mut self) -> CuResult<u64> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// Adds `node` to `graph` after `dependencies` (nodes of `graph`): the
+    /// new node's handle.
+    fn graph_add_node(
+        &mut self,
+        _graph: u64,
+        _dependencies: &[u64],
+        _node: &GraphNode<'_>,
+    ) -> CuResult<u64> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// A copy of `graph`, and the copies of its nodes `nodes`, in order.
+    fn graph_clone(&mut self, _graph: u64, _nodes: &[u64]) -> CuResult<(u64, Vec<u64>)> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
 

@@ -33,8 +33,8 @@ use rgpu_proto::reply::FunctionInfo;
 use crate::image::{classify, ImageKind};
 use crate::occupancy::{self, KernelResources};
 use crate::{
-    ptx, ContextExecutor, CuResult, DeviceStatus, Executor, HostRun, LaunchHint, LaunchOptions,
-    StreamRef,
+    ptx, ContextExecutor, CuResult, DeviceStatus, Executor, GraphNode, HostRun, LaunchHint,
+    LaunchOptions, StreamRef,
 };
 
 /// What `rgpu_spin` with a duration past the clock's range waits: forever,
@@ -434,7 +434,10 @@ pub struct SimContext {
     reservations: BTreeMap<u64, u64>,
     /// Streams being captured (by [`stream_key`]) and what they recorded.
     capturing: HashMap<u64, Vec<GraphOp>>,
-    graphs: HashMap<u64, Vec<GraphOp>>,
+    /// Graphs: their nodes in the order they were added (a node depends
+    /// only on nodes added before it, so this order is a valid one to run
+    /// them in), each with its handle.
+    graphs: HashMap<u64, Vec<(u64, GraphOp)>>,
     graph_execs: HashMap<u64, Vec<GraphOp>>,
 }
 
@@ -448,17 +451,25 @@ enum GraphOp {
         shared_mem_bytes: u32,
         params: Vec<u8>,
     },
+    /// `rows` rows `pitch` bytes apart, `count` elements each.
     Memset {
         dst: u64,
         value: u32,
         element_size: u32,
         count: u64,
+        rows: u64,
+        pitch: u64,
     },
     CopyDtoD {
         dst: u64,
         src: u64,
         size: u64,
     },
+    Empty,
+    EventRecord(u64),
+    EventWait(u64),
+    /// A child graph, as it was when the node was added.
+    Child(Vec<GraphOp>),
 }
 
 /// A stream's key among the captures.
@@ -634,6 +645,48 @@ impl SimContext {
 
     fn event(&self, event: u64) -> CuResult<&SimEvent> {
         self.events.get(&event).ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    /// Runs a graph's operations on `stream`, in order (one queue: what a
+    /// node depends on ran before it).
+    fn replay(&mut self, ops: &[GraphOp], stream: StreamRef) -> CuResult<()> {
+        for op in ops {
+            match op {
+                GraphOp::Launch {
+                    function,
+                    grid,
+                    block,
+                    shared_mem_bytes,
+                    params,
+                } => {
+                    self.launch_kernel(*function, *grid, *block, *shared_mem_bytes, stream, params)?
+                }
+                GraphOp::Memset {
+                    dst,
+                    value,
+                    element_size,
+                    count,
+                    rows,
+                    pitch,
+                } => {
+                    for row in 0..*rows {
+                        let at = row
+                            .checked_mul(*pitch)
+                            .and_then(|offset| dst.checked_add(offset))
+                            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                        self.memset(stream, at, *value, *element_size, *count)?;
+                    }
+                }
+                GraphOp::CopyDtoD { dst, src, size } => {
+                    self.memcpy_dtod(stream, *dst, *src, *size)?
+                }
+                GraphOp::Empty => {}
+                GraphOp::EventRecord(event) => self.event_record(*event, stream)?,
+                GraphOp::EventWait(event) => self.stream_wait_event(stream, *event, 0)?,
+                GraphOp::Child(ops) => self.replay(ops, stream)?,
+            }
+        }
+        Ok(())
     }
 
     fn run_kernel(&mut self, kernel: ReferenceKernel, args: &[u64], threads: u64) -> CuResult<()> {
@@ -966,6 +1019,8 @@ impl ContextExecutor for SimContext {
                 value,
                 element_size,
                 count,
+                rows: 1,
+                pitch: 0,
             });
             return Ok(());
         }
@@ -1594,8 +1649,9 @@ impl ContextExecutor for SimContext {
             .capturing
             .remove(&stream_key(stream))
             .ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+        let nodes = ops.into_iter().map(|op| (self.new_handle(), op)).collect();
         let handle = self.new_handle();
-        self.graphs.insert(handle, ops);
+        self.graphs.insert(handle, nodes);
         Ok(handle)
     }
 
@@ -1603,8 +1659,10 @@ impl ContextExecutor for SimContext {
         let ops = self
             .graphs
             .get(&graph)
-            .cloned()
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+            .iter()
+            .map(|(_, op)| op.clone())
+            .collect();
         let handle = self.new_handle();
         self.graph_execs.insert(handle, ops);
         Ok(handle)
@@ -1616,27 +1674,8 @@ impl ContextExecutor for SimContext {
             .get(&exec)
             .cloned()
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        for op in ops {
-            match op {
-                GraphOp::Launch {
-                    function,
-                    grid,
-                    block,
-                    shared_mem_bytes,
-                    params,
-                } => {
-                    self.launch_kernel(function, grid, block, shared_mem_bytes, stream, &params)?
-                }
-                GraphOp::Memset {
-                    dst,
-                    value,
-                    element_size,
-                    count,
-                } => self.memset(stream, dst, value, element_size, count)?,
-                GraphOp::CopyDtoD { dst, src, size } => self.memcpy_dtod(stream, dst, src, size)?,
-            }
-        }
-        Ok(())
+        self.check_stream(stream)?;
+        self.replay(&ops, stream)
     }
 
     fn graph_exec_destroy(&mut self, exec: u64) -> CuResult<()> {
@@ -1651,6 +1690,124 @@ impl ContextExecutor for SimContext {
             .remove(&graph)
             .map(|_| ())
             .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    fn graph_create(&mut self) -> CuResult<u64> {
+        let handle = self.new_handle();
+        self.graphs.insert(handle, Vec::new());
+        Ok(handle)
+    }
+
+    fn graph_add_node(
+        &mut self,
+        graph: u64,
+        dependencies: &[u64],
+        node: &GraphNode<'_>,
+    ) -> CuResult<u64> {
+        let nodes = self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        // As the driver: dependencies are nodes of this graph.
+        if !dependencies
+            .iter()
+            .all(|d| nodes.iter().any(|(handle, _)| handle == d))
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let op = match *node {
+            GraphNode::Empty => GraphOp::Empty,
+            GraphNode::Kernel {
+                function,
+                grid,
+                block,
+                shared_mem_bytes,
+                params,
+            } => {
+                if !self.functions.contains_key(&function) {
+                    return Err(CUDA_ERROR_INVALID_HANDLE);
+                }
+                launch_threads(grid, block)?;
+                GraphOp::Launch {
+                    function,
+                    grid,
+                    block,
+                    shared_mem_bytes,
+                    params: params.to_vec(),
+                }
+            }
+            GraphNode::Memset {
+                dst,
+                value,
+                element_size,
+                width,
+                height,
+                pitch,
+            } => {
+                if !matches!(element_size, 1 | 2 | 4)
+                    || !dst.is_multiple_of(u64::from(element_size))
+                    || width == 0
+                    || height == 0
+                {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                GraphOp::Memset {
+                    dst,
+                    value,
+                    element_size,
+                    count: width,
+                    rows: height,
+                    pitch,
+                }
+            }
+            GraphNode::CopyDtoD { dst, src, size } => GraphOp::CopyDtoD { dst, src, size },
+            GraphNode::EventRecord(event) => {
+                self.event(event)?;
+                GraphOp::EventRecord(event)
+            }
+            GraphNode::EventWait(event) => {
+                self.event(event)?;
+                GraphOp::EventWait(event)
+            }
+            GraphNode::Child(child) => GraphOp::Child(
+                self.graphs
+                    .get(&child)
+                    .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+                    .iter()
+                    .map(|(_, op)| op.clone())
+                    .collect(),
+            ),
+        };
+        let handle = self.new_handle();
+        self.graphs
+            .get_mut(&graph)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+            .push((handle, op));
+        Ok(handle)
+    }
+
+    fn graph_clone(&mut self, graph: u64, nodes: &[u64]) -> CuResult<(u64, Vec<u64>)> {
+        let original = self
+            .graphs
+            .get(&graph)
+            .cloned()
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let copy: Vec<(u64, u64, GraphOp)> = original
+            .into_iter()
+            .map(|(old, op)| (old, self.new_handle(), op))
+            .collect();
+        let found = nodes
+            .iter()
+            .map(|wanted| {
+                copy.iter()
+                    .find(|(old, _, _)| old == wanted)
+                    .map(|(_, new, _)| *new)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)
+            })
+            .collect::<CuResult<Vec<u64>>>()?;
+        let handle = self.new_handle();
+        self.graphs.insert(
+            handle,
+            copy.into_iter().map(|(_, new, op)| (new, op)).collect(),
+        );
+        Ok((handle, found))
     }
 
     /// A handle the tenant's registry records; nothing else is kept (the

@@ -490,6 +490,39 @@ impl Field for Vec<LaunchAttr> {
     }
 }
 
+/// Most dependencies one graph node may name (a node with more is refused
+/// where it is decoded; the driver takes any number, real graphs a few).
+pub const MAX_NODE_DEPENDENCIES: usize = 1024;
+
+/// A graph node's dependencies: guest node handles (a `u32` count, at most
+/// [`MAX_NODE_DEPENDENCIES`], then the handles).
+impl Field for Vec<u32> {
+    fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError> {
+        let count = r.u32()? as usize;
+        if count > MAX_NODE_DEPENDENCIES {
+            return Err(DecodeError::LengthOutOfRange {
+                length: count as u64,
+                limit: MAX_NODE_DEPENDENCIES as u64,
+            });
+        }
+        (0..count).map(|_| r.u32()).collect()
+    }
+    fn write(&self, w: &mut WireWriter) {
+        let nodes = self.get(..MAX_NODE_DEPENDENCIES).unwrap_or(self);
+        w.u32(nodes.len() as u32);
+        for node in nodes {
+            w.u32(*node);
+        }
+    }
+    fn wire_len(&self) -> usize {
+        4 + self.len().min(MAX_NODE_DEPENDENCIES) * 4
+    }
+    fn draw(draw: &mut dyn FnMut() -> u64) -> Self {
+        let count = draw() % 8;
+        (0..count).map(|_| draw() as u32).collect()
+    }
+}
+
 /// The command table: each command is defined once, with its wire number
 /// and its fields in wire order. It generates [`Opcode`], [`Command`], and
 /// for every command its decoding (the whole body must be consumed, and a
@@ -623,6 +656,32 @@ fn memset_element_size(command: &Command) -> Result<(), DecodeError> {
     }
 }
 
+/// A kernel node's launch names no stream (it runs on the graph's).
+fn kernel_node_stream(command: &Command) -> Result<(), DecodeError> {
+    match command {
+        Command::GraphAddKernelNode { launch, .. } if launch.stream != 0 => {
+            Err(DecodeError::InvalidField {
+                field: "graph_add_kernel_node.launch.stream",
+                value: launch.stream.into(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A memset node sets elements of 1, 2 or 4 bytes.
+fn memset_node_element_size(command: &Command) -> Result<(), DecodeError> {
+    match command {
+        Command::GraphAddMemsetNode { element_size, .. } if !matches!(element_size, 1 | 2 | 4) => {
+            Err(DecodeError::InvalidField {
+                field: "graph_add_memset_node.element_size",
+                value: (*element_size).into(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 commands! {
     /// Ring filler up to the ring's end; its body is ignored.
     Padding = 0x0000;
@@ -722,6 +781,51 @@ commands! {
     GraphLaunch = 0x0701 { exec: u32, stream: u32 };
     GraphExecDestroy = 0x0702 { exec: u32 };
     GraphDestroy = 0x0703 { graph: u32 };
+    /// `cuGraphCreate`: an empty graph, guest handle `graph` (`flags` 0).
+    GraphCreate = 0x0704 { graph: u32, flags: u32 };
+    /// `cuGraphClone` of `original` as `graph`; the clone's nodes get guest
+    /// handles `first_node`, `first_node + 1`... in the order the
+    /// original's nodes were added.
+    GraphClone = 0x0705 { graph: u32, original: u32, first_node: u32 };
+    /// The graph-building commands: node `node` of `graph`, after the
+    /// nodes of the same graph in `dependencies` (guest handles).
+    GraphAddEmptyNode = 0x0710 { graph: u32, node: u32, dependencies: Vec<u32> };
+    /// A kernel node: the launch as `LaunchKernel` carries it (its stream
+    /// is 0, unused).
+    GraphAddKernelNode = 0x0711 {
+        graph: u32,
+        node: u32,
+        dependencies: Vec<u32>,
+        launch: Launch,
+    }
+        check kernel_node_stream;
+    /// A memset node: `height` rows `pitch` bytes apart, each `width`
+    /// elements of `element_size` (1, 2 or 4) bytes set to `value`.
+    GraphAddMemsetNode = 0x0712 {
+        graph: u32,
+        node: u32,
+        dependencies: Vec<u32>,
+        dst: u64,
+        value: u32,
+        element_size: u32,
+        width: u64,
+        height: u64,
+        pitch: u64,
+    }
+        check memset_node_element_size;
+    /// A memcpy node copying `size` bytes between device memory.
+    GraphAddMemcpyNode = 0x0713 {
+        graph: u32,
+        node: u32,
+        dependencies: Vec<u32>,
+        dst: u64,
+        src: u64,
+        size: u64,
+    };
+    GraphAddEventRecordNode = 0x0714 { graph: u32, node: u32, dependencies: Vec<u32>, event: u32 };
+    GraphAddEventWaitNode = 0x0715 { graph: u32, node: u32, dependencies: Vec<u32>, event: u32 };
+    /// A child graph node: a copy of graph `child` as it is now.
+    GraphAddChildGraphNode = 0x0716 { graph: u32, node: u32, dependencies: Vec<u32>, child: u32 };
     /// `cuIpcGetMemHandle` of device memory of the guest process (it must
     /// lie in one of its `cuMemAlloc` allocations); answers the driver's
     /// 64-byte handle, which the tenant's registry records.

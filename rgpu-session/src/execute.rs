@@ -2,7 +2,9 @@
 //! handles, blob ranges and device pointers are checked and translated
 //! here, then handed to the executor; the session's limits are kept here.
 
-use rgpu_executor::{ContextExecutor, CuResult, Executor, HostRun, LaunchHint, LaunchOptions};
+use rgpu_executor::{
+    ContextExecutor, CuResult, Executor, GraphNode, HostRun, LaunchHint, LaunchOptions,
+};
 use rgpu_proto::command::launch_attribute;
 use rgpu_proto::cuda_result::{
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND,
@@ -18,9 +20,9 @@ use rgpu_proto::{BlobRange, Command, LaunchAttr, STREAM_PER_THREAD};
 
 use crate::device_ranges::{Inserted, RangeKind, RangeOwner};
 use crate::driver_memory::Refresh;
-use crate::handles::{check_new, FunctionEntry, Handles, IpcMapping, Physical};
+use crate::handles::{check_new, FunctionEntry, GraphNodes, Handles, IpcMapping, Physical};
 use crate::ipc::{event_key, IpcKind};
-use crate::limits::{check_room, LIMIT_ERROR};
+use crate::limits::{check_room, SessionLimits, LIMIT_ERROR};
 use crate::module_cache::image_hash;
 use crate::tenant::Usage;
 use crate::worker::{Attached, DeviceContext, Worker};
@@ -210,6 +212,51 @@ fn check_device_range(
          process's allocations or globals; refused"
     );
     Err(CUDA_ERROR_INVALID_VALUE)
+}
+
+/// Adds node `node` to graph `graph` after `dependencies` (guest handles
+/// all): the graph must be the session's, the dependencies nodes of that
+/// graph, the node handle new, and the session's nodes (`weight` more)
+/// within its limit; `spec` was checked by the caller.
+#[allow(clippy::too_many_arguments)]
+fn add_graph_node(
+    ctx: &mut dyn ContextExecutor,
+    handles: &mut Handles,
+    limits: &SessionLimits,
+    ctx_id: u32,
+    graph: u32,
+    node: u32,
+    dependencies: &[u32],
+    spec: &GraphNode<'_>,
+    weight: usize,
+) -> CuResult<Vec<u8>> {
+    let created_graph = handles.graph(graph)?;
+    check_new(&handles.graph_nodes, node)?;
+    let total = handles.graph_node_weight().saturating_add(weight);
+    check_room(total.saturating_sub(1), limits.graph_nodes)?;
+    let deps = handles.dependencies(graph, dependencies).inspect_err(|_| {
+        warn_limited!(
+            "ctx {ctx_id}: a node of graph {graph} depends on a node that is none of that \
+             graph's; refused"
+        );
+    })?;
+    let created = ctx.graph_add_node(created_graph, &deps, spec)?;
+    handles.graph_nodes.insert(node, (graph, created));
+    let contents = handles.graph_contents.entry(graph).or_default();
+    contents.nodes.push(node);
+    contents.weight = contents.weight.saturating_add(weight);
+    Ok(Vec::new())
+}
+
+/// Bytes from the first to the last a memset node of `height` rows
+/// `pitch` apart, `width` elements of `element_size` each, sets; `None`
+/// for a shape the driver refuses (empty, rows overlapping) or overflow.
+fn memset_node_span(element_size: u32, width: u64, height: u64, pitch: u64) -> Option<u64> {
+    let row = width.checked_mul(u64::from(element_size))?;
+    if row == 0 || height == 0 || (height > 1 && pitch < row) {
+        return None;
+    }
+    (height - 1).checked_mul(pitch)?.checked_add(row)
 }
 
 /// Records a device range the driver handed to the guest.
@@ -871,6 +918,13 @@ impl Worker {
                     return Err(code);
                 }
                 handles.graphs.insert(*graph, created);
+                handles.graph_contents.insert(
+                    *graph,
+                    GraphNodes {
+                        captured: true,
+                        ..GraphNodes::default()
+                    },
+                );
                 Ok(Vec::new())
             }
             Command::GraphInstantiate { graph, exec, flags } => {
@@ -897,8 +951,236 @@ impl Worker {
             Command::GraphDestroy { graph } => {
                 let created = handles.graph(*graph)?;
                 ctx.graph_destroy(created)?;
-                handles.graphs.remove(graph);
+                handles.remove_graph(*graph);
                 Ok(Vec::new())
+            }
+            Command::GraphCreate { graph, flags } => {
+                if *flags != 0 {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                check_new(&handles.graphs, *graph)?;
+                check_room(handles.graphs.len(), limits.graphs)?;
+                let created = ctx.graph_create()?;
+                handles.graphs.insert(*graph, created);
+                handles.graph_contents.insert(*graph, GraphNodes::default());
+                Ok(Vec::new())
+            }
+            Command::GraphClone {
+                graph,
+                original,
+                first_node,
+            } => {
+                let created_original = handles.graph(*original)?;
+                check_new(&handles.graphs, *graph)?;
+                check_room(handles.graphs.len(), limits.graphs)?;
+                let contents = handles
+                    .graph_contents
+                    .get(original)
+                    .cloned()
+                    .unwrap_or_default();
+                let total = handles.graph_node_weight().saturating_add(contents.weight);
+                if total > limits.graph_nodes {
+                    return Err(LIMIT_ERROR);
+                }
+                // The copies' handles: `first_node` on, each new.
+                let count = u32::try_from(contents.nodes.len()).map_err(|_| LIMIT_ERROR)?;
+                let copies: Vec<u32> = (0..count)
+                    .map(|i| first_node.checked_add(i).ok_or(CUDA_ERROR_INVALID_VALUE))
+                    .collect::<CuResult<_>>()?;
+                for copy in &copies {
+                    check_new(&handles.graph_nodes, *copy)?;
+                }
+                let nodes = handles.dependencies(*original, &contents.nodes)?;
+                let (created, created_nodes) = ctx.graph_clone(created_original, &nodes)?;
+                handles.graphs.insert(*graph, created);
+                for (copy, node) in copies.iter().zip(created_nodes) {
+                    handles.graph_nodes.insert(*copy, (*graph, node));
+                }
+                handles.graph_contents.insert(
+                    *graph,
+                    GraphNodes {
+                        nodes: copies,
+                        ..contents
+                    },
+                );
+                Ok(Vec::new())
+            }
+            Command::GraphAddEmptyNode {
+                graph,
+                node,
+                dependencies,
+            } => add_graph_node(
+                ctx,
+                handles,
+                &limits,
+                ctx_id,
+                *graph,
+                *node,
+                dependencies,
+                &GraphNode::Empty,
+                1,
+            ),
+            Command::GraphAddKernelNode {
+                graph,
+                node,
+                dependencies,
+                launch,
+            } => {
+                // As a launch: a function of the session, its parameter
+                // buffer of the size the function's layout has.
+                let (function, _) = handles.launch_target(launch)?;
+                let spec = GraphNode::Kernel {
+                    function,
+                    grid: launch.grid,
+                    block: launch.block,
+                    shared_mem_bytes: launch.shared_mem_bytes,
+                    params: &launch.params,
+                };
+                add_graph_node(
+                    ctx,
+                    handles,
+                    &limits,
+                    ctx_id,
+                    *graph,
+                    *node,
+                    dependencies,
+                    &spec,
+                    1,
+                )
+            }
+            Command::GraphAddMemsetNode {
+                graph,
+                node,
+                dependencies,
+                dst,
+                value,
+                element_size,
+                width,
+                height,
+                pitch,
+            } => {
+                // As a memset: every byte it sets lies in the process's
+                // device memory.
+                let span = memset_node_span(*element_size, *width, *height, *pitch)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                check_device_range(tenant, ctx_id, "a memset node", *dst, span)?;
+                let spec = GraphNode::Memset {
+                    dst: *dst,
+                    value: *value,
+                    element_size: *element_size,
+                    width: *width,
+                    height: *height,
+                    pitch: *pitch,
+                };
+                add_graph_node(
+                    ctx,
+                    handles,
+                    &limits,
+                    ctx_id,
+                    *graph,
+                    *node,
+                    dependencies,
+                    &spec,
+                    1,
+                )
+            }
+            Command::GraphAddMemcpyNode {
+                graph,
+                node,
+                dependencies,
+                dst,
+                src,
+                size,
+            } => {
+                // As a device-to-device copy.
+                check_device_range(tenant, ctx_id, "a memcpy node's src", *src, *size)?;
+                check_device_range(tenant, ctx_id, "a memcpy node's dst", *dst, *size)?;
+                let spec = GraphNode::CopyDtoD {
+                    dst: *dst,
+                    src: *src,
+                    size: *size,
+                };
+                add_graph_node(
+                    ctx,
+                    handles,
+                    &limits,
+                    ctx_id,
+                    *graph,
+                    *node,
+                    dependencies,
+                    &spec,
+                    1,
+                )
+            }
+            Command::GraphAddEventRecordNode {
+                graph,
+                node,
+                dependencies,
+                event,
+            } => {
+                let spec = GraphNode::EventRecord(handles.event(*event)?);
+                add_graph_node(
+                    ctx,
+                    handles,
+                    &limits,
+                    ctx_id,
+                    *graph,
+                    *node,
+                    dependencies,
+                    &spec,
+                    1,
+                )
+            }
+            Command::GraphAddEventWaitNode {
+                graph,
+                node,
+                dependencies,
+                event,
+            } => {
+                let spec = GraphNode::EventWait(handles.event(*event)?);
+                add_graph_node(
+                    ctx,
+                    handles,
+                    &limits,
+                    ctx_id,
+                    *graph,
+                    *node,
+                    dependencies,
+                    &spec,
+                    1,
+                )
+            }
+            Command::GraphAddChildGraphNode {
+                graph,
+                node,
+                dependencies,
+                child,
+            } => {
+                let created_child = handles.graph(*child)?;
+                // The node holds a copy of the child: counted. A captured
+                // graph's size is the driver's, so it is no child here.
+                let contents = handles
+                    .graph_contents
+                    .get(child)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                if contents.captured {
+                    warn_limited!(
+                        "ctx {ctx_id}: a captured graph as a child graph node is not supported"
+                    );
+                    return Err(rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED);
+                }
+                let weight = contents.weight.saturating_add(1);
+                add_graph_node(
+                    ctx,
+                    handles,
+                    &limits,
+                    ctx_id,
+                    *graph,
+                    *node,
+                    dependencies,
+                    &GraphNode::Child(created_child),
+                    weight,
+                )
             }
             Command::IpcGetMemHandle { device_ptr } => {
                 // Only a `cuMemAlloc` allocation of this process: the driver

@@ -30,6 +30,19 @@ pub struct IpcMapping {
     pub opens: u32,
 }
 
+/// What the session knows of a graph's nodes.
+#[derive(Debug, Clone, Default)]
+pub struct GraphNodes {
+    /// The guest handles of the nodes added to it (or copied into it by a
+    /// clone), in order.
+    pub nodes: Vec<u32>,
+    /// Nodes it holds, counting the copies in its child graph nodes.
+    pub weight: usize,
+    /// Made by stream capture (or cloned from such a graph): the driver
+    /// made its nodes, which the session neither counts nor names.
+    pub captured: bool,
+}
+
 /// A function the guest looked up.
 #[derive(Debug, Clone)]
 pub struct FunctionEntry {
@@ -53,6 +66,10 @@ pub struct Handles {
     /// Captured graphs and their executable forms.
     pub graphs: HashMap<u32, u64>,
     pub graph_execs: HashMap<u32, u64>,
+    /// Per graph (guest handle): its nodes.
+    pub graph_contents: HashMap<u32, GraphNodes>,
+    /// Guest node handle -> (guest graph handle, executor node).
+    pub graph_nodes: HashMap<u32, (u32, u64)>,
     /// Device pointer -> size of every live allocation.
     pub allocations: HashMap<u64, u64>,
     /// Device pointer -> (guest module handle, size) of every global looked
@@ -116,6 +133,34 @@ impl Handles {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         Ok((entry.handle, self.stream(launch.stream)?))
+    }
+
+    /// Nodes of built graphs the session holds, child copies counted.
+    pub fn graph_node_weight(&self) -> usize {
+        self.graph_contents
+            .values()
+            .fold(0usize, |sum, g| sum.saturating_add(g.weight))
+    }
+
+    /// The executor's nodes for `dependencies`, each a node of `graph`.
+    pub fn dependencies(&self, graph: u32, dependencies: &[u32]) -> CuResult<Vec<u64>> {
+        dependencies
+            .iter()
+            .map(|d| match self.graph_nodes.get(d) {
+                Some((of, node)) if *of == graph => Ok(*node),
+                _ => Err(CUDA_ERROR_INVALID_VALUE),
+            })
+            .collect()
+    }
+
+    /// Forgets a graph and its nodes.
+    pub fn remove_graph(&mut self, graph: u32) {
+        self.graphs.remove(&graph);
+        if let Some(contents) = self.graph_contents.remove(&graph) {
+            for node in contents.nodes {
+                self.graph_nodes.remove(&node);
+            }
+        }
     }
 
     /// Forgets a module and every function and global looked up in it.

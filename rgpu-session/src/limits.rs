@@ -40,6 +40,15 @@ pub const MAX_GLOBALS_PER_SESSION: usize = 1_000_000;
 /// `cuStreamEndCapture` or `cuGraphInstantiate` fails with [`LIMIT_ERROR`].
 pub const MAX_GRAPHS_PER_SESSION: usize = 16384;
 
+/// Nodes of graphs built node by node that one session may hold, all its
+/// graphs together; a child graph node counts as one plus the nodes of the
+/// copy it holds, a clone as many as its original (a kernel node keeps up
+/// to 32 KiB of parameters in the driver). Beyond it `cuGraphAdd*Node` or
+/// `cuGraphClone` fails with [`LIMIT_ERROR`]. Dependencies per node are
+/// bounded where commands are decoded
+/// (`rgpu_proto::command::MAX_NODE_DEPENDENCIES`).
+pub const MAX_GRAPH_NODES_PER_SESSION: usize = 16384;
+
 /// Largest module image the daemon copies out of guest memory (it must
 /// hold the whole image to hand it to the driver and to cache it); a
 /// larger one fails with [`LIMIT_ERROR`] before anything is allocated.
@@ -66,6 +75,7 @@ pub struct SessionLimits {
     pub allocations: usize,
     pub globals: usize,
     pub graphs: usize,
+    pub graph_nodes: usize,
     pub module_image_bytes: u64,
 }
 
@@ -79,6 +89,7 @@ impl Default for SessionLimits {
             allocations: MAX_ALLOCATIONS_PER_SESSION,
             globals: MAX_GLOBALS_PER_SESSION,
             graphs: MAX_GRAPHS_PER_SESSION,
+            graph_nodes: MAX_GRAPH_NODES_PER_SESSION,
             module_image_bytes: MAX_MODULE_IMAGE_BYTES,
         }
     }

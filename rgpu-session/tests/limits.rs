@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use fake_executor::FakeExecutor;
 use guest::*;
-use rgpu_proto::cuda_result::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
+use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use rgpu_proto::virtio_gpu::MemEntry;
 use rgpu_proto::{BlobRange, Command};
 use rgpu_session::limits::{MAX_MODULE_IMAGE_BYTES, MAX_STREAMS_PER_SESSION};
@@ -66,6 +66,7 @@ const TINY: SessionLimits = SessionLimits {
     allocations: 2,
     globals: 1,
     graphs: 1,
+    graph_nodes: 4,
     module_image_bytes: 64,
 };
 
@@ -301,4 +302,54 @@ fn a_module_image_over_the_limit_is_refused_without_allocating_it() {
     );
     assert_eq!(result, CUDA_SUCCESS);
     session.shutdown();
+}
+
+#[test]
+fn graph_nodes_past_the_cap_and_foreign_dependencies_are_refused() {
+    let (mut guest, session, _) = start_on(Arc::new(rgpu_executor::sim::SimExecutor::new()), TINY);
+    let mut call = |command: Command| guest.call(&session, command).0;
+    let empty = |node, dependencies: Vec<u32>| Command::GraphAddEmptyNode {
+        graph: 20,
+        node,
+        dependencies,
+    };
+    assert_eq!(
+        call(Command::GraphCreate {
+            graph: 20,
+            flags: 0
+        }),
+        CUDA_SUCCESS
+    );
+    assert_eq!(
+        call(Command::GraphCreate {
+            graph: 21,
+            flags: 0
+        }),
+        CUDA_ERROR_OUT_OF_MEMORY
+    );
+    assert_eq!(call(empty(30, vec![])), CUDA_SUCCESS);
+    // A node handle in use, an unknown dependency: refused.
+    assert_eq!(call(empty(30, vec![])), CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(call(empty(31, vec![99])), CUDA_ERROR_INVALID_VALUE);
+    for node in 31..34 {
+        assert_eq!(call(empty(node, vec![node - 1])), CUDA_SUCCESS);
+    }
+    // Four nodes: the cap.
+    assert_eq!(call(empty(34, vec![33])), CUDA_ERROR_OUT_OF_MEMORY);
+    // Destroyed, its nodes are gone (and no dependency of a new graph).
+    assert_eq!(call(Command::GraphDestroy { graph: 20 }), CUDA_SUCCESS);
+    assert_eq!(
+        call(Command::GraphCreate {
+            graph: 22,
+            flags: 0
+        }),
+        CUDA_SUCCESS
+    );
+    let on_22 = |node, dependencies| Command::GraphAddEmptyNode {
+        graph: 22,
+        node,
+        dependencies,
+    };
+    assert_eq!(call(on_22(40, vec![30])), CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(call(on_22(30, vec![])), CUDA_SUCCESS);
 }

@@ -6,6 +6,15 @@
 //! command. Begin, end and instantiate wait for the host (their errors are
 //! the driver's); launch and destroy are queued.
 //!
+//! Graphs built node by node (`cuGraphCreate`, `cuGraphAdd*Node`,
+//! `cuGraphClone`) are built on the host too, one command per call (each
+//! waits, so the driver's errors come back at the call): nodes get handles
+//! chosen here; the host checks that a dependency is a node of the same
+//! graph and that what a node names (function and parameters, memory,
+//! events, child graph) passes the checks of the matching launch, memset,
+//! copy or event call. The guest keeps each graph's nodes and their types
+//! for `cuGraphGetNodes` and `cuGraphNodeGetType`.
+//!
 //! The guest also remembers which of its streams capture, for
 //! `cuStreamIsCapturing` and `cuStreamGetCaptureInfo` (answered locally):
 //! the stream a capture began on, until it ends. A stream that joins a
@@ -14,19 +23,101 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_ulonglong, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::Command;
 
-use crate::abi::{write_optional, write_out, CUstream};
+use rgpu_proto::command::{Launch, MAX_NODE_DEPENDENCIES};
+
+use crate::abi::{write_optional, write_out, CUdeviceptr, CUevent, CUfunction, CUstream};
 use crate::api::context::same_context;
-use crate::state::{driver, resolve_stream, Context, Registry};
+use crate::api::library::function_or_kernel;
+use crate::params::marshal;
+use crate::state::{current, driver, resolve_stream, Context, Registry};
 
 pub(crate) type CUgraph = *mut c_void;
 pub(crate) type CUgraphExec = *mut c_void;
+pub(crate) type CUgraphNode = *mut c_void;
+
+/// `CUgraphNodeType`.
+const NODE_KERNEL: c_int = 0;
+const NODE_MEMCPY: c_int = 1;
+const NODE_MEMSET: c_int = 2;
+const NODE_GRAPH: c_int = 4;
+const NODE_EMPTY: c_int = 5;
+const NODE_WAIT_EVENT: c_int = 6;
+const NODE_EVENT_RECORD: c_int = 7;
+
+/// `CU_MEMORYTYPE_DEVICE`, the only kind a memcpy node may copy between.
+const MEMORYTYPE_DEVICE: c_uint = 2;
+
+/// `CUDA_KERNEL_NODE_PARAMS` (`_v2`; v1 is its first nine fields).
+#[repr(C)]
+pub struct KernelNodeParams {
+    func: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    kern: *mut c_void,
+    ctx: *mut c_void,
+}
+
+/// `CUDA_KERNEL_NODE_PARAMS_v1`.
+#[repr(C)]
+pub struct KernelNodeParamsV1 {
+    func: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+}
+
+/// `CUDA_MEMSET_NODE_PARAMS`.
+#[repr(C)]
+pub struct MemsetNodeParams {
+    dst: CUdeviceptr,
+    pitch: usize,
+    value: c_uint,
+    element_size: c_uint,
+    width: usize,
+    height: usize,
+}
+
+/// `CUDA_MEMCPY3D`.
+#[repr(C)]
+pub struct Memcpy3D {
+    src_x_in_bytes: usize,
+    src_y: usize,
+    src_z: usize,
+    src_lod: usize,
+    src_memory_type: c_uint,
+    src_host: *const c_void,
+    src_device: CUdeviceptr,
+    src_array: *mut c_void,
+    reserved0: *mut c_void,
+    src_pitch: usize,
+    src_height: usize,
+    dst_x_in_bytes: usize,
+    dst_y: usize,
+    dst_z: usize,
+    dst_lod: usize,
+    dst_memory_type: c_uint,
+    dst_host: *mut c_void,
+    dst_device: CUdeviceptr,
+    dst_array: *mut c_void,
+    reserved1: *mut c_void,
+    dst_pitch: usize,
+    dst_height: usize,
+    width_in_bytes: usize,
+    height: usize,
+    depth: usize,
+}
 
 /// `CU_STREAM_CAPTURE_STATUS_*`.
 pub(crate) const CAPTURE_STATUS_NONE: c_int = 0;
@@ -39,6 +130,34 @@ const MODE_RELAXED: c_int = 2;
 pub(crate) struct Graph {
     context: Arc<Context>,
     handle: u32,
+    /// Its nodes (their registry handles) in the order they were added.
+    nodes: Mutex<Vec<usize>>,
+    /// Made by stream capture (or cloned from such a graph): its nodes are
+    /// the host driver's, not known here.
+    captured: bool,
+}
+
+impl Graph {
+    fn new(context: Arc<Context>, handle: u32, captured: bool) -> Self {
+        Self {
+            context,
+            handle,
+            nodes: Mutex::new(Vec::new()),
+            captured,
+        }
+    }
+
+    fn nodes(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        self.nodes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+pub(crate) struct Node {
+    context: Arc<Context>,
+    /// The graph's handle (for destroying its nodes with it).
+    graph: u32,
+    handle: u32,
+    kind: c_int,
 }
 
 pub(crate) struct GraphExec {
@@ -48,6 +167,7 @@ pub(crate) struct GraphExec {
 
 static GRAPHS: Registry<Graph> = Registry::new();
 static GRAPH_EXECS: Registry<GraphExec> = Registry::new();
+static NODES: Registry<Node> = Registry::new();
 
 /// Streams capturing now, by (context id, stream handle): the capture's id.
 static CAPTURES: Mutex<Option<HashMap<(u64, u32), u64>>> = Mutex::new(None);
@@ -118,10 +238,7 @@ fn end_on(stream: CUstream, graph: *mut CUgraph, per_thread: bool) -> Result<(),
     })?;
     write_out(
         graph,
-        GRAPHS.insert(Arc::new(Graph {
-            context: ctx,
-            handle: graph_handle,
-        })),
+        GRAPHS.insert(Arc::new(Graph::new(ctx, graph_handle, true))),
     )
 }
 
@@ -204,9 +321,469 @@ pub(crate) fn exec_destroy(exec: CUgraphExec) -> Result<(), u32> {
 pub(crate) fn destroy(graph: CUgraph) -> Result<(), u32> {
     driver()?;
     let graph = GRAPHS.remove(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let context_id = graph.context.id;
+    NODES.retain(|n| !(n.context.id == context_id && n.graph == graph.handle));
     graph.context.send(&Command::GraphDestroy {
         graph: graph.handle,
     })
+}
+
+/// `cuGraphCreate`: an empty graph of the current context.
+pub(crate) fn create(graph: *mut CUgraph, flags: c_uint) -> Result<(), u32> {
+    if graph.is_null() || flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let ctx = current()?;
+    let handle = ctx.new_handle()?;
+    ctx.call(&Command::GraphCreate {
+        graph: handle,
+        flags,
+    })?;
+    write_out(
+        graph,
+        GRAPHS.insert(Arc::new(Graph::new(ctx, handle, false))),
+    )
+}
+
+/// `cuGraphClone`: the clone's nodes get consecutive handles, in the
+/// order of the original's.
+pub(crate) fn clone(clone: *mut CUgraph, original: CUgraph) -> Result<(), u32> {
+    driver()?;
+    if clone.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let original = GRAPHS.get(original).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let ctx = original.context.clone();
+    let kinds: Vec<c_int> = original
+        .nodes()
+        .iter()
+        .map(|n| {
+            NODES
+                .get(*n as *mut c_void)
+                .map_or(NODE_EMPTY, |node| node.kind)
+        })
+        .collect();
+    let count = u32::try_from(kinds.len()).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+    let handle = ctx.new_handle()?;
+    let first_node = ctx.new_handles(count)?;
+    ctx.call(&Command::GraphClone {
+        graph: handle,
+        original: original.handle,
+        first_node,
+    })?;
+    let graph = Arc::new(Graph::new(ctx.clone(), handle, original.captured));
+    {
+        let mut nodes = graph.nodes();
+        for (i, kind) in (0..count).zip(kinds) {
+            let node = NODES.insert(Arc::new(Node {
+                context: ctx.clone(),
+                graph: handle,
+                handle: first_node + i,
+                kind,
+            }));
+            nodes.push(node as usize);
+        }
+    }
+    write_out(clone, GRAPHS.insert(graph))
+}
+
+/// The guest handles of `count` dependencies at `dependencies`: nodes of
+/// `ctx` (which graph they belong to is the host's to check).
+fn dependency_handles(
+    ctx: &Arc<Context>,
+    dependencies: *const CUgraphNode,
+    count: usize,
+) -> Result<Vec<u32>, u32> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    if dependencies.is_null() || count > MAX_NODE_DEPENDENCIES {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL, `count` (bounded) handles: the API contract.
+    let nodes = unsafe { std::slice::from_raw_parts(dependencies, count) };
+    nodes
+        .iter()
+        .map(|n| {
+            let node = NODES.get(*n).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            same_context(ctx, &node.context)?;
+            Ok(node.handle)
+        })
+        .collect()
+}
+
+/// Adds a node of type `kind` to `graph`: `command` builds the command
+/// from the graph's context, the graph's handle, the node's and its
+/// dependencies'.
+fn add_node(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    kind: c_int,
+    command: impl FnOnce(&Arc<Context>, u32, u32, Vec<u32>) -> Result<Command, u32>,
+) -> Result<(), u32> {
+    driver()?;
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let graph = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let ctx = graph.context.clone();
+    let deps = dependency_handles(&ctx, dependencies, count)?;
+    let handle = ctx.new_handle()?;
+    let command = command(&ctx, graph.handle, handle, deps)?;
+    ctx.call(&command)?;
+    let node = NODES.insert(Arc::new(Node {
+        context: ctx,
+        graph: graph.handle,
+        handle,
+        kind,
+    }));
+    graph.nodes().push(node as usize);
+    write_out(out, node)
+}
+
+pub(crate) fn add_empty_node(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+) -> Result<(), u32> {
+    add_node(
+        out,
+        graph,
+        dependencies,
+        count,
+        NODE_EMPTY,
+        |_, graph, node, dependencies| {
+            Ok(Command::GraphAddEmptyNode {
+                graph,
+                node,
+                dependencies,
+            })
+        },
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn add_kernel(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    f: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<(), u32> {
+    if f.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if grid.contains(&0) || block.contains(&0) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    add_node(
+        out,
+        graph,
+        dependencies,
+        count,
+        NODE_KERNEL,
+        |ctx, graph, node, dependencies| {
+            let function = function_or_kernel(f, ctx)?;
+            same_context(ctx, &function.context)?;
+            // SAFETY: the API contract on kernelParams / extra (see `marshal`).
+            let params = unsafe { marshal(&function.info, kernel_params.cast(), extra.cast()) }?;
+            Ok(Command::GraphAddKernelNode {
+                graph,
+                node,
+                dependencies,
+                launch: Launch {
+                    function: function.handle,
+                    grid,
+                    block,
+                    shared_mem_bytes,
+                    stream: 0,
+                    params,
+                },
+            })
+        },
+    )
+}
+
+/// `cuGraphAddKernelNode_v2` (a `CUkernel` in `kern` when `func` is NULL).
+pub(crate) fn add_kernel_node(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    params: *const KernelNodeParams,
+) -> Result<(), u32> {
+    if params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable CUDA_KERNEL_NODE_PARAMS.
+    let p = unsafe { &*params };
+    let f = if p.func.is_null() { p.kern } else { p.func };
+    add_kernel(
+        out,
+        graph,
+        dependencies,
+        count,
+        f,
+        p.grid,
+        p.block,
+        p.shared_mem_bytes,
+        p.kernel_params,
+        p.extra,
+    )
+}
+
+/// `cuGraphAddKernelNode` with the older parameter struct.
+pub(crate) fn add_kernel_node_v1(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    params: *const KernelNodeParamsV1,
+) -> Result<(), u32> {
+    if params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable struct.
+    let p = unsafe { &*params };
+    add_kernel(
+        out,
+        graph,
+        dependencies,
+        count,
+        p.func,
+        p.grid,
+        p.block,
+        p.shared_mem_bytes,
+        p.kernel_params,
+        p.extra,
+    )
+}
+
+/// `cuGraphAddMemsetNode` (device memory; the host checks the range).
+pub(crate) fn add_memset_node(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    params: *const MemsetNodeParams,
+    _ctx: *mut c_void,
+) -> Result<(), u32> {
+    if params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable struct.
+    let p = unsafe { &*params };
+    if !matches!(p.element_size, 1 | 2 | 4) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    add_node(
+        out,
+        graph,
+        dependencies,
+        count,
+        NODE_MEMSET,
+        |_, graph, node, dependencies| {
+            Ok(Command::GraphAddMemsetNode {
+                graph,
+                node,
+                dependencies,
+                dst: p.dst,
+                value: p.value,
+                element_size: p.element_size,
+                width: p.width as u64,
+                height: p.height as u64,
+                pitch: p.pitch as u64,
+            })
+        },
+    )
+}
+
+/// `cuGraphAddMemcpyNode`: one-dimensional copies between device memory.
+/// Host memory, arrays and 2D/3D shapes are not supported yet.
+pub(crate) fn add_memcpy_node(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    params: *const Memcpy3D,
+    _ctx: *mut c_void,
+) -> Result<(), u32> {
+    if params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable CUDA_MEMCPY3D.
+    let p = unsafe { &*params };
+    let one_dimensional = p.height <= 1
+        && p.depth <= 1
+        && p.src_y == 0
+        && p.src_z == 0
+        && p.dst_y == 0
+        && p.dst_z == 0
+        && p.src_lod == 0
+        && p.dst_lod == 0;
+    if p.src_memory_type != MEMORYTYPE_DEVICE
+        || p.dst_memory_type != MEMORYTYPE_DEVICE
+        || !one_dimensional
+    {
+        log::warn!(
+            "rgpu: cuGraphAddMemcpyNode: only 1D device-to-device copies are supported \
+             (memory types {} -> {}, {}x{}x{})",
+            p.src_memory_type,
+            p.dst_memory_type,
+            p.width_in_bytes,
+            p.height,
+            p.depth
+        );
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let src = p.src_device.checked_add(p.src_x_in_bytes as u64);
+    let dst = p.dst_device.checked_add(p.dst_x_in_bytes as u64);
+    let (Some(src), Some(dst)) = (src, dst) else {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    };
+    add_node(
+        out,
+        graph,
+        dependencies,
+        count,
+        NODE_MEMCPY,
+        |_, graph, node, dependencies| {
+            Ok(Command::GraphAddMemcpyNode {
+                graph,
+                node,
+                dependencies,
+                dst,
+                src,
+                size: p.width_in_bytes as u64,
+            })
+        },
+    )
+}
+
+fn add_event_node(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    event: CUevent,
+    kind: c_int,
+) -> Result<(), u32> {
+    add_node(
+        out,
+        graph,
+        dependencies,
+        count,
+        kind,
+        |ctx, graph, node, dependencies| {
+            let event = crate::api::event::named(event)?;
+            same_context(ctx, &event.context)?;
+            let event = event.handle;
+            Ok(if kind == NODE_EVENT_RECORD {
+                Command::GraphAddEventRecordNode {
+                    graph,
+                    node,
+                    dependencies,
+                    event,
+                }
+            } else {
+                Command::GraphAddEventWaitNode {
+                    graph,
+                    node,
+                    dependencies,
+                    event,
+                }
+            })
+        },
+    )
+}
+
+pub(crate) fn add_event_record_node(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    event: CUevent,
+) -> Result<(), u32> {
+    add_event_node(out, graph, dependencies, count, event, NODE_EVENT_RECORD)
+}
+
+pub(crate) fn add_event_wait_node(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    event: CUevent,
+) -> Result<(), u32> {
+    add_event_node(out, graph, dependencies, count, event, NODE_WAIT_EVENT)
+}
+
+/// `cuGraphAddChildGraphNode`: the node holds a copy of `child` (built
+/// node by node: the host refuses a captured graph as a child).
+pub(crate) fn add_child_graph_node(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    child: CUgraph,
+) -> Result<(), u32> {
+    let child = GRAPHS.get(child).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    add_node(
+        out,
+        graph,
+        dependencies,
+        count,
+        NODE_GRAPH,
+        |ctx, graph, node, dependencies| {
+            same_context(ctx, &child.context)?;
+            Ok(Command::GraphAddChildGraphNode {
+                graph,
+                node,
+                dependencies,
+                child: child.handle,
+            })
+        },
+    )
+}
+
+/// `cuGraphGetNodes` of a graph built node by node (a captured graph's
+/// nodes are the host driver's: `CUDA_ERROR_NOT_SUPPORTED`).
+pub(crate) fn get_nodes(
+    graph: CUgraph,
+    nodes: *mut CUgraphNode,
+    count: *mut usize,
+) -> Result<(), u32> {
+    let graph = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if count.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if graph.captured {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let held = graph.nodes().clone();
+    if !nodes.is_null() {
+        // SAFETY: checked non-NULL; the caller passes a readable count.
+        let room = unsafe { count.read() };
+        for (i, node) in held.iter().take(room).enumerate() {
+            // SAFETY: `nodes` has room for `room` handles (the API
+            // contract); `i < room`.
+            unsafe { nodes.add(i).write(*node as CUgraphNode) };
+        }
+    }
+    write_out(count, held.len())
+}
+
+/// `cuGraphNodeGetType`.
+pub(crate) fn node_get_type(node: CUgraphNode, kind: *mut c_int) -> Result<(), u32> {
+    let node = NODES.get(node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    write_out(kind, node.kind)
 }
 
 /// `cuThreadExchangeStreamCaptureMode`: the calling thread's mode is

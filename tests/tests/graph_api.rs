@@ -1,0 +1,29 @@
+//! CUDA graphs built node by node through a sim daemon (issue 10): memset,
+//! kernel, device-to-device memcpy, event record, empty and child graph
+//! nodes with their dependencies, instantiated, launched, cloned; a node
+//! of another graph as a dependency, a destroyed graph and a host-memory
+//! copy are refused, and a kernel node whose pointer argument is no memory
+//! of the process fails its launch as a forged-pointer launch does
+//! (tests/programs/graph_api_test.c).
+
+use std::time::Duration;
+
+use rgpu_tests::{Daemon, GuestLib, GuestProcess};
+
+#[test]
+fn graphs_built_node_by_node_run_on_the_host_and_are_checked() {
+    let guest = GuestLib::new();
+    let program = guest.build_program("graph_api_test.c");
+    let mut daemon = Daemon::start("sim");
+    let mut command = guest.command(&program, &daemon);
+    command.arg("--ptx").arg(rgpu_tests::reference_ptx());
+    let outcome = GuestProcess::spawn(command).finish(Duration::from_secs(120));
+    outcome.assert_passed("graph_api_test");
+    // The dependency on another graph's node is the daemon's refusal.
+    let log = daemon.log();
+    assert!(
+        log.contains("depends on a node that is none of that graph's"),
+        "{log}"
+    );
+    assert!(daemon.is_alive());
+}
