@@ -8,7 +8,7 @@ use rgpu_proto::channel::CompletionKind;
 use rgpu_proto::{BlobRange, Command};
 
 use crate::carrier::{Carrier, CarrierError};
-use crate::channel::{Channel, Completion, Reply};
+use crate::channel::{Channel, ChannelConfig, Completion, Reply};
 use crate::remote_channel::RemoteChannel;
 
 pub enum ContextChannel {
@@ -20,10 +20,21 @@ pub enum ContextChannel {
 impl ContextChannel {
     /// A new channel (a new host session) on `carrier`.
     pub fn open(carrier: Arc<dyn Carrier>, debug_name: &str) -> Result<Self, CarrierError> {
+        Self::open_with_config(carrier, debug_name, ChannelConfig::from_env())
+    }
+
+    /// [`ContextChannel::open`] with a ring of `config`'s sizes (a remote
+    /// channel has no ring: it ignores them).
+    pub fn open_with_config(
+        carrier: Arc<dyn Carrier>,
+        debug_name: &str,
+        config: ChannelConfig,
+    ) -> Result<Self, CarrierError> {
         if carrier.remote().is_some() {
             Ok(Self::Remote(RemoteChannel::open(carrier, debug_name)?))
         } else {
-            Ok(Self::Ring(Box::new(Channel::open(carrier, debug_name)?)))
+            let ring = Channel::open_with_config(carrier, debug_name, config)?;
+            Ok(Self::Ring(Box::new(ring)))
         }
     }
 

@@ -54,7 +54,18 @@ impl Shared {
 
     /// Writes what is queued; a failure breaks the channel.
     fn flush(&self) {
-        let mut guard = self.lock();
+        Self::flush_locked(&mut self.lock());
+    }
+
+    /// [`Shared::flush`] unless another thread holds the connection (a
+    /// thread in a call flushed the queue when it sent).
+    fn try_flush(&self) {
+        if let Ok(mut guard) = self.stream.try_lock() {
+            Self::flush_locked(&mut guard);
+        }
+    }
+
+    fn flush_locked(guard: &mut Result<FrameStream, String>) {
         if let Ok(stream) = guard.as_mut() {
             if let Err(e) = stream.flush() {
                 *guard = Err(e.to_string());
@@ -182,15 +193,8 @@ impl RemoteChannel {
     /// before has reached it.
     pub fn completion(&self, kind: CompletionKind, handle: u32) -> Completion {
         let after = self.shared.sent.load(Ordering::Acquire);
-        // What this thread queued must be on its way (a thread in a call
-        // holds the lock, and flushed the queue when it sent).
-        if let Ok(mut guard) = self.shared.stream.try_lock() {
-            if let Ok(stream) = guard.as_mut() {
-                if let Err(e) = stream.flush() {
-                    *guard = Err(e.to_string());
-                }
-            }
-        }
+        // What this thread queued must be on its way.
+        self.shared.try_flush();
         let mut queries = self.queries.lock().unwrap_or_else(|e| e.into_inner());
         let QueryConnection::Open(stream) = &mut *queries else {
             return Completion::Ask;

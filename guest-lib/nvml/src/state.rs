@@ -17,7 +17,7 @@ use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_NOT_SUPPORTE
 use rgpu_proto::reply::DeviceStatus;
 use rgpu_proto::Command;
 use rgpu_transport::channel::ChannelConfig;
-use rgpu_transport::{carrier, Channel, ContextChannel};
+use rgpu_transport::{carrier, ContextChannel};
 
 use crate::abi::*;
 use crate::libcuda;
@@ -52,13 +52,7 @@ impl Connection {
         };
         // A small ring locally; over the network, a connection like any
         // context's.
-        let opened = if carrier.remote().is_some() {
-            rgpu_transport::remote_channel::RemoteChannel::open(carrier, "nvml")
-                .map(ContextChannel::Remote)
-        } else {
-            Channel::open_with_config(carrier, "nvml", config)
-                .map(|c| ContextChannel::Ring(Box::new(c)))
-        };
+        let opened = ContextChannel::open_with_config(carrier, "nvml", config);
         let channel = opened.map_err(|e| {
             log::warn!("rgpu NVML: cannot open a channel to the host: {e}");
             NVML_ERROR_DRIVER_NOT_LOADED

@@ -303,6 +303,15 @@ impl Gateway {
         info!("remote {peer}: process {name:?} of tenant {tenant} ended");
     }
 
+    /// The process that got `token`, if it is `tenant`'s (another
+    /// tenant's token is as good as none).
+    fn process(&self, token: [u8; TOKEN_BYTES], tenant: &str) -> Option<Arc<RemoteProcess>> {
+        lock(&self.processes)
+            .get(&token)
+            .filter(|p| p.tenant == tenant)
+            .cloned()
+    }
+
     fn serve_channel(
         self: &Arc<Self>,
         mut frames: Frames,
@@ -312,9 +321,7 @@ impl Gateway {
         token: [u8; TOKEN_BYTES],
         name: &str,
     ) {
-        let process = lock(&self.processes).get(&token).cloned();
-        // Another tenant's token is as good as none.
-        let Some(process) = process.filter(|p| p.tenant == tenant) else {
+        let Some(process) = self.process(token, tenant) else {
             rgpu_session::warn_limited!(
                 "remote {peer} (tenant {tenant}): a channel with an unknown process token"
             );
@@ -388,10 +395,7 @@ impl Gateway {
         token: [u8; TOKEN_BYTES],
         ctx_id: u32,
     ) {
-        let process = lock(&self.processes)
-            .get(&token)
-            .cloned()
-            .filter(|p| p.tenant == tenant);
+        let process = self.process(token, tenant);
         let open = process
             .as_ref()
             .and_then(|p| lock(&p.open).get(&ctx_id).cloned());
