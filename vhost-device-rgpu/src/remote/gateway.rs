@@ -466,10 +466,16 @@ fn answer_query(open: &OpenChannel, after: u64, stream: bool, handle: u32) -> u3
     } else {
         CompletionKind::Event
     };
+    table_answer(&channel, kind, handle).unwrap_or(QUERY_ASK)
+}
+
+/// The query's CUDA result as the channel's completion table gives it;
+/// `None` when only the host can tell.
+fn table_answer(channel: &Channel, kind: CompletionKind, handle: u32) -> Option<u32> {
     match channel.completion(kind, handle) {
-        Completion::Done => CUDA_SUCCESS,
-        Completion::Pending => CUDA_ERROR_NOT_READY,
-        Completion::Ask => QUERY_ASK,
+        Completion::Done => Some(CUDA_SUCCESS),
+        Completion::Pending => Some(CUDA_ERROR_NOT_READY),
+        Completion::Ask => None,
     }
 }
 
@@ -482,13 +488,8 @@ fn query_answer(channel: &Channel, command: &Command) -> Option<Response> {
         Command::StreamQuery { stream } => (CompletionKind::Stream, *stream),
         _ => return None,
     };
-    let result = match channel.completion(kind, handle) {
-        Completion::Done => CUDA_SUCCESS,
-        Completion::Pending => CUDA_ERROR_NOT_READY,
-        Completion::Ask => return None,
-    };
     Some(Response::Reply {
-        result,
+        result: table_answer(channel, kind, handle)?,
         payload: Vec::new(),
     })
 }
