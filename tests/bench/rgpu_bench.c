@@ -15,6 +15,9 @@
  *   - launch throughput: --launches launches of rgpu_empty, then one
  *     cuCtxSynchronize, five times (each run's rate; the row shows the
  *     worst of the five ratios, run i of rgpu against run i natively);
+ *   - graph replay: 100 rgpu_empty launches captured on a stream into a
+ *     graph, the instantiated graph launched 1000 times, then one
+ *     cuStreamSynchronize (kernels per second);
  *   - launch + synchronize latency: one rgpu_empty and cuCtxSynchronize
  *     (median of 2000);
  *   - a small pageable copy: 4 KiB cuMemcpyHtoDAsync from malloc'ed memory
@@ -26,8 +29,9 @@
  *   - queries (median of 200): cuEventRecord + cuEventQuery, and
  *     cuStreamQuery, on an idle queue and behind 200 queued empty launches.
  * Targets (issue 9): sync within 0.5 us of native, launches >= 95% of
- * native in each run, small pageable copy <= 1.2x native, pinned bandwidth
- * >= 99% of native, pageable bandwidth >= native, queries <= 1.5x native. */
+ * native in each run, graph replay >= 95% of native (issue 10), small
+ * pageable copy <= 1.2x native, pinned bandwidth >= 99% of native,
+ * pageable bandwidth >= native, queries <= 1.5x native. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <dlfcn.h>
@@ -37,6 +41,11 @@
 #include <time.h>
 
 #include "rgpu_cuda.h"
+
+/* Graph handles: rgpu_cuda.h declares no graph API (the bench reaches it
+ * through dlsym only). */
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
 
 struct api {
     const char *label;
@@ -65,10 +74,24 @@ struct api {
     CUresult (*event_record)(CUevent, CUstream);
     CUresult (*event_query)(CUevent);
     CUresult (*stream_query)(CUstream);
+    CUresult (*stream_create)(CUstream *, unsigned);
+    CUresult (*stream_destroy)(CUstream);
+    CUresult (*stream_synchronize)(CUstream);
+    CUresult (*stream_begin_capture)(CUstream, int);
+    CUresult (*stream_end_capture)(CUstream, CUgraph *);
+    CUresult (*graph_instantiate)(CUgraphExec *, CUgraph, unsigned long long);
+    CUresult (*graph_launch)(CUgraphExec, CUstream);
+    CUresult (*graph_exec_destroy)(CUgraphExec);
+    CUresult (*graph_destroy)(CUgraph);
 };
 
 #define LAUNCH_RUNS 5
 #define LATENCY_SAMPLES 2000
+/* Graph replay: kernels captured into the graph, and timed graph launches. */
+#define GRAPH_KERNELS 100
+#define GRAPH_LAUNCHES 1000
+/* CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: the bench has one thread. */
+#define CAPTURE_MODE_THREAD_LOCAL 1
 
 struct results {
     int valid;
@@ -77,6 +100,7 @@ struct results {
     double sync_mean_us;
     double launches_per_s;
     double launch_runs[LAUNCH_RUNS];
+    double graph_kernels_per_s;
     double launch_sync_us;
     double small_pageable_us;
     double htod_pageable_gbps;
@@ -150,6 +174,15 @@ static int load_api(struct api *a, const char *label, const char *path) {
     RESOLVE(event_record, "cuEventRecord");
     RESOLVE(event_query, "cuEventQuery");
     RESOLVE(stream_query, "cuStreamQuery");
+    RESOLVE(stream_create, "cuStreamCreate");
+    RESOLVE(stream_destroy, "cuStreamDestroy_v2");
+    RESOLVE(stream_synchronize, "cuStreamSynchronize");
+    RESOLVE(stream_begin_capture, "cuStreamBeginCapture_v2");
+    RESOLVE(stream_end_capture, "cuStreamEndCapture");
+    RESOLVE(graph_instantiate, "cuGraphInstantiateWithFlags");
+    RESOLVE(graph_launch, "cuGraphLaunch");
+    RESOLVE(graph_exec_destroy, "cuGraphExecDestroy");
+    RESOLVE(graph_destroy, "cuGraphDestroy");
     return 0;
 }
 
@@ -196,6 +229,9 @@ static int measure(struct api *a, const struct config *c, const char *ptx, struc
     void *pinned = NULL;
     char *pageable = NULL;
     CUevent event = NULL;
+    CUstream stream = NULL;
+    CUgraph graph = NULL;
+    CUgraphExec exec = NULL;
     double *samples = NULL;
     const size_t bytes = (size_t)c->mib << 20;
     int status = -1;
@@ -236,6 +272,36 @@ static int measure(struct api *a, const struct config *c, const char *ptx, struc
         CALL(a->ctx_synchronize());
         r->launch_runs[run] = (double)c->launches / (now_s() - t0);
         if (r->launch_runs[run] > r->launches_per_s) r->launches_per_s = r->launch_runs[run];
+    }
+
+    /* Graph replay: empty launches captured on a stream of its own, the
+     * graph launched once untimed (first-launch upload), then timed. */
+    CALL(a->stream_create(&stream, 0));
+    CALL(a->stream_begin_capture(stream, CAPTURE_MODE_THREAD_LOCAL));
+    for (int i = 0; i < GRAPH_KERNELS; i++)
+        CALL(a->launch_kernel(empty, 1, 1, 1, 32, 1, 1, 0, stream, NULL, NULL));
+    CALL(a->stream_end_capture(stream, &graph));
+    CALL(a->graph_instantiate(&exec, graph, 0));
+    CALL(a->graph_launch(exec, stream));
+    CALL(a->stream_synchronize(stream));
+    {
+        double t0 = now_s();
+        for (int i = 0; i < GRAPH_LAUNCHES; i++) CALL(a->graph_launch(exec, stream));
+        CALL(a->stream_synchronize(stream));
+        r->graph_kernels_per_s = (double)GRAPH_KERNELS * GRAPH_LAUNCHES / (now_s() - t0);
+    }
+    {
+        /* Cleared first: a handle whose destroy fails is not destroyed
+         * again at `out`. */
+        CUgraphExec e = exec;
+        CUgraph g = graph;
+        CUstream s = stream;
+        exec = NULL;
+        graph = NULL;
+        stream = NULL;
+        CALL(a->graph_exec_destroy(e));
+        CALL(a->graph_destroy(g));
+        CALL(a->stream_destroy(s));
     }
 
     /* Launch + synchronize, and a small pageable copy on an idle queue. */
@@ -316,6 +382,9 @@ static int measure(struct api *a, const struct config *c, const char *ptx, struc
 out:
     free(pageable);
     if (event) a->event_destroy(event);
+    if (exec) a->graph_exec_destroy(exec);
+    if (graph) a->graph_destroy(graph);
+    if (stream) a->stream_destroy(stream);
     if (pinned) a->mem_free_host(pinned);
     if (d) a->mem_free(d);
     if (module) a->module_unload(module);
@@ -356,7 +425,7 @@ enum relation { HIGHER_RATIO, DIFFERENCE, LOWER_RATIO };
  * LOWER_RATIO rows rgpu / native (lower is better). */
 static void row(const char *metric, double native, double rgpu, const struct results *n,
                 const struct results *g, enum relation kind, double limit, const char *target) {
-    printf("%-34s", metric);
+    printf("%-38s", metric);
     print_value(native, n->valid, " %13.2f");
     print_value(rgpu, g->valid, " %13.2f");
     if (n->valid && g->valid) {
@@ -426,7 +495,7 @@ int main(int argc, char **argv) {
 
     printf("rgpu_bench: device %s; %ld sync calls, %ld launches, %ld MiB copies (best of %ld)\n",
            native.valid ? native.device : rgpu.device, c.sync_iters, c.launches, c.mib, c.repeats);
-    printf("%-34s %13s %13s %13s   %-26s %s\n", "metric", "native", "rgpu", "rgpu vs nat",
+    printf("%-38s %13s %13s %13s   %-26s %s\n", "metric", "native", "rgpu", "rgpu vs nat",
            "target", "verdict");
     row("sync round trip, median (us)", native.sync_median_us, rgpu.sync_median_us, &native, &rgpu,
         DIFFERENCE, 0.5, "within 0.5 us of native");
@@ -449,6 +518,8 @@ int main(int argc, char **argv) {
         row("empty-kernel launches, worst run", worst_native, worst_rgpu, &native, &rgpu,
             HIGHER_RATIO, 0.95, ">= 95% of native, each run");
     }
+    row("graph replay, 100 kernels (kernels/s)", native.graph_kernels_per_s,
+        rgpu.graph_kernels_per_s, &native, &rgpu, HIGHER_RATIO, 0.95, ">= 95% of native");
     row("launch + synchronize (us)", native.launch_sync_us, rgpu.launch_sync_us, &native, &rgpu,
         LOWER_RATIO, 1.5, "(reported)");
     row("4 KiB pageable copy (us)", native.small_pageable_us, rgpu.small_pageable_us, &native,

@@ -270,6 +270,18 @@ if [ -e "$bundle/multi_device_runtime.cu" ] && [ -z "${RGPU_SERVER:-}" ]; then
     wait "$second_pid" 2>/dev/null
 fi
 
+# Thread-block clusters reading each other's shared memory and a
+# cooperative launch with a grid-wide barrier (issue 10): an nvcc runtime
+# program (static cudart), natively and through rgpu.
+if [ -e "$bundle/cluster_coop_test.cu" ]; then
+    build cluster_coop_test "$cuda_home/bin/nvcc" -arch=sm_90 -cudart static \
+        -o "$work/cluster_coop_test" "$bundle/cluster_coop_test.cu"
+    step "cluster_coop_test native" "checks passed" \
+        "${native[@]}" "$work/cluster_coop_test"
+    step "cluster_coop_test through rgpu" "checks passed" \
+        "${through_rgpu[@]}" "$work/cluster_coop_test"
+fi
+
 # CUDA IPC within a tenant (issue 10): process A exports device memory and
 # an interprocess event, process B opens both, waits for the event, reads
 # A's data (to the host and into its own memory) and overwrites it, and A
