@@ -5,6 +5,7 @@
 //! `consumed` is owned by the host: the copy kept here is the truth, the one
 //! in guest memory is only published for the guest.
 
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -52,6 +53,11 @@ pub struct Channel {
     blob: Arc<Blob>,
     layout: ChannelLayout,
     consumed: u64,
+    /// `produced` as last read. Everything below a value the guest
+    /// published is whole commands, so the ring is read up to it without
+    /// loading the counter again: its cache line is written by the guest
+    /// after every command, and a load per command missed each time.
+    produced_seen: Cell<u64>,
     /// Reused buffer for copying commands out of guest memory.
     scratch: Vec<u8>,
 }
@@ -86,6 +92,7 @@ impl Channel {
             blob,
             layout,
             consumed,
+            produced_seen: Cell::new(consumed),
             scratch: Vec::new(),
         };
         channel.set_host_idle(false);
@@ -102,15 +109,29 @@ impl Channel {
 
     /// The guest's `produced` counter.
     pub fn produced(&self) -> u64 {
-        self.blob
+        let produced = self
+            .blob
             .atomic_u64(self.layout.header_offset + OFFSET_PRODUCED)
             .map(|a| a.load(Ordering::SeqCst))
-            .unwrap_or(self.consumed)
+            .unwrap_or(self.consumed);
+        self.produced_seen.set(produced);
+        produced
+    }
+
+    /// How far the guest has published: the value last read while it is
+    /// still ahead of `consumed`, else the counter read again.
+    fn produced_ahead(&self) -> u64 {
+        let seen = self.produced_seen.get();
+        if seen > self.consumed {
+            seen
+        } else {
+            self.produced()
+        }
     }
 
     /// Whether the ring holds commands the host has not executed.
     pub fn has_work(&self) -> bool {
-        self.produced() > self.consumed
+        self.produced_ahead() > self.consumed
     }
 
     pub fn set_host_idle(&self, idle: bool) {
@@ -125,7 +146,7 @@ impl Channel {
     /// Reads the command at the host's position (the caller checked that the
     /// ring is not empty). Does not advance.
     pub fn read(&mut self) -> (RingEntry, u64) {
-        let produced = self.produced();
+        let produced = self.produced_ahead();
         let available = produced.saturating_sub(self.consumed);
         let ring_size = self.layout.ring_size;
         // Ring size is a power of two (validated at bind).

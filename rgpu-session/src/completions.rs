@@ -52,9 +52,12 @@ impl Completions {
         }
     }
 
-    /// Whether a look is due (commands keep coming).
-    pub(crate) fn due(&self) -> bool {
-        self.watching() && self.last_look.is_none_or(|t| t.elapsed() >= LOOK_EVERY)
+    /// Whether a look is due at `now` (commands keep coming).
+    pub(crate) fn due(&self, now: Instant) -> bool {
+        self.watching()
+            && self
+                .last_look
+                .is_none_or(|t| now.saturating_duration_since(t) >= LOOK_EVERY)
     }
 
     /// The whole context synchronized: every watched item is complete up

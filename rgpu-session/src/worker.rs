@@ -722,7 +722,13 @@ impl Worker {
                         );
                         self.finish_command(decoded.reply_seq, result, failed);
                         self.advance(len);
-                        if self.completions.due() {
+                        // The scheduler's clock read serves when there was one.
+                        let due = self.completions.watching()
+                            && self.completions.due(match admission {
+                                Some(_) => self.admitted_at,
+                                None => Instant::now(),
+                            });
+                        if due {
                             let position = self.channel.as_ref().map_or(0, Channel::consumed);
                             self.look_at_completions(position);
                         }

@@ -146,6 +146,10 @@ pub enum Completion {
 struct State {
     /// Bytes published so far (the last value stored in `produced`).
     produced: u64,
+    /// The host's `consumed` as last read: room is known without touching
+    /// the counter's cache line, which the host writes after every command
+    /// (reading it per command made both sides miss on it each time).
+    consumed_seen: u64,
     next_seq: u64,
 }
 
@@ -222,6 +226,7 @@ impl Channel {
             spin: config.spin,
             state: Mutex::new(State {
                 produced: 0,
+                consumed_seen: 0,
                 next_seq: 1,
             }),
             notes: Mutex::default(),
@@ -592,26 +597,35 @@ impl Channel {
     }
 
     /// Waits until `len` bytes of the ring are free.
-    fn wait_space(&self, state: &State, len: u64) -> Result<(), CarrierError> {
-        let ring = self.layout.ring_size;
-        let fits = |consumed: u64| ring - (state.produced - consumed) >= len;
-        if fits(self.consumed(state)?) {
+    fn wait_space(&self, state: &mut State, len: u64) -> Result<(), CarrierError> {
+        if self.has_room(state, len) || self.look_for_room(state, len)? {
             return Ok(());
         }
         let spin_until = Instant::now() + self.spin;
         while Instant::now() < spin_until {
             std::hint::spin_loop();
-            if fits(self.consumed(state)?) {
+            if self.look_for_room(state, len)? {
                 return Ok(());
             }
         }
         self.ring_doorbell(state, true)?;
-        if fits(self.consumed(state)?) {
+        if self.look_for_room(state, len)? {
             return Ok(());
         }
         Err(CarrierError::Protocol(
             "the host signalled a doorbell fence before consuming the ring".into(),
         ))
+    }
+
+    /// Whether `len` bytes are free by the last `consumed` read.
+    fn has_room(&self, state: &State, len: u64) -> bool {
+        self.layout.ring_size - (state.produced - state.consumed_seen) >= len
+    }
+
+    /// Reads the host's `consumed` again; whether `len` bytes are free.
+    fn look_for_room(&self, state: &mut State, len: u64) -> Result<bool, CarrierError> {
+        state.consumed_seen = self.consumed(state)?;
+        Ok(self.has_room(state, len))
     }
 
     /// Reserves `len` contiguous bytes at the ring's current position,
