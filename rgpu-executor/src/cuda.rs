@@ -1579,16 +1579,35 @@ impl ContextExecutor for CudaContext {
             }
             GraphNode::CopyDtoD { dst, src, size } => {
                 let device = sys::CUmemorytype_enum::CU_MEMORYTYPE_DEVICE;
-                // SAFETY: CUDA_MEMCPY3D is plain data, all-zero valid (NULL
-                // pointers, zero offsets).
-                let mut p: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
-                p.srcMemoryType = device;
-                p.srcDevice = src;
-                p.dstMemoryType = device;
-                p.dstDevice = dst;
-                p.WidthInBytes = usize::try_from(size).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-                p.Height = 1;
-                p.Depth = 1;
+                // Spelled out: its memory-type enums have no zero value, so
+                // an all-zero CUDA_MEMCPY3D is not a valid Rust value.
+                let p = sys::CUDA_MEMCPY3D {
+                    srcXInBytes: 0,
+                    srcY: 0,
+                    srcZ: 0,
+                    srcLOD: 0,
+                    srcMemoryType: device,
+                    srcHost: std::ptr::null(),
+                    srcDevice: src,
+                    srcArray: null_mut(),
+                    reserved0: null_mut(),
+                    srcPitch: 0,
+                    srcHeight: 0,
+                    dstXInBytes: 0,
+                    dstY: 0,
+                    dstZ: 0,
+                    dstLOD: 0,
+                    dstMemoryType: device,
+                    dstHost: null_mut(),
+                    dstDevice: dst,
+                    dstArray: null_mut(),
+                    reserved1: null_mut(),
+                    dstPitch: 0,
+                    dstHeight: 0,
+                    WidthInBytes: usize::try_from(size).map_err(|_| CUDA_ERROR_INVALID_VALUE)?,
+                    Height: 1,
+                    Depth: 1,
+                };
                 // SAFETY: as above; device to device only.
                 check("cuGraphAddMemcpyNode", unsafe {
                     sys::cuGraphAddMemcpyNode(out, hgraph, d, n, &p, self.ctx)
