@@ -12,8 +12,8 @@ use crate::abi::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule
 use crate::api::context::CtxCreateParams;
 use crate::api::copy_2d::Memcpy2D;
 use crate::api::graph::{
-    CUgraph, CUgraphExec, CUgraphNode, KernelNodeParams, KernelNodeParamsV1, Memcpy3D,
-    MemsetNodeParams,
+    CUgraph, CUgraphExec, CUgraphNode, EdgeData, ExecUpdateResultInfo, KernelNodeParams,
+    KernelNodeParamsV1, Memcpy3D, MemsetNodeParams,
 };
 use crate::api::ipc::IpcHandle;
 use crate::api::launch::LaunchConfig;
@@ -251,6 +251,23 @@ rgpu_shim::exported_api! {
     fn cuGraphAddChildGraphNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, child_graph: CUgraph) => graph::add_child_graph_node;
     fn cuGraphGetNodes(hgraph: CUgraph, nodes: *mut CUgraphNode, num_nodes: *mut usize) => graph::get_nodes;
     fn cuGraphNodeGetType(hnode: CUgraphNode, node_type: *mut c_int) => graph::node_get_type;
+    fn cuGraphKernelNodeGetParams(hnode: CUgraphNode, node_params: *mut KernelNodeParamsV1) => graph::kernel_node_get_params_v1;
+    fn cuGraphKernelNodeGetParams_v2(hnode: CUgraphNode, node_params: *mut KernelNodeParams) => graph::kernel_node_get_params;
+    fn cuGraphKernelNodeSetParams(hnode: CUgraphNode, node_params: *const KernelNodeParamsV1) => graph::kernel_node_set_params_v1;
+    fn cuGraphKernelNodeSetParams_v2(hnode: CUgraphNode, node_params: *const KernelNodeParams) => graph::kernel_node_set_params;
+    fn cuGraphExecKernelNodeSetParams(hexec: CUgraphExec, hnode: CUgraphNode, node_params: *const KernelNodeParamsV1) => graph::exec_kernel_node_set_params_v1;
+    fn cuGraphExecKernelNodeSetParams_v2(hexec: CUgraphExec, hnode: CUgraphNode, node_params: *const KernelNodeParams) => graph::exec_kernel_node_set_params;
+    fn cuGraphMemsetNodeGetParams(hnode: CUgraphNode, node_params: *mut MemsetNodeParams) => graph::memset_node_get_params;
+    fn cuGraphMemsetNodeSetParams(hnode: CUgraphNode, node_params: *const MemsetNodeParams) => graph::memset_node_set_params;
+    fn cuGraphExecMemsetNodeSetParams(hexec: CUgraphExec, hnode: CUgraphNode, memset_params: *const MemsetNodeParams, ctx: *mut c_void) => graph::exec_memset_node_set_params;
+    fn cuGraphExecUpdate(hexec: CUgraphExec, hgraph: CUgraph, error_node: *mut CUgraphNode, update_result: *mut c_int) => graph::exec_update;
+    fn cuGraphExecUpdate_v2(hexec: CUgraphExec, hgraph: CUgraph, result_info: *mut ExecUpdateResultInfo) => graph::exec_update_v2;
+    fn cuGraphUpload(hexec: CUgraphExec, hstream: CUstream) => graph::upload;
+    fn cuGraphUpload_ptsz(hexec: CUgraphExec, hstream: CUstream) => graph::upload_ptsz;
+    fn cuGraphNodeGetDependencies(hnode: CUgraphNode, dependencies: *mut CUgraphNode, num_dependencies: *mut usize) => graph::node_get_dependencies;
+    fn cuGraphNodeGetDependencies_v2(hnode: CUgraphNode, dependencies: *mut CUgraphNode, edge_data: *mut EdgeData, num_dependencies: *mut usize) => graph::node_get_dependencies_v2;
+    fn cuGraphNodeGetDependentNodes(hnode: CUgraphNode, dependent_nodes: *mut CUgraphNode, num_dependent_nodes: *mut usize) => graph::node_get_dependent_nodes;
+    fn cuGraphNodeGetDependentNodes_v2(hnode: CUgraphNode, dependent_nodes: *mut CUgraphNode, edge_data: *mut EdgeData, num_dependent_nodes: *mut usize) => graph::node_get_dependent_nodes_v2;
     fn cuStreamIsCapturing(hstream: CUstream, capture_status: *mut c_int) => stream::is_capturing;
     fn cuStreamIsCapturing_ptsz(hstream: CUstream, capture_status: *mut c_int) => stream::is_capturing_ptsz;
     fn cuStreamGetCaptureInfo(hstream: CUstream, capture_status: *mut c_int, id: *mut u64) => stream::capture_info;

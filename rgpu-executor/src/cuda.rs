@@ -30,8 +30,8 @@ use rgpu_proto::MAX_KERNEL_PARAMS;
 use crate::image::{classify, ImageKind};
 use crate::nvml::HostNvml;
 use crate::{
-    ptx, ContextExecutor, CuResult, DeviceStatus, Executor, ExecutorError, GraphNode, HostRun,
-    LaunchHint, LaunchOptions, StreamRef,
+    ptx, ContextExecutor, CuResult, DeviceStatus, ExecUpdate, Executor, ExecutorError, GraphNode,
+    HostRun, LaunchHint, LaunchOptions, StreamRef,
 };
 
 /// Exported by rgpu's guest library so the daemon can tell it apart from
@@ -64,6 +64,20 @@ type LaunchKernelExFn = unsafe extern "C" fn(
     *mut *mut c_void,
     *mut *mut c_void,
 ) -> u32;
+
+/// `cuGraphExecUpdate_v2`, whose result info holds an enum the driver
+/// writes: read here as an integer.
+type GraphExecUpdateFn =
+    unsafe extern "C" fn(sys::CUgraphExec, sys::CUgraph, *mut ExecUpdateResultInfo) -> u32;
+
+/// `CUgraphExecUpdateResultInfo` with its `CUgraphExecUpdateResult` as
+/// an integer.
+#[repr(C)]
+struct ExecUpdateResultInfo {
+    result: c_int,
+    error_node: sys::CUgraphNode,
+    error_from_node: sys::CUgraphNode,
+}
 
 /// `CUlaunchAttribute`: an id, then a 64-byte value union at offset 8 (a
 /// cluster dimension is its first three `u32`s).
@@ -115,6 +129,7 @@ struct IntegerEntryPoints {
     /// Same C signature as `cuOccupancyMaxActiveClusters`.
     occupancy_max_potential_cluster_size: OccupancyMaxActiveClustersFn,
     launch_kernel_ex: LaunchKernelExFn,
+    graph_exec_update: GraphExecUpdateFn,
 }
 
 impl IntegerEntryPoints {
@@ -132,6 +147,7 @@ impl IntegerEntryPoints {
                 "cuOccupancyMaxPotentialClusterSize",
             )?,
             launch_kernel_ex: driver_symbol(library, "cuLaunchKernelEx")?,
+            graph_exec_update: driver_symbol(library, "cuGraphExecUpdate_v2")?,
         })
     }
 }
@@ -201,6 +217,67 @@ fn with_param_buffer<R>(params: &[u8], launch: impl FnOnce(*mut *mut c_void) -> 
         extra.as_mut_ptr()
     };
     launch(extra)
+}
+
+/// Calls `f` with the driver's parameters of kernel node `node` (a
+/// `GraphNode::Kernel` whose function is `func`), its parameter buffer
+/// handed over as `extra`; another kind of node is INVALID_VALUE.
+fn with_kernel_node_params<R>(
+    node: &GraphNode<'_>,
+    func: sys::CUfunction,
+    f: impl FnOnce(&sys::CUDA_KERNEL_NODE_PARAMS) -> CuResult<R>,
+) -> CuResult<R> {
+    let GraphNode::Kernel {
+        grid,
+        block,
+        shared_mem_bytes,
+        params,
+        ..
+    } = *node
+    else {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    };
+    with_param_buffer(params, |extra| {
+        f(&sys::CUDA_KERNEL_NODE_PARAMS {
+            func,
+            gridDimX: grid[0],
+            gridDimY: grid[1],
+            gridDimZ: grid[2],
+            blockDimX: block[0],
+            blockDimY: block[1],
+            blockDimZ: block[2],
+            sharedMemBytes: shared_mem_bytes,
+            kernelParams: null_mut(),
+            extra,
+            kern: null_mut(),
+            ctx: null_mut(),
+        })
+    })
+}
+
+/// The driver's parameters of memset node `node` (a `GraphNode::Memset`;
+/// another kind is INVALID_VALUE).
+fn memset_node_params(node: &GraphNode<'_>) -> CuResult<sys::CUDA_MEMSET_NODE_PARAMS> {
+    let GraphNode::Memset {
+        dst,
+        value,
+        element_size,
+        width,
+        height,
+        pitch,
+    } = *node
+    else {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    };
+    let size = |v: u64| usize::try_from(v).map_err(|_| CUDA_ERROR_INVALID_VALUE);
+    Ok(sys::CUDA_MEMSET_NODE_PARAMS {
+        dst,
+        pitch: size(pitch)?,
+        value,
+        elementSize: element_size,
+        width: size(width)?,
+        height: size(height)?,
+    })
 }
 
 /// The daemon-wide CUDA executor: one host GPU.
@@ -1525,53 +1602,19 @@ impl ContextExecutor for CudaContext {
                     sys::cuGraphAddEmptyNode(out, hgraph, d, n)
                 })?
             }
-            GraphNode::Kernel {
-                function,
-                grid,
-                block,
-                shared_mem_bytes,
-                params,
-            } => {
+            GraphNode::Kernel { function, .. } => {
                 let func = self.function(function)?;
-                with_param_buffer(params, |extra| {
-                    let p = sys::CUDA_KERNEL_NODE_PARAMS {
-                        func,
-                        gridDimX: grid[0],
-                        gridDimY: grid[1],
-                        gridDimZ: grid[2],
-                        blockDimX: block[0],
-                        blockDimY: block[1],
-                        blockDimZ: block[2],
-                        sharedMemBytes: shared_mem_bytes,
-                        kernelParams: null_mut(),
-                        extra,
-                        kern: null_mut(),
-                        ctx: null_mut(),
-                    };
-                    // SAFETY: as above; `extra` describes `params` and ends
-                    // with END; the function is live in this context.
+                with_kernel_node_params(node, func, |p| {
+                    // SAFETY: as above; `extra` describes the parameter
+                    // buffer and ends with END; the function is live in
+                    // this context.
                     check("cuGraphAddKernelNode_v2", unsafe {
-                        sys::cuGraphAddKernelNode_v2(out, hgraph, d, n, &p)
+                        sys::cuGraphAddKernelNode_v2(out, hgraph, d, n, p)
                     })
                 })?
             }
-            GraphNode::Memset {
-                dst,
-                value,
-                element_size,
-                width,
-                height,
-                pitch,
-            } => {
-                let size = |v: u64| usize::try_from(v).map_err(|_| CUDA_ERROR_INVALID_VALUE);
-                let p = sys::CUDA_MEMSET_NODE_PARAMS {
-                    dst,
-                    pitch: size(pitch)?,
-                    value,
-                    elementSize: element_size,
-                    width: size(width)?,
-                    height: size(height)?,
-                };
+            GraphNode::Memset { .. } => {
+                let p = memset_node_params(node)?;
                 // SAFETY: as above; the driver checks the device range.
                 check("cuGraphAddMemsetNode", unsafe {
                     sys::cuGraphAddMemsetNode(out, hgraph, d, n, &p, self.ctx)
@@ -1680,6 +1723,117 @@ impl ContextExecutor for CudaContext {
             })
             .collect();
         Ok((handle, handles))
+    }
+
+    fn graph_node_set_params(&mut self, node: u64, params: &GraphNode<'_>) -> CuResult<()> {
+        let (_, hnode) = *self
+            .graph_nodes
+            .get(&node)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        match *params {
+            GraphNode::Kernel { function, .. } => {
+                let func = self.function(function)?;
+                with_kernel_node_params(params, func, |p| {
+                    // SAFETY: a live node of this context (the driver
+                    // refuses one of another kind); the parameters are
+                    // copied during the call.
+                    check("cuGraphKernelNodeSetParams_v2", unsafe {
+                        sys::cuGraphKernelNodeSetParams_v2(hnode, p)
+                    })
+                })
+            }
+            GraphNode::Memset { .. } => {
+                let p = memset_node_params(params)?;
+                // SAFETY: as above.
+                check("cuGraphMemsetNodeSetParams", unsafe {
+                    sys::cuGraphMemsetNodeSetParams(hnode, &p)
+                })
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    fn graph_exec_node_set_params(
+        &mut self,
+        exec: u64,
+        node: u64,
+        params: &GraphNode<'_>,
+    ) -> CuResult<()> {
+        let hexec = *self
+            .graph_execs
+            .get(&exec)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let (_, hnode) = *self
+            .graph_nodes
+            .get(&node)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        match *params {
+            GraphNode::Kernel { function, .. } => {
+                let func = self.function(function)?;
+                with_kernel_node_params(params, func, |p| {
+                    // SAFETY: a live executable graph and node of this
+                    // context (the driver refuses a node of another graph
+                    // or kind); the parameters are copied during the call.
+                    check("cuGraphExecKernelNodeSetParams_v2", unsafe {
+                        sys::cuGraphExecKernelNodeSetParams_v2(hexec, hnode, p)
+                    })
+                })
+            }
+            GraphNode::Memset { .. } => {
+                let p = memset_node_params(params)?;
+                // SAFETY: as above.
+                check("cuGraphExecMemsetNodeSetParams", unsafe {
+                    sys::cuGraphExecMemsetNodeSetParams(hexec, hnode, &p, self.ctx)
+                })
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    fn graph_exec_update(&mut self, exec: u64, graph: u64) -> CuResult<ExecUpdate> {
+        let hexec = *self
+            .graph_execs
+            .get(&exec)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let hgraph = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let mut info = ExecUpdateResultInfo {
+            result: 0,
+            error_node: null_mut(),
+            error_from_node: null_mut(),
+        };
+        // SAFETY: a live executable graph and graph of this context, a
+        // valid out-pointer of the result info's layout.
+        let code = unsafe { (self.entry.graph_exec_update)(hexec, hgraph, &mut info) };
+        // A failed update is an answer (with its reason), not an error.
+        if code != CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE {
+            check_code("cuGraphExecUpdate_v2", code)?;
+        }
+        // The failing node as this context's handle (none for a node the
+        // driver made, of a captured graph).
+        let error_node = self
+            .graph_nodes
+            .iter()
+            .find(|(_, (of, n))| {
+                *of == graph && !info.error_node.is_null() && *n == info.error_node
+            })
+            .map(|(handle, _)| *handle);
+        Ok(ExecUpdate {
+            result: code,
+            update_result: u32::try_from(info.result).unwrap_or(u32::MAX),
+            error_node,
+        })
+    }
+
+    fn graph_upload(&mut self, exec: u64, stream: StreamRef) -> CuResult<()> {
+        let hexec = *self
+            .graph_execs
+            .get(&exec)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let stream = self.stream(stream)?;
+        // SAFETY: a live executable graph and stream of this context.
+        check("cuGraphUpload", unsafe {
+            sys::cuGraphUpload(hexec, stream)
+        })
     }
 
     fn ipc_get_mem_handle(&mut self, device_ptr: u64) -> CuResult<IpcHandle> {

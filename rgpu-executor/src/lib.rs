@@ -118,6 +118,25 @@ pub enum GraphNode<'a> {
     Child(u64),
 }
 
+/// `CUgraphExecUpdateResult` values the executors answer themselves.
+pub mod exec_update {
+    pub const SUCCESS: u32 = 0;
+    pub const TOPOLOGY_CHANGED: u32 = 2;
+    pub const NODE_TYPE_CHANGED: u32 = 3;
+}
+
+/// What `cuGraphExecUpdate_v2` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecUpdate {
+    /// `CUDA_SUCCESS`, or `CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE` with the
+    /// executable graph unchanged.
+    pub result: u32,
+    /// The `CUgraphExecUpdateResult`.
+    pub update_result: u32,
+    /// The node of the new graph that failed the update, if one did.
+    pub error_node: Option<u64>,
+}
+
 /// Live state of one device, as NVML reports it ([`Executor::device_status`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DeviceStatus {
@@ -419,6 +438,32 @@ pub trait ContextExecutor {
     }
     /// A copy of `graph`, and the copies of its nodes `nodes`, in order.
     fn graph_clone(&mut self, _graph: u64, _nodes: &[u64]) -> CuResult<(u64, Vec<u64>)> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// New parameters of kernel or memset node `node` (`params` of the same
+    /// kind; another kind is `CUDA_ERROR_INVALID_VALUE`). Executable graphs
+    /// made before keep the old ones.
+    fn graph_node_set_params(&mut self, _node: u64, _params: &GraphNode<'_>) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// As [`Self::graph_node_set_params`], in executable graph `exec` only
+    /// (`node` is a node of the graph it was instantiated from).
+    fn graph_exec_node_set_params(
+        &mut self,
+        _exec: u64,
+        _node: u64,
+        _params: &GraphNode<'_>,
+    ) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuGraphExecUpdate_v2`: `exec` takes the parameters of `graph`'s
+    /// nodes, when `graph` has the topology of the graph `exec` was made
+    /// from (nodes paired in the order they were added).
+    fn graph_exec_update(&mut self, _exec: u64, _graph: u64) -> CuResult<ExecUpdate> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuGraphUpload`: prepares `exec` for a launch on `stream`.
+    fn graph_upload(&mut self, _exec: u64, _stream: StreamRef) -> CuResult<()> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
 

@@ -33,8 +33,8 @@ use rgpu_proto::reply::FunctionInfo;
 use crate::image::{classify, ImageKind};
 use crate::occupancy::{self, KernelResources};
 use crate::{
-    ptx, ContextExecutor, CuResult, DeviceStatus, Executor, GraphNode, HostRun, LaunchHint,
-    LaunchOptions, StreamRef,
+    exec_update, ptx, ContextExecutor, CuResult, DeviceStatus, ExecUpdate, Executor, GraphNode,
+    HostRun, LaunchHint, LaunchOptions, StreamRef,
 };
 
 /// What `rgpu_spin` with a duration past the clock's range waits: forever,
@@ -436,9 +436,38 @@ pub struct SimContext {
     capturing: HashMap<u64, Vec<GraphOp>>,
     /// Graphs: their nodes in the order they were added (a node depends
     /// only on nodes added before it, so this order is a valid one to run
-    /// them in), each with its handle.
-    graphs: HashMap<u64, Vec<(u64, GraphOp)>>,
-    graph_execs: HashMap<u64, Vec<GraphOp>>,
+    /// them in).
+    graphs: HashMap<u64, Vec<SimNode>>,
+    /// Executable graphs: a copy of their graph's nodes when instantiated
+    /// (the handles stay those of that graph's nodes).
+    graph_execs: HashMap<u64, Vec<SimNode>>,
+}
+
+/// A node of a graph: its handle, the handles of the nodes it depends on
+/// and what it does.
+#[derive(Debug, Clone)]
+struct SimNode {
+    handle: u64,
+    dependencies: Vec<u64>,
+    op: GraphOp,
+}
+
+/// Where each node's dependencies sit among `nodes` (the shape an
+/// executable graph update compares); `None` for a dependency that is none
+/// of them.
+fn topology(nodes: &[SimNode]) -> Vec<Option<Vec<usize>>> {
+    nodes
+        .iter()
+        .map(|node| {
+            let mut at = node
+                .dependencies
+                .iter()
+                .map(|d| nodes.iter().position(|n| n.handle == *d))
+                .collect::<Option<Vec<usize>>>()?;
+            at.sort_unstable();
+            Some(at)
+        })
+        .collect()
 }
 
 /// What a captured stream recorded, replayed by a graph launch.
@@ -478,6 +507,19 @@ fn stream_key(stream: StreamRef) -> u64 {
         StreamRef::Legacy => 0,
         StreamRef::PerThread => u64::MAX,
         StreamRef::Created(handle) => handle,
+    }
+}
+
+/// A kernel or memset node's new parameters: `new` must be of the kind
+/// `held` is (the driver refuses another kind with INVALID_VALUE).
+fn replace_params(held: &mut GraphOp, new: GraphOp) -> CuResult<()> {
+    match (&*held, &new) {
+        (GraphOp::Launch { .. }, GraphOp::Launch { .. })
+        | (GraphOp::Memset { .. }, GraphOp::Memset { .. }) => {
+            *held = new;
+            Ok(())
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
 }
 
@@ -687,6 +729,74 @@ impl SimContext {
             }
         }
         Ok(())
+    }
+
+    /// What a node of a built graph does, checked as the driver checks it
+    /// when the node is added.
+    fn graph_op(&self, node: &GraphNode<'_>) -> CuResult<GraphOp> {
+        Ok(match *node {
+            GraphNode::Empty => GraphOp::Empty,
+            GraphNode::Kernel {
+                function,
+                grid,
+                block,
+                shared_mem_bytes,
+                params,
+            } => {
+                if !self.functions.contains_key(&function) {
+                    return Err(CUDA_ERROR_INVALID_HANDLE);
+                }
+                launch_threads(grid, block)?;
+                GraphOp::Launch {
+                    function,
+                    grid,
+                    block,
+                    shared_mem_bytes,
+                    params: params.to_vec(),
+                }
+            }
+            GraphNode::Memset {
+                dst,
+                value,
+                element_size,
+                width,
+                height,
+                pitch,
+            } => {
+                if !matches!(element_size, 1 | 2 | 4)
+                    || !dst.is_multiple_of(u64::from(element_size))
+                    || width == 0
+                    || height == 0
+                {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                GraphOp::Memset {
+                    dst,
+                    value,
+                    element_size,
+                    count: width,
+                    rows: height,
+                    pitch,
+                }
+            }
+            GraphNode::CopyDtoD { dst, src, size } => GraphOp::CopyDtoD { dst, src, size },
+            GraphNode::EventRecord(event) => {
+                self.event(event)?;
+                GraphOp::EventRecord(event)
+            }
+            GraphNode::EventWait(event) => {
+                self.event(event)?;
+                GraphOp::EventWait(event)
+            }
+            GraphNode::Child(child) => GraphOp::Child(
+                self.graphs
+                    .get(&child)
+                    .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+                    .iter()
+                    .map(|n| n.op.clone())
+                    .collect(),
+            ),
+        })
     }
 
     fn run_kernel(&mut self, kernel: ReferenceKernel, args: &[u64], threads: u64) -> CuResult<()> {
@@ -1649,31 +1759,40 @@ impl ContextExecutor for SimContext {
             .capturing
             .remove(&stream_key(stream))
             .ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
-        let nodes = ops.into_iter().map(|op| (self.new_handle(), op)).collect();
+        // One stream's work: a chain, each node after the one before.
+        let mut nodes: Vec<SimNode> = Vec::with_capacity(ops.len());
+        for op in ops {
+            let dependencies = nodes.last().map(|n| vec![n.handle]).unwrap_or_default();
+            nodes.push(SimNode {
+                handle: self.new_handle(),
+                dependencies,
+                op,
+            });
+        }
         let handle = self.new_handle();
         self.graphs.insert(handle, nodes);
         Ok(handle)
     }
 
     fn graph_instantiate(&mut self, graph: u64, _flags: u64) -> CuResult<u64> {
-        let ops = self
+        let nodes = self
             .graphs
             .get(&graph)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?
-            .iter()
-            .map(|(_, op)| op.clone())
-            .collect();
+            .cloned()
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let handle = self.new_handle();
-        self.graph_execs.insert(handle, ops);
+        self.graph_execs.insert(handle, nodes);
         Ok(handle)
     }
 
     fn graph_launch(&mut self, exec: u64, stream: StreamRef) -> CuResult<()> {
-        let ops = self
+        let ops: Vec<GraphOp> = self
             .graph_execs
             .get(&exec)
-            .cloned()
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+            .iter()
+            .map(|n| n.op.clone())
+            .collect();
         self.check_stream(stream)?;
         self.replay(&ops, stream)
     }
@@ -1708,78 +1827,20 @@ impl ContextExecutor for SimContext {
         // As the driver: dependencies are nodes of this graph.
         if !dependencies
             .iter()
-            .all(|d| nodes.iter().any(|(handle, _)| handle == d))
+            .all(|d| nodes.iter().any(|n| n.handle == *d))
         {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let op = match *node {
-            GraphNode::Empty => GraphOp::Empty,
-            GraphNode::Kernel {
-                function,
-                grid,
-                block,
-                shared_mem_bytes,
-                params,
-            } => {
-                if !self.functions.contains_key(&function) {
-                    return Err(CUDA_ERROR_INVALID_HANDLE);
-                }
-                launch_threads(grid, block)?;
-                GraphOp::Launch {
-                    function,
-                    grid,
-                    block,
-                    shared_mem_bytes,
-                    params: params.to_vec(),
-                }
-            }
-            GraphNode::Memset {
-                dst,
-                value,
-                element_size,
-                width,
-                height,
-                pitch,
-            } => {
-                if !matches!(element_size, 1 | 2 | 4)
-                    || !dst.is_multiple_of(u64::from(element_size))
-                    || width == 0
-                    || height == 0
-                {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
-                }
-                GraphOp::Memset {
-                    dst,
-                    value,
-                    element_size,
-                    count: width,
-                    rows: height,
-                    pitch,
-                }
-            }
-            GraphNode::CopyDtoD { dst, src, size } => GraphOp::CopyDtoD { dst, src, size },
-            GraphNode::EventRecord(event) => {
-                self.event(event)?;
-                GraphOp::EventRecord(event)
-            }
-            GraphNode::EventWait(event) => {
-                self.event(event)?;
-                GraphOp::EventWait(event)
-            }
-            GraphNode::Child(child) => GraphOp::Child(
-                self.graphs
-                    .get(&child)
-                    .ok_or(CUDA_ERROR_INVALID_HANDLE)?
-                    .iter()
-                    .map(|(_, op)| op.clone())
-                    .collect(),
-            ),
-        };
+        let op = self.graph_op(node)?;
         let handle = self.new_handle();
         self.graphs
             .get_mut(&graph)
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?
-            .push((handle, op));
+            .push(SimNode {
+                handle,
+                dependencies: dependencies.to_vec(),
+                op,
+            });
         Ok(handle)
     }
 
@@ -1789,25 +1850,95 @@ impl ContextExecutor for SimContext {
             .get(&graph)
             .cloned()
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        let copy: Vec<(u64, u64, GraphOp)> = original
-            .into_iter()
-            .map(|(old, op)| (old, self.new_handle(), op))
-            .collect();
-        let found = nodes
+        let renamed: HashMap<u64, u64> = original
             .iter()
-            .map(|wanted| {
-                copy.iter()
-                    .find(|(old, _, _)| old == wanted)
-                    .map(|(_, new, _)| *new)
-                    .ok_or(CUDA_ERROR_INVALID_VALUE)
+            .map(|n| (n.handle, self.new_handle()))
+            .collect();
+        let rename = |old: &u64| renamed.get(old).copied().ok_or(CUDA_ERROR_INVALID_VALUE);
+        let found = nodes.iter().map(rename).collect::<CuResult<Vec<u64>>>()?;
+        let copy = original
+            .into_iter()
+            .map(|n| {
+                Ok(SimNode {
+                    handle: rename(&n.handle)?,
+                    dependencies: n.dependencies.iter().map(rename).collect::<CuResult<_>>()?,
+                    op: n.op,
+                })
             })
-            .collect::<CuResult<Vec<u64>>>()?;
+            .collect::<CuResult<Vec<SimNode>>>()?;
         let handle = self.new_handle();
-        self.graphs.insert(
-            handle,
-            copy.into_iter().map(|(_, new, op)| (new, op)).collect(),
-        );
+        self.graphs.insert(handle, copy);
         Ok((handle, found))
+    }
+
+    fn graph_node_set_params(&mut self, node: u64, params: &GraphNode<'_>) -> CuResult<()> {
+        let op = self.graph_op(params)?;
+        let held = self
+            .graphs
+            .values_mut()
+            .flat_map(|nodes| nodes.iter_mut())
+            .find(|n| n.handle == node)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        replace_params(&mut held.op, op)
+    }
+
+    fn graph_exec_node_set_params(
+        &mut self,
+        exec: u64,
+        node: u64,
+        params: &GraphNode<'_>,
+    ) -> CuResult<()> {
+        let op = self.graph_op(params)?;
+        let held = self
+            .graph_execs
+            .get_mut(&exec)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+            .iter_mut()
+            .find(|n| n.handle == node)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        replace_params(&mut held.op, op)
+    }
+
+    fn graph_exec_update(&mut self, exec: u64, graph: u64) -> CuResult<ExecUpdate> {
+        let new = self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let old = self
+            .graph_execs
+            .get(&exec)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let failed = |update_result, node: Option<&SimNode>| ExecUpdate {
+            result: CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE,
+            update_result,
+            error_node: node.map(|n| n.handle),
+        };
+        if new.len() != old.len() || topology(new) != topology(old) {
+            return Ok(failed(exec_update::TOPOLOGY_CHANGED, None));
+        }
+        if let Some((changed, _)) = new
+            .iter()
+            .zip(old)
+            .find(|(n, o)| std::mem::discriminant(&n.op) != std::mem::discriminant(&o.op))
+        {
+            return Ok(failed(exec_update::NODE_TYPE_CHANGED, Some(changed)));
+        }
+        let ops: Vec<GraphOp> = new.iter().map(|n| n.op.clone()).collect();
+        if let Some(old) = self.graph_execs.get_mut(&exec) {
+            for (node, op) in old.iter_mut().zip(ops) {
+                node.op = op;
+            }
+        }
+        Ok(ExecUpdate {
+            result: CUDA_SUCCESS,
+            update_result: exec_update::SUCCESS,
+            error_node: None,
+        })
+    }
+
+    fn graph_upload(&mut self, exec: u64, stream: StreamRef) -> CuResult<()> {
+        if !self.graph_execs.contains_key(&exec) {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        // Nothing to prepare: a launch replays the nodes as they are.
+        self.check_stream(stream)
     }
 
     /// A handle the tenant's registry records; nothing else is kept (the

@@ -659,9 +659,13 @@ fn memset_element_size(command: &Command) -> Result<(), DecodeError> {
 /// A kernel node's launch names no stream (it runs on the graph's).
 fn kernel_node_stream(command: &Command) -> Result<(), DecodeError> {
     match command {
-        Command::GraphAddKernelNode { launch, .. } if launch.stream != 0 => {
+        Command::GraphAddKernelNode { launch, .. }
+        | Command::GraphKernelNodeSetParams { launch, .. }
+        | Command::GraphExecKernelNodeSetParams { launch, .. }
+            if launch.stream != 0 =>
+        {
             Err(DecodeError::InvalidField {
-                field: "graph_add_kernel_node.launch.stream",
+                field: "graph kernel node launch.stream",
                 value: launch.stream.into(),
             })
         }
@@ -672,9 +676,13 @@ fn kernel_node_stream(command: &Command) -> Result<(), DecodeError> {
 /// A memset node sets elements of 1, 2 or 4 bytes.
 fn memset_node_element_size(command: &Command) -> Result<(), DecodeError> {
     match command {
-        Command::GraphAddMemsetNode { element_size, .. } if !matches!(element_size, 1 | 2 | 4) => {
+        Command::GraphAddMemsetNode { element_size, .. }
+        | Command::GraphMemsetNodeSetParams { element_size, .. }
+        | Command::GraphExecMemsetNodeSetParams { element_size, .. }
+            if !matches!(element_size, 1 | 2 | 4) =>
+        {
             Err(DecodeError::InvalidField {
-                field: "graph_add_memset_node.element_size",
+                field: "graph memset node element_size",
                 value: (*element_size).into(),
             })
         }
@@ -826,6 +834,44 @@ commands! {
     GraphAddEventWaitNode = 0x0715 { graph: u32, node: u32, dependencies: Vec<u32>, event: u32 };
     /// A child graph node: a copy of graph `child` as it is now.
     GraphAddChildGraphNode = 0x0716 { graph: u32, node: u32, dependencies: Vec<u32>, child: u32 };
+    /// `cuGraphKernelNodeSetParams_v2` of kernel node `node` (a launch as
+    /// `GraphAddKernelNode` carries it).
+    GraphKernelNodeSetParams = 0x0720 { node: u32, launch: Launch }
+        check kernel_node_stream;
+    /// `cuGraphMemsetNodeSetParams` of memset node `node`.
+    GraphMemsetNodeSetParams = 0x0721 {
+        node: u32,
+        dst: u64,
+        value: u32,
+        element_size: u32,
+        width: u64,
+        height: u64,
+        pitch: u64,
+    }
+        check memset_node_element_size;
+    /// `cuGraphExecKernelNodeSetParams_v2`: kernel node `node` of the graph
+    /// `exec` was instantiated from, in `exec` only.
+    GraphExecKernelNodeSetParams = 0x0722 { exec: u32, node: u32, launch: Launch }
+        check kernel_node_stream;
+    /// `cuGraphExecMemsetNodeSetParams`: as `GraphMemsetNodeSetParams`, in
+    /// `exec` only.
+    GraphExecMemsetNodeSetParams = 0x0723 {
+        exec: u32,
+        node: u32,
+        dst: u64,
+        value: u32,
+        element_size: u32,
+        width: u64,
+        height: u64,
+        pitch: u64,
+    }
+        check memset_node_element_size;
+    /// `cuGraphExecUpdate_v2` of `exec` from `graph`; answers the call's
+    /// result, the `CUgraphExecUpdateResult` and the guest handle of the
+    /// node that failed it (0: none), each a `u64`.
+    GraphExecUpdate = 0x0706 { exec: u32, graph: u32 };
+    /// `cuGraphUpload` of `exec` on `stream`.
+    GraphUpload = 0x0707 { exec: u32, stream: u32 };
     /// `cuIpcGetMemHandle` of device memory of the guest process (it must
     /// lie in one of its `cuMemAlloc` allocations); answers the driver's
     /// 64-byte handle, which the tenant's registry records.

@@ -28,6 +28,7 @@ pub const CUDA_ERROR_NOT_PERMITTED: u32 = 800;
 pub const CUDA_ERROR_NOT_SUPPORTED: u32 = 801;
 pub const CUDA_ERROR_ILLEGAL_STATE: u32 = 401;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: u32 = 900;
+pub const CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: u32 = 910;
 pub const CUDA_ERROR_INVALID_CLUSTER_SIZE: u32 = 912;
 pub const CUDA_ERROR_UNKNOWN: u32 = 999;
 
@@ -39,6 +40,11 @@ pub const KNOWN_RESULTS: &[(u32, &str, &str)] = &[
         CUDA_ERROR_ILLEGAL_STATE,
         "CUDA_ERROR_ILLEGAL_STATE",
         "the operation cannot be performed in the present state",
+    ),
+    (
+        CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE,
+        "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE",
+        "the graph update was not performed because it included changes which violated constraints specific to instantiated graph update",
     ),
     (
         CUDA_ERROR_INVALID_CLUSTER_SIZE,

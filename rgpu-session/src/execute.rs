@@ -14,9 +14,13 @@ use rgpu_proto::cuda_result::{
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`: the one flag of
 /// `cuIpcOpenMemHandle` (NVIDIA documents it as required; 0 is taken too).
 const IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 0x1;
+use rgpu_proto::command::Launch;
 use rgpu_proto::reply::{u64_payload, DeviceStatus, UTILIZATION_UNKNOWN};
 use rgpu_proto::wire::WireWriter;
 use rgpu_proto::{BlobRange, Command, LaunchAttr, STREAM_PER_THREAD};
+
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+const CAPTURE_MODE_RELAXED: u32 = 2;
 
 use crate::device_ranges::{Inserted, RangeKind, RangeOwner};
 use crate::driver_memory::Refresh;
@@ -257,6 +261,52 @@ fn memset_node_span(element_size: u32, width: u64, height: u64, pitch: u64) -> O
         return None;
     }
     (height - 1).checked_mul(pitch)?.checked_add(row)
+}
+
+/// A kernel node of `function` (the executor's) as `launch` describes it
+/// (checked by the caller as a launch is).
+fn kernel_node(function: u64, launch: &Launch) -> GraphNode<'_> {
+    GraphNode::Kernel {
+        function,
+        grid: launch.grid,
+        block: launch.block,
+        shared_mem_bytes: launch.shared_mem_bytes,
+        params: &launch.params,
+    }
+}
+
+/// A memset node, checked as a memset: every byte it sets (`shape`:
+/// width, height, pitch) lies in the process's device memory.
+fn memset_node(
+    tenant: &Tenant,
+    ctx_id: u32,
+    dst: u64,
+    value: u32,
+    element_size: u32,
+    [width, height, pitch]: [u64; 3],
+) -> CuResult<GraphNode<'static>> {
+    let span =
+        memset_node_span(element_size, width, height, pitch).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    check_device_range(tenant, ctx_id, "a memset node", dst, span)?;
+    Ok(GraphNode::Memset {
+        dst,
+        value,
+        element_size,
+        width,
+        height,
+        pitch,
+    })
+}
+
+/// The executor's executable graph `exec` and node `node`, which must be a
+/// node of the graph `exec` was instantiated from.
+fn exec_node(handles: &Handles, exec: u32, node: u32) -> CuResult<(u64, u64)> {
+    let created_exec = handles.graph_exec(exec)?;
+    let source = handles.graph_exec_sources.get(&exec).copied();
+    let created = source
+        .ok_or(CUDA_ERROR_INVALID_VALUE)
+        .and_then(|graph| handles.graph_node(node, Some(graph)))?;
+    Ok((created_exec, created))
 }
 
 /// Records a device range the driver handed to the guest.
@@ -904,7 +954,17 @@ impl Worker {
             } => ctx.mem_set_access(*address, *size, *flags).map(empty),
             Command::StreamBeginCapture { stream, mode } => {
                 let stream = handles.stream(*stream)?;
-                ctx.stream_begin_capture(stream, *mode).map(empty)
+                if *mode > CAPTURE_MODE_RELAXED {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                // Every guest thread's calls run on this one thread, which
+                // the guest's cuThreadExchangeStreamCaptureMode (PyTorch's
+                // allocator relaxes its thread to allocate during a capture)
+                // does not reach: a global or thread-local capture here
+                // would refuse calls that the guest thread making them may
+                // make. The host's capture prohibits nothing.
+                ctx.stream_begin_capture(stream, CAPTURE_MODE_RELAXED)
+                    .map(empty)
             }
             Command::StreamEndCapture { stream, graph } => {
                 let stream = handles.stream(*stream)?;
@@ -930,9 +990,11 @@ impl Worker {
             Command::GraphInstantiate { graph, exec, flags } => {
                 check_new(&handles.graph_execs, *exec)?;
                 check_room(handles.graph_execs.len(), limits.graphs)?;
+                let source = *graph;
                 let graph = handles.graph(*graph)?;
                 let created = ctx.graph_instantiate(graph, *flags)?;
                 handles.graph_execs.insert(*exec, created);
+                handles.graph_exec_sources.insert(*exec, source);
                 // An instantiated graph may hold device memory of its own.
                 let _ = tenant.account_driver_memory(Refresh::Settle, executor, counters);
                 Ok(Vec::new())
@@ -946,6 +1008,7 @@ impl Worker {
                 let created = handles.graph_exec(*exec)?;
                 ctx.graph_exec_destroy(created)?;
                 handles.graph_execs.remove(exec);
+                handles.graph_exec_sources.remove(exec);
                 Ok(Vec::new())
             }
             Command::GraphDestroy { graph } => {
@@ -1029,13 +1092,7 @@ impl Worker {
                 // As a launch: a function of the session, its parameter
                 // buffer of the size the function's layout has.
                 let (function, _) = handles.launch_target(launch)?;
-                let spec = GraphNode::Kernel {
-                    function,
-                    grid: launch.grid,
-                    block: launch.block,
-                    shared_mem_bytes: launch.shared_mem_bytes,
-                    params: &launch.params,
-                };
+                let spec = kernel_node(function, launch);
                 add_graph_node(
                     ctx,
                     handles,
@@ -1059,19 +1116,14 @@ impl Worker {
                 height,
                 pitch,
             } => {
-                // As a memset: every byte it sets lies in the process's
-                // device memory.
-                let span = memset_node_span(*element_size, *width, *height, *pitch)
-                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-                check_device_range(tenant, ctx_id, "a memset node", *dst, span)?;
-                let spec = GraphNode::Memset {
-                    dst: *dst,
-                    value: *value,
-                    element_size: *element_size,
-                    width: *width,
-                    height: *height,
-                    pitch: *pitch,
-                };
+                let spec = memset_node(
+                    tenant,
+                    ctx_id,
+                    *dst,
+                    *value,
+                    *element_size,
+                    [*width, *height, *pitch],
+                )?;
                 add_graph_node(
                     ctx,
                     handles,
@@ -1181,6 +1233,77 @@ impl Worker {
                     &GraphNode::Child(created_child),
                     weight,
                 )
+            }
+            Command::GraphKernelNodeSetParams { node, launch } => {
+                let created = handles.graph_node(*node, None)?;
+                let (function, _) = handles.launch_target(launch)?;
+                ctx.graph_node_set_params(created, &kernel_node(function, launch))
+                    .map(empty)
+            }
+            Command::GraphMemsetNodeSetParams {
+                node,
+                dst,
+                value,
+                element_size,
+                width,
+                height,
+                pitch,
+            } => {
+                let created = handles.graph_node(*node, None)?;
+                let spec = memset_node(
+                    tenant,
+                    ctx_id,
+                    *dst,
+                    *value,
+                    *element_size,
+                    [*width, *height, *pitch],
+                )?;
+                ctx.graph_node_set_params(created, &spec).map(empty)
+            }
+            Command::GraphExecKernelNodeSetParams { exec, node, launch } => {
+                let (created_exec, created) = exec_node(handles, *exec, *node)?;
+                let (function, _) = handles.launch_target(launch)?;
+                let spec = kernel_node(function, launch);
+                ctx.graph_exec_node_set_params(created_exec, created, &spec)
+                    .map(empty)
+            }
+            Command::GraphExecMemsetNodeSetParams {
+                exec,
+                node,
+                dst,
+                value,
+                element_size,
+                width,
+                height,
+                pitch,
+            } => {
+                let (created_exec, created) = exec_node(handles, *exec, *node)?;
+                let spec = memset_node(
+                    tenant,
+                    ctx_id,
+                    *dst,
+                    *value,
+                    *element_size,
+                    [*width, *height, *pitch],
+                )?;
+                ctx.graph_exec_node_set_params(created_exec, created, &spec)
+                    .map(empty)
+            }
+            Command::GraphExecUpdate { exec, graph } => {
+                let created_exec = handles.graph_exec(*exec)?;
+                let created_graph = handles.graph(*graph)?;
+                let update = ctx.graph_exec_update(created_exec, created_graph)?;
+                let error_node = handles.guest_node(update.error_node);
+                Ok(u64_payload(&[
+                    update.result.into(),
+                    update.update_result.into(),
+                    error_node.into(),
+                ]))
+            }
+            Command::GraphUpload { exec, stream } => {
+                let exec = handles.graph_exec(*exec)?;
+                let stream = handles.stream(*stream)?;
+                ctx.graph_upload(exec, stream).map(empty)
             }
             Command::IpcGetMemHandle { device_ptr } => {
                 // Only a `cuMemAlloc` allocation of this process: the driver

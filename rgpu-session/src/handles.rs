@@ -70,6 +70,9 @@ pub struct Handles {
     pub graph_contents: HashMap<u32, GraphNodes>,
     /// Guest node handle -> (guest graph handle, executor node).
     pub graph_nodes: HashMap<u32, (u32, u64)>,
+    /// Executable graph (guest handle) -> the graph it was instantiated
+    /// from (guest handle): whose nodes its node commands may name.
+    pub graph_exec_sources: HashMap<u32, u32>,
     /// Device pointer -> size of every live allocation.
     pub allocations: HashMap<u64, u64>,
     /// Device pointer -> (guest module handle, size) of every global looked
@@ -151,6 +154,27 @@ impl Handles {
                 _ => Err(CUDA_ERROR_INVALID_VALUE),
             })
             .collect()
+    }
+
+    /// The executor's node for guest node `node`, which must be a node of
+    /// `graph` if one is named.
+    pub fn graph_node(&self, node: u32, graph: Option<u32>) -> CuResult<u64> {
+        match self.graph_nodes.get(&node) {
+            Some((of, created)) if graph.is_none_or(|g| g == *of) => Ok(*created),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// The guest handle of the executor's node `created`, 0 for none.
+    pub fn guest_node(&self, created: Option<u64>) -> u32 {
+        created
+            .and_then(|c| {
+                self.graph_nodes
+                    .iter()
+                    .find(|(_, (_, n))| *n == c)
+                    .map(|(guest, _)| *guest)
+            })
+            .unwrap_or(0)
     }
 
     /// Forgets a graph and its nodes.

@@ -323,3 +323,178 @@ fn a_detach_is_answered_after_the_queued_work() {
     );
     session.shutdown();
 }
+
+#[test]
+fn graph_node_parameters_and_updates_are_checked_on_the_host() {
+    let mut guest = Guest::new();
+    let session = guest.start(Arc::new(SimExecutor::new()), Arc::new(Counters::default()));
+    load(&mut guest, &session);
+    let mut call = |command: Command| guest.call(&session, command);
+    let (result, payload) = call(Command::MemAlloc { size: 1024 });
+    assert_eq!(result, CUDA_SUCCESS);
+    let ptr = u64::from_le_bytes(payload[..8].try_into().unwrap());
+    let fill = |base: u32, params_len: usize| {
+        let mut params = ptr.to_le_bytes().to_vec();
+        params.extend(base.to_le_bytes());
+        params.extend(256u32.to_le_bytes());
+        params.truncate(params_len);
+        Launch {
+            function: FILL_INDEX,
+            grid: [2, 1, 1],
+            block: [128, 1, 1],
+            shared_mem_bytes: 0,
+            stream: 0,
+            params,
+        }
+    };
+    let memset = |dst: u64, width: u64| (dst, 7u32, 4u32, width, 1u64, width * 4);
+    let ok = |(result, _): (u32, Vec<u8>)| result;
+    // Graph 50: a memset node (60) and a kernel node (61); graph 51: an
+    // empty node (70); exec 80 of graph 50.
+    for graph in [50, 51] {
+        assert_eq!(
+            ok(call(Command::GraphCreate { graph, flags: 0 })),
+            CUDA_SUCCESS
+        );
+    }
+    let (dst, value, element_size, width, height, pitch) = memset(ptr, 256);
+    let add_memset = Command::GraphAddMemsetNode {
+        graph: 50,
+        node: 60,
+        dependencies: vec![],
+        dst,
+        value,
+        element_size,
+        width,
+        height,
+        pitch,
+    };
+    assert_eq!(ok(call(add_memset)), CUDA_SUCCESS);
+    let add_kernel = Command::GraphAddKernelNode {
+        graph: 50,
+        node: 61,
+        dependencies: vec![60],
+        launch: fill(5, 16),
+    };
+    assert_eq!(ok(call(add_kernel)), CUDA_SUCCESS);
+    let add_empty = Command::GraphAddEmptyNode {
+        graph: 51,
+        node: 70,
+        dependencies: vec![],
+    };
+    assert_eq!(ok(call(add_empty)), CUDA_SUCCESS);
+    let instantiate = Command::GraphInstantiate {
+        graph: 50,
+        exec: 80,
+        flags: 0,
+    };
+    assert_eq!(ok(call(instantiate)), CUDA_SUCCESS);
+
+    let kernel_set = |node, launch| Command::GraphKernelNodeSetParams { node, launch };
+    let memset_set = |node, (dst, value, element_size, width, height, pitch)| {
+        Command::GraphMemsetNodeSetParams {
+            node,
+            dst,
+            value,
+            element_size,
+            width,
+            height,
+            pitch,
+        }
+    };
+    let exec_memset_set = |exec, node, (dst, value, element_size, width, height, pitch)| {
+        Command::GraphExecMemsetNodeSetParams {
+            exec,
+            node,
+            dst,
+            value,
+            element_size,
+            width,
+            height,
+            pitch,
+        }
+    };
+    // As set: accepted.
+    assert_eq!(ok(call(kernel_set(61, fill(9, 16)))), CUDA_SUCCESS);
+    assert_eq!(ok(call(memset_set(60, memset(ptr, 128)))), CUDA_SUCCESS);
+    let exec_kernel = Command::GraphExecKernelNodeSetParams {
+        exec: 80,
+        node: 61,
+        launch: fill(11, 16),
+    };
+    assert_eq!(ok(call(exec_kernel)), CUDA_SUCCESS);
+    assert_eq!(
+        ok(call(exec_memset_set(80, 60, memset(ptr, 64)))),
+        CUDA_SUCCESS
+    );
+    // No such node, a node of another kind, a parameter buffer of the
+    // wrong size, memory of no allocation or past one's end.
+    assert_eq!(
+        ok(call(kernel_set(999, fill(9, 16)))),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        ok(call(kernel_set(60, fill(9, 16)))),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        ok(call(kernel_set(61, fill(9, 8)))),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        ok(call(memset_set(61, memset(ptr, 16)))),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        ok(call(memset_set(60, memset(ptr + (1 << 36), 16)))),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        ok(call(memset_set(60, memset(ptr, 257)))),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    // An executable graph's set on a node of another graph, or of no
+    // executable graph; an upload of no executable graph.
+    assert_eq!(
+        ok(call(exec_memset_set(80, 70, memset(ptr, 16)))),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        ok(call(exec_memset_set(99, 60, memset(ptr, 16)))),
+        CUDA_ERROR_INVALID_HANDLE
+    );
+    assert_eq!(
+        ok(call(Command::GraphUpload {
+            exec: 99,
+            stream: 0
+        })),
+        CUDA_ERROR_INVALID_HANDLE
+    );
+    assert_eq!(
+        ok(call(Command::GraphUpload {
+            exec: 80,
+            stream: 0
+        })),
+        CUDA_SUCCESS
+    );
+    // An update from a graph of another topology: answered, not applied.
+    let (result, payload) = call(Command::GraphExecUpdate {
+        exec: 80,
+        graph: 51,
+    });
+    assert_eq!(result, CUDA_SUCCESS);
+    assert_eq!(
+        rgpu_proto::reply::decode_u64s::<3>(&payload).unwrap(),
+        [910, 2, 0]
+    );
+    let (result, payload) = call(Command::GraphExecUpdate {
+        exec: 80,
+        graph: 50,
+    });
+    assert_eq!(result, CUDA_SUCCESS);
+    assert_eq!(
+        rgpu_proto::reply::decode_u64s::<3>(&payload).unwrap(),
+        [0, 0, 0]
+    );
+    session.shutdown();
+}

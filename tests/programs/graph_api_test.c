@@ -8,11 +8,22 @@
  * second buffer) -> an event record node -> an empty node -> a child graph
  * node (a memset of a third buffer to 5). cuGraphGetNodes and
  * cuGraphNodeGetType see the six nodes; instantiated and launched three
- * times, the copy holds base + i and the third buffer 5; a clone, launched
- * after the buffers were cleared, does the same. Misuse: a node of another
+ * times, the copy holds base + i and the third buffer 5. Node parameters
+ * (issue 10): the kernel node's read back; new arguments set in the
+ * executable graph only, then in the graph (read back; the executable
+ * graph keeps its own until cuGraphExecUpdate_v2 brings them, then
+ * writes them); cuGraphUpload. A memset node's parameters read back, set
+ * in an executable graph, in its graph and brought over by an update; an
+ * update from a graph of another topology or node type fails with its
+ * reason; set/get on a node of another kind, and an executable graph's
+ * set on a node of another graph, are CUDA_ERROR_INVALID_VALUE;
+ * cuGraphNodeGetDependencies(_v2) and cuGraphNodeGetDependentNodes answer
+ * the edges the nodes were added with. A clone, launched after the
+ * buffers were cleared, does the same as the graph. Misuse: a node of another
  * graph as a dependency is refused; through rgpu, a destroyed graph takes
  * no node and no instantiation, and a memcpy node from host memory is
- * CUDA_ERROR_NOT_SUPPORTED; last, a kernel node whose pointer argument is
+ * CUDA_ERROR_NOT_SUPPORTED, a handle that is no node is refused, and a
+ * memset node set to memory of no allocation too; last, a kernel node whose pointer argument is
  * no memory of this process makes the graph's launch fail as a launch of
  * a forged pointer does (CUDA_ERROR_ILLEGAL_ADDRESS, at the launch or the
  * synchronisation after it).
@@ -30,6 +41,7 @@
 #include "checks.h"
 
 #define CUDA_ERROR_NOT_SUPPORTED 801
+#define CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE 910
 
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
@@ -73,6 +85,20 @@ typedef struct {
     size_t WidthInBytes, Height, Depth;
 } Memcpy3D;
 
+typedef struct {
+    int result;
+    CUgraphNode errorNode;
+    CUgraphNode errorFromNode;
+} ExecUpdateResultInfo;
+
+typedef struct {
+    unsigned char from_port, to_port, type, reserved[5];
+} EdgeData;
+
+#define UPDATE_SUCCESS 0
+#define UPDATE_TOPOLOGY_CHANGED 2
+#define UPDATE_NODE_TYPE_CHANGED 3
+
 #define MEMORYTYPE_HOST 1
 #define MEMORYTYPE_DEVICE 2
 #define NODE_TYPE_KERNEL 0
@@ -101,6 +127,20 @@ CUresult cuGraphNodeGetType(CUgraphNode node, int *type);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
 CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
 CUresult cuGraphExecDestroy(CUgraphExec exec);
+CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode node, KernelNodeParams *params);
+CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode node, const KernelNodeParams *params);
+CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
+                                           const KernelNodeParams *params);
+CUresult cuGraphMemsetNodeGetParams(CUgraphNode node, MemsetNodeParams *params);
+CUresult cuGraphMemsetNodeSetParams(CUgraphNode node, const MemsetNodeParams *params);
+CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                        const MemsetNodeParams *params, CUcontext ctx);
+CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, ExecUpdateResultInfo *info);
+CUresult cuGraphUpload(CUgraphExec exec, CUstream stream);
+CUresult cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *deps, size_t *count);
+CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps, EdgeData *edges,
+                                       size_t *count);
+CUresult cuGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode *deps, size_t *count);
 CUresult cuGraphDestroy(CUgraph graph);
 
 #define N 4096u
@@ -222,7 +262,174 @@ int main(int argc, char **argv) {
     CHECK_EQ_INT(mismatches(d_copy, base, 0), 0);
     CHECK_EQ_INT(mismatches(d_child, 5, 1), 0);
 
-    /* A clone does the same. */
+    /* A kernel node's parameters read back: the function, the shape and
+     * the argument values. */
+    KernelNodeParams got;
+    memset(&got, 0, sizeof got);
+    CHECK_CU(cuGraphKernelNodeGetParams_v2(n_kernel, &got));
+    CHECK_TRUE(got.func == fill_index);
+    CHECK_EQ_INT((int)got.gridDimX, (int)(N / 128));
+    CHECK_EQ_INT((int)got.blockDimX, 128);
+    CHECK_TRUE(got.kernelParams != NULL);
+    if (got.kernelParams) {
+        CHECK_TRUE(*(CUdeviceptr *)got.kernelParams[0] == d_index);
+        CHECK_EQ_INT((int)*(unsigned *)got.kernelParams[1], (int)base);
+        CHECK_EQ_INT((int)*(unsigned *)got.kernelParams[2], (int)count);
+    }
+
+    /* New arguments in the executable graph only: the launch writes them,
+     * the graph keeps its own. */
+    unsigned exec_base = 2000, graph_base = 3000;
+    void *exec_params[] = {&d_index, &exec_base, &count};
+    void *graph_params[] = {&d_index, &graph_base, &count};
+    KernelNodeParams exec_kernel = fill_index_node(fill_index, exec_params);
+    KernelNodeParams graph_kernel = fill_index_node(fill_index, graph_params);
+    CHECK_CU(cuGraphExecKernelNodeSetParams_v2(exec, n_kernel, &exec_kernel));
+    CHECK_CU(cuGraphUpload(exec, stream));
+    CHECK_CU(cuGraphLaunch(exec, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    CHECK_EQ_INT(mismatches(d_copy, exec_base, 0), 0);
+    CHECK_CU(cuGraphKernelNodeGetParams_v2(n_kernel, &got));
+    if (got.kernelParams) CHECK_EQ_INT((int)*(unsigned *)got.kernelParams[1], (int)base);
+    /* New arguments in the graph: read back; the executable graph made
+     * before keeps its own until it is updated from the graph. */
+    CHECK_CU(cuGraphKernelNodeSetParams_v2(n_kernel, &graph_kernel));
+    CHECK_CU(cuGraphKernelNodeGetParams_v2(n_kernel, &got));
+    if (got.kernelParams) CHECK_EQ_INT((int)*(unsigned *)got.kernelParams[1], (int)graph_base);
+    CHECK_CU(cuGraphLaunch(exec, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    CHECK_EQ_INT(mismatches(d_copy, exec_base, 0), 0);
+    ExecUpdateResultInfo info;
+    memset(&info, 0xff, sizeof info);
+    CHECK_CU(cuGraphExecUpdate_v2(exec, graph, &info));
+    CHECK_EQ_INT(info.result, UPDATE_SUCCESS);
+    CHECK_CU(cuGraphLaunch(exec, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    CHECK_EQ_INT(mismatches(d_copy, graph_base, 0), 0);
+
+    /* A memset node's parameters: read back, set in an executable graph,
+     * set in the graph and brought to the executable graph by an update. */
+    CUgraph sets = NULL;
+    CUgraphNode n_set = NULL;
+    CUgraphExec sets_exec = NULL;
+    MemsetNodeParams seven = memset32(d_child, 7), nine = memset32(d_child, 9),
+                     eleven = memset32(d_child, 11), read_back;
+    CHECK_CU(cuGraphCreate(&sets, 0));
+    CHECK_CU(cuGraphAddMemsetNode(&n_set, sets, NULL, 0, &seven, ctx));
+    memset(&read_back, 0, sizeof read_back);
+    CHECK_CU(cuGraphMemsetNodeGetParams(n_set, &read_back));
+    CHECK_TRUE(read_back.dst == d_child);
+    CHECK_EQ_INT((int)read_back.value, 7);
+    CHECK_EQ_INT((int)read_back.elementSize, 4);
+    CHECK_EQ_INT((int)read_back.width, (int)N);
+    CHECK_EQ_INT((int)read_back.height, 1);
+    CHECK_CU(cuGraphInstantiateWithFlags(&sets_exec, sets, 0));
+    CHECK_CU(cuGraphLaunch(sets_exec, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    CHECK_EQ_INT(mismatches(d_child, 7, 1), 0);
+    CHECK_CU(cuGraphExecMemsetNodeSetParams(sets_exec, n_set, &nine, ctx));
+    CHECK_CU(cuGraphLaunch(sets_exec, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    CHECK_EQ_INT(mismatches(d_child, 9, 1), 0);
+    CHECK_CU(cuGraphMemsetNodeSetParams(n_set, &eleven));
+    CHECK_CU(cuGraphMemsetNodeGetParams(n_set, &read_back));
+    CHECK_EQ_INT((int)read_back.value, 11);
+    CHECK_CU(cuGraphLaunch(sets_exec, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    CHECK_EQ_INT(mismatches(d_child, 9, 1), 0);
+    CHECK_CU(cuGraphExecUpdate_v2(sets_exec, sets, &info));
+    CHECK_EQ_INT(info.result, UPDATE_SUCCESS);
+    CHECK_CU(cuGraphLaunch(sets_exec, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    CHECK_EQ_INT(mismatches(d_child, 11, 1), 0);
+
+    /* Updates from graphs of another shape fail, naming why. */
+    CUgraph two = NULL, other_type = NULL;
+    CUgraphNode n_two = NULL, n_other_type = NULL;
+    CHECK_CU(cuGraphCreate(&two, 0));
+    CHECK_CU(cuGraphAddMemsetNode(&n_two, two, NULL, 0, &seven, ctx));
+    CHECK_CU(cuGraphAddMemsetNode(&n_two, two, &n_two, 1, &nine, ctx));
+    memset(&info, 0, sizeof info);
+    CUresult updated = cuGraphExecUpdate_v2(sets_exec, two, &info);
+    printf("update from a graph of two nodes: rc %d, result %d\n", updated, info.result);
+    CHECK_EQ_INT(updated, CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
+    CHECK_EQ_INT(info.result, UPDATE_TOPOLOGY_CHANGED);
+    CHECK_CU(cuGraphCreate(&other_type, 0));
+    CHECK_CU(cuGraphAddEmptyNode(&n_other_type, other_type, NULL, 0));
+    memset(&info, 0, sizeof info);
+    updated = cuGraphExecUpdate_v2(sets_exec, other_type, &info);
+    printf("update from a graph of an empty node: rc %d, result %d, error node %s\n", updated,
+           info.result, info.errorNode == n_other_type ? "the empty node" : "another");
+    CHECK_EQ_INT(updated, CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
+    CHECK_TRUE(info.result == UPDATE_NODE_TYPE_CHANGED || info.result == UPDATE_TOPOLOGY_CHANGED);
+    if (info.result == UPDATE_NODE_TYPE_CHANGED) CHECK_TRUE(info.errorNode == n_other_type);
+
+    /* Misuse: a set or get on a node of another kind, a node of another
+     * graph than the executable graph's (the documented error,
+     * CUDA_ERROR_INVALID_VALUE; printed). */
+    CUresult wrong_kind = cuGraphKernelNodeSetParams_v2(n_memset, &graph_kernel);
+    CUresult wrong_get = cuGraphMemsetNodeGetParams(n_kernel, &read_back);
+    CUresult wrong_graph = cuGraphExecMemsetNodeSetParams(exec, n_set, &nine, ctx);
+    CUresult wrong_exec_kind = cuGraphExecKernelNodeSetParams_v2(exec, n_memset, &exec_kernel);
+    printf("kernel params on a memset node %d, memset params of a kernel node %d, a node of "
+           "another graph %d, exec kernel params on a memset node %d\n",
+           wrong_kind, wrong_get, wrong_graph, wrong_exec_kind);
+    CHECK_EQ_INT(wrong_kind, CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ_INT(wrong_get, CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ_INT(wrong_graph, CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ_INT(wrong_exec_kind, CUDA_ERROR_INVALID_VALUE);
+    /* The graph still runs as set. */
+    CHECK_CU(cuGraphLaunch(sets_exec, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    CHECK_EQ_INT(mismatches(d_child, 11, 1), 0);
+
+    /* Dependencies and dependents as the nodes were added. */
+    CUgraphNode deps[4] = {NULL, NULL, NULL, NULL};
+    size_t ndeps = 0;
+    CHECK_CU(cuGraphNodeGetDependencies(n_child, NULL, &ndeps));
+    CHECK_EQ_INT((int)ndeps, 2);
+    ndeps = 4;
+    CHECK_CU(cuGraphNodeGetDependencies(n_child, deps, &ndeps));
+    CHECK_EQ_INT((int)ndeps, 2);
+    CHECK_TRUE((deps[0] == n_empty && deps[1] == n_kernel) ||
+               (deps[0] == n_kernel && deps[1] == n_empty));
+    CHECK_TRUE(deps[2] == NULL);
+    EdgeData edges[1];
+    memset(edges, 0xff, sizeof edges);
+    ndeps = 1;
+    CHECK_CU(cuGraphNodeGetDependencies_v2(n_copy, deps, edges, &ndeps));
+    CHECK_EQ_INT((int)ndeps, 1);
+    CHECK_TRUE(deps[0] == n_kernel);
+    CHECK_EQ_INT(edges[0].type, 0);
+    ndeps = 4;
+    CHECK_CU(cuGraphNodeGetDependentNodes(n_kernel, deps, &ndeps));
+    CHECK_EQ_INT((int)ndeps, 2);
+    CHECK_TRUE((deps[0] == n_copy && deps[1] == n_child) ||
+               (deps[0] == n_child && deps[1] == n_copy));
+    ndeps = 4;
+    CHECK_CU(cuGraphNodeGetDependentNodes(n_child, deps, &ndeps));
+    CHECK_EQ_INT((int)ndeps, 0);
+    if (through_rgpu) {
+        /* Natively undefined: a handle that is no node; through rgpu the
+         * host also refuses a memset node set to memory of no allocation. */
+        CUgraphNode bogus = (CUgraphNode)(uintptr_t)0x1234;
+        CHECK_RC(cuGraphKernelNodeGetParams_v2(bogus, &got), CUDA_ERROR_INVALID_VALUE);
+        CHECK_RC(cuGraphMemsetNodeSetParams(bogus, &nine), CUDA_ERROR_INVALID_VALUE);
+        CHECK_RC(cuGraphExecMemsetNodeSetParams(sets_exec, bogus, &nine, ctx),
+                 CUDA_ERROR_INVALID_VALUE);
+        MemsetNodeParams forged_set = memset32(d_child + (1ull << 36), 1);
+        CHECK_RC(cuGraphMemsetNodeSetParams(n_set, &forged_set), CUDA_ERROR_INVALID_VALUE);
+        CHECK_RC(cuGraphExecMemsetNodeSetParams(sets_exec, n_set, &forged_set, ctx),
+                 CUDA_ERROR_INVALID_VALUE);
+        CHECK_CU(cuGraphMemsetNodeGetParams(n_set, &read_back));
+        CHECK_EQ_INT((int)read_back.value, 11);
+    }
+    CHECK_CU(cuGraphExecDestroy(sets_exec));
+    CHECK_CU(cuGraphDestroy(sets));
+    CHECK_CU(cuGraphDestroy(two));
+    CHECK_CU(cuGraphDestroy(other_type));
+
+    /* A clone does the same, with the kernel node's arguments as set. */
     CUgraph clone = NULL;
     CUgraphExec clone_exec = NULL;
     CHECK_CU(cuGraphClone(&clone, graph));
@@ -233,7 +440,7 @@ int main(int argc, char **argv) {
     CHECK_CU(cuGraphInstantiateWithFlags(&clone_exec, clone, 0));
     CHECK_CU(cuGraphLaunch(clone_exec, stream));
     CHECK_CU(cuStreamSynchronize(stream));
-    CHECK_EQ_INT(mismatches(d_copy, base, 0), 0);
+    CHECK_EQ_INT(mismatches(d_copy, graph_base, 0), 0);
     CHECK_EQ_INT(mismatches(d_child, 5, 1), 0);
 
     /* A node of another graph is no dependency. */

@@ -1,10 +1,14 @@
 //! CUDA graphs built node by node through a sim daemon (issue 10): memset,
 //! kernel, device-to-device memcpy, event record, empty and child graph
-//! nodes with their dependencies, instantiated, launched, cloned; a node
-//! of another graph as a dependency, a destroyed graph and a host-memory
-//! copy are refused, and a kernel node whose pointer argument is no memory
-//! of the process fails its launch as a forged-pointer launch does
-//! (tests/programs/graph_api_test.c).
+//! nodes with their dependencies, instantiated, launched, cloned; kernel
+//! and memset node parameters read back and set in graphs and executable
+//! graphs, executable graphs updated from graphs (and refused an update
+//! from another topology or node type), uploaded, dependencies read back;
+//! a node of another graph as a dependency, a destroyed graph, a
+//! host-memory copy, a set on a node of another kind or graph and a
+//! memset node set to memory of no allocation are refused, and a kernel
+//! node whose pointer argument is no memory of the process fails its
+//! launch as a forged-pointer launch does (tests/programs/graph_api_test.c).
 
 use std::time::Duration;
 
@@ -18,6 +22,7 @@ fn graphs_built_node_by_node_run_on_the_host_and_are_checked() {
     let mut command = guest.command(&program, &daemon);
     command.arg("--ptx").arg(rgpu_tests::reference_ptx());
     let outcome = GuestProcess::spawn(command).finish(Duration::from_secs(120));
+    print!("{}", outcome.stdout);
     outcome.assert_passed("graph_api_test");
     // The dependency on another graph's node is the daemon's refusal.
     let log = daemon.log();
@@ -25,5 +30,7 @@ fn graphs_built_node_by_node_run_on_the_host_and_are_checked() {
         log.contains("depends on a node that is none of that graph's"),
         "{log}"
     );
+    // The memset node set to memory of no allocation: the daemon's refusal.
+    assert!(log.contains("a memset node names device memory"), "{log}");
     assert!(daemon.is_alive());
 }

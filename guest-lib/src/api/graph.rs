@@ -12,8 +12,11 @@
 //! chosen here; the host checks that a dependency is a node of the same
 //! graph and that what a node names (function and parameters, memory,
 //! events, child graph) passes the checks of the matching launch, memset,
-//! copy or event call. The guest keeps each graph's nodes and their types
-//! for `cuGraphGetNodes` and `cuGraphNodeGetType`.
+//! copy or event call. The guest keeps each graph's nodes, their types,
+//! dependencies and (kernel and memset nodes) parameters as last set, and
+//! answers `cuGraphGetNodes`, `cuGraphNodeGetType`, the dependency queries
+//! and `Get*Params` itself; setting parameters, `cuGraphExecUpdate` and
+//! `cuGraphUpload` are one waiting command each.
 //!
 //! The guest also remembers which of its streams capture, for
 //! `cuStreamIsCapturing` and `cuStreamGetCaptureInfo` (answered locally):
@@ -31,6 +34,7 @@ use rgpu_proto::cuda_result::*;
 use rgpu_proto::Command;
 
 use rgpu_proto::command::{Launch, MAX_NODE_DEPENDENCIES};
+use rgpu_proto::reply::{decode_u64s, FunctionInfo};
 
 use crate::abi::{write_optional, write_out, CUdeviceptr, CUevent, CUfunction, CUstream};
 use crate::api::context::same_context;
@@ -78,8 +82,39 @@ pub struct KernelNodeParamsV1 {
     extra: *mut *mut c_void,
 }
 
+impl KernelNodeParamsV1 {
+    /// The same parameters in the `_v2` struct (no `CUkernel`, no context).
+    fn to_v2(&self) -> KernelNodeParams {
+        KernelNodeParams {
+            func: self.func,
+            grid: self.grid,
+            block: self.block,
+            shared_mem_bytes: self.shared_mem_bytes,
+            kernel_params: self.kernel_params,
+            extra: self.extra,
+            kern: std::ptr::null_mut(),
+            ctx: std::ptr::null_mut(),
+        }
+    }
+}
+
+/// `CUgraphExecUpdateResultInfo`.
+#[repr(C)]
+pub struct ExecUpdateResultInfo {
+    result: c_int,
+    error_node: CUgraphNode,
+    error_from_node: CUgraphNode,
+}
+
+/// `CUgraphEdgeData`: all zero for the default edges this graph API makes.
+#[repr(C)]
+pub struct EdgeData {
+    bytes: [u8; 8],
+}
+
 /// `CUDA_MEMSET_NODE_PARAMS`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct MemsetNodeParams {
     dst: CUdeviceptr,
     pitch: usize,
@@ -158,11 +193,91 @@ pub(crate) struct Node {
     graph: u32,
     handle: u32,
     kind: c_int,
+    /// The nodes it depends on (their registry handles).
+    dependencies: Vec<usize>,
+    /// Its parameters as last set, for the `Get*Params` calls.
+    params: Mutex<NodeParams>,
+}
+
+impl Node {
+    fn params(&self) -> std::sync::MutexGuard<'_, NodeParams> {
+        self.params.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// What a node's `Get*Params` answers.
+#[derive(Clone)]
+enum NodeParams {
+    None,
+    Kernel(Arc<HeldKernelParams>),
+    Memset(MemsetNodeParams),
+}
+
+/// A kernel node's parameters as `cuGraphKernelNodeGetParams` hands them
+/// out: the argument values in a buffer of their own, and one pointer per
+/// argument into it (valid until the node's parameters change, as the
+/// driver's).
+struct HeldKernelParams {
+    func: CUfunction,
+    kern: *mut c_void,
+    ctx: *mut c_void,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+    /// Never read here: `pointers` point into it.
+    _values: Box<[u8]>,
+    pointers: Box<[*mut c_void]>,
+}
+
+// SAFETY: the handles are opaque values the application passed in, and
+// `pointers` point into `_values`, which this struct owns and never
+// changes; nothing here is dereferenced by this library.
+unsafe impl Send for HeldKernelParams {}
+// SAFETY: as above; the struct is never changed after it is made.
+unsafe impl Sync for HeldKernelParams {}
+
+impl HeldKernelParams {
+    fn new(p: &KernelNodeParams, buffer: &[u8], info: &FunctionInfo) -> Self {
+        let mut values: Box<[u8]> = buffer.into();
+        let base = values.as_mut_ptr();
+        let pointers = info
+            .params
+            .iter()
+            // The buffer is laid out by `info` (marshal checked each slot
+            // lies inside it).
+            .map(|slot| base.wrapping_add(slot.offset as usize).cast())
+            .collect();
+        Self {
+            func: p.func,
+            kern: p.kern,
+            ctx: p.ctx,
+            grid: p.grid,
+            block: p.block,
+            shared_mem_bytes: p.shared_mem_bytes,
+            _values: values,
+            pointers,
+        }
+    }
+
+    fn to_v2(&self) -> KernelNodeParams {
+        KernelNodeParams {
+            func: self.func,
+            grid: self.grid,
+            block: self.block,
+            shared_mem_bytes: self.shared_mem_bytes,
+            kernel_params: self.pointers.as_ptr().cast_mut(),
+            extra: std::ptr::null_mut(),
+            kern: self.kern,
+            ctx: self.ctx,
+        }
+    }
 }
 
 pub(crate) struct GraphExec {
     context: Arc<Context>,
     handle: u32,
+    /// The graph it was instantiated from (whose nodes its node calls name).
+    graph: u32,
 }
 
 static GRAPHS: Registry<Graph> = Registry::new();
@@ -272,6 +387,7 @@ pub(crate) fn instantiate_with_flags(
         GRAPH_EXECS.insert(Arc::new(GraphExec {
             context: ctx,
             handle: exec_handle,
+            graph: graph.handle,
         })),
     )
 }
@@ -354,16 +470,12 @@ pub(crate) fn clone(clone: *mut CUgraph, original: CUgraph) -> Result<(), u32> {
     }
     let original = GRAPHS.get(original).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let ctx = original.context.clone();
-    let kinds: Vec<c_int> = original
+    let originals: Vec<(usize, Option<Arc<Node>>)> = original
         .nodes()
         .iter()
-        .map(|n| {
-            NODES
-                .get(*n as *mut c_void)
-                .map_or(NODE_EMPTY, |node| node.kind)
-        })
+        .map(|n| (*n, NODES.get(*n as *mut c_void)))
         .collect();
-    let count = u32::try_from(kinds.len()).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+    let count = u32::try_from(originals.len()).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
     let handle = ctx.new_handle()?;
     let first_node = ctx.new_handles(count)?;
     ctx.call(&Command::GraphClone {
@@ -374,26 +486,44 @@ pub(crate) fn clone(clone: *mut CUgraph, original: CUgraph) -> Result<(), u32> {
     let graph = Arc::new(Graph::new(ctx.clone(), handle, original.captured));
     {
         let mut nodes = graph.nodes();
-        for (i, kind) in (0..count).zip(kinds) {
-            let node = NODES.insert(Arc::new(Node {
+        // Original registry handle -> the copy's: a node depends only on
+        // nodes added before it, so its dependencies are copied already.
+        let mut copies: HashMap<usize, usize> = HashMap::new();
+        for (i, (old, node)) in (0..count).zip(originals) {
+            let (kind, dependencies, params) = node.map_or_else(
+                || (NODE_EMPTY, Vec::new(), NodeParams::None),
+                |n| {
+                    let deps = n
+                        .dependencies
+                        .iter()
+                        .filter_map(|d| copies.get(d).copied())
+                        .collect();
+                    (n.kind, deps, n.params().clone())
+                },
+            );
+            let copy = NODES.insert(Arc::new(Node {
                 context: ctx.clone(),
                 graph: handle,
                 handle: first_node + i,
                 kind,
+                dependencies,
+                params: Mutex::new(params),
             }));
-            nodes.push(node as usize);
+            copies.insert(old, copy as usize);
+            nodes.push(copy as usize);
         }
     }
     write_out(clone, GRAPHS.insert(graph))
 }
 
-/// The guest handles of `count` dependencies at `dependencies`: nodes of
-/// `ctx` (which graph they belong to is the host's to check).
+/// The registry and guest handles of `count` dependencies at
+/// `dependencies`: nodes of `ctx` (which graph they belong to is the
+/// host's to check).
 fn dependency_handles(
     ctx: &Arc<Context>,
     dependencies: *const CUgraphNode,
     count: usize,
-) -> Result<Vec<u32>, u32> {
+) -> Result<Vec<(usize, u32)>, u32> {
     if count == 0 {
         return Ok(Vec::new());
     }
@@ -407,21 +537,21 @@ fn dependency_handles(
         .map(|n| {
             let node = NODES.get(*n).ok_or(CUDA_ERROR_INVALID_VALUE)?;
             same_context(ctx, &node.context)?;
-            Ok(node.handle)
+            Ok((*n as usize, node.handle))
         })
         .collect()
 }
 
 /// Adds a node of type `kind` to `graph`: `command` builds the command
-/// from the graph's context, the graph's handle, the node's and its
-/// dependencies'.
+/// (and the parameters the node keeps) from the graph's context, the
+/// graph's handle, the node's and its dependencies'.
 fn add_node(
     out: *mut CUgraphNode,
     graph: CUgraph,
     dependencies: *const CUgraphNode,
     count: usize,
     kind: c_int,
-    command: impl FnOnce(&Arc<Context>, u32, u32, Vec<u32>) -> Result<Command, u32>,
+    command: impl FnOnce(&Arc<Context>, u32, u32, Vec<u32>) -> Result<(Command, NodeParams), u32>,
 ) -> Result<(), u32> {
     driver()?;
     if out.is_null() {
@@ -429,15 +559,19 @@ fn add_node(
     }
     let graph = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let ctx = graph.context.clone();
-    let deps = dependency_handles(&ctx, dependencies, count)?;
+    let (registered, deps): (Vec<usize>, Vec<u32>) = dependency_handles(&ctx, dependencies, count)?
+        .into_iter()
+        .unzip();
     let handle = ctx.new_handle()?;
-    let command = command(&ctx, graph.handle, handle, deps)?;
+    let (command, params) = command(&ctx, graph.handle, handle, deps)?;
     ctx.call(&command)?;
     let node = NODES.insert(Arc::new(Node {
         context: ctx,
         graph: graph.handle,
         handle,
         kind,
+        dependencies: registered,
+        params: Mutex::new(params),
     }));
     graph.nodes().push(node as usize);
     write_out(out, node)
@@ -456,34 +590,54 @@ pub(crate) fn add_empty_node(
         count,
         NODE_EMPTY,
         |_, graph, node, dependencies| {
-            Ok(Command::GraphAddEmptyNode {
-                graph,
-                node,
-                dependencies,
-            })
+            Ok((
+                Command::GraphAddEmptyNode {
+                    graph,
+                    node,
+                    dependencies,
+                },
+                NodeParams::None,
+            ))
         },
     )
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A kernel node's launch (its stream unused) and the parameters it keeps,
+/// checked as `cuLaunchKernel` checks them (a `CUkernel` in `kern` when
+/// `func` is NULL).
+fn kernel_launch(
+    ctx: &Arc<Context>,
+    p: &KernelNodeParams,
+) -> Result<(Launch, Arc<HeldKernelParams>), u32> {
+    let f = if p.func.is_null() { p.kern } else { p.func };
+    if f.is_null() || p.grid.contains(&0) || p.block.contains(&0) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let function = function_or_kernel(f, ctx)?;
+    same_context(ctx, &function.context)?;
+    // SAFETY: the API contract on kernelParams / extra (see `marshal`).
+    let params = unsafe { marshal(&function.info, p.kernel_params.cast(), p.extra.cast()) }?;
+    let held = Arc::new(HeldKernelParams::new(p, &params, &function.info));
+    Ok((
+        Launch {
+            function: function.handle,
+            grid: p.grid,
+            block: p.block,
+            shared_mem_bytes: p.shared_mem_bytes,
+            stream: 0,
+            params,
+        },
+        held,
+    ))
+}
+
 fn add_kernel(
     out: *mut CUgraphNode,
     graph: CUgraph,
     dependencies: *const CUgraphNode,
     count: usize,
-    f: CUfunction,
-    grid: [c_uint; 3],
-    block: [c_uint; 3],
-    shared_mem_bytes: c_uint,
-    kernel_params: *mut *mut c_void,
-    extra: *mut *mut c_void,
+    p: &KernelNodeParams,
 ) -> Result<(), u32> {
-    if f.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    if grid.contains(&0) || block.contains(&0) {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
     add_node(
         out,
         graph,
@@ -491,28 +645,33 @@ fn add_kernel(
         count,
         NODE_KERNEL,
         |ctx, graph, node, dependencies| {
-            let function = function_or_kernel(f, ctx)?;
-            same_context(ctx, &function.context)?;
-            // SAFETY: the API contract on kernelParams / extra (see `marshal`).
-            let params = unsafe { marshal(&function.info, kernel_params.cast(), extra.cast()) }?;
-            Ok(Command::GraphAddKernelNode {
-                graph,
-                node,
-                dependencies,
-                launch: Launch {
-                    function: function.handle,
-                    grid,
-                    block,
-                    shared_mem_bytes,
-                    stream: 0,
-                    params,
+            let (launch, held) = kernel_launch(ctx, p)?;
+            Ok((
+                Command::GraphAddKernelNode {
+                    graph,
+                    node,
+                    dependencies,
+                    launch,
                 },
-            })
+                NodeParams::Kernel(held),
+            ))
         },
     )
 }
 
-/// `cuGraphAddKernelNode_v2` (a `CUkernel` in `kern` when `func` is NULL).
+/// The struct at `params`, read (NULL is `CUDA_ERROR_INVALID_VALUE`).
+///
+/// # Safety
+/// A non-NULL `params` points to a readable `T` (the API contract).
+unsafe fn read_params<T>(params: *const T) -> Result<T, u32> {
+    if params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; readable by the caller's contract.
+    Ok(unsafe { params.read() })
+}
+
+/// `cuGraphAddKernelNode_v2`.
 pub(crate) fn add_kernel_node(
     out: *mut CUgraphNode,
     graph: CUgraph,
@@ -520,24 +679,9 @@ pub(crate) fn add_kernel_node(
     count: usize,
     params: *const KernelNodeParams,
 ) -> Result<(), u32> {
-    if params.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    // SAFETY: non-NULL; the caller passes a readable CUDA_KERNEL_NODE_PARAMS.
-    let p = unsafe { &*params };
-    let f = if p.func.is_null() { p.kern } else { p.func };
-    add_kernel(
-        out,
-        graph,
-        dependencies,
-        count,
-        f,
-        p.grid,
-        p.block,
-        p.shared_mem_bytes,
-        p.kernel_params,
-        p.extra,
-    )
+    // SAFETY: the caller passes a readable CUDA_KERNEL_NODE_PARAMS.
+    let p = unsafe { read_params(params) }?;
+    add_kernel(out, graph, dependencies, count, &p)
 }
 
 /// `cuGraphAddKernelNode` with the older parameter struct.
@@ -548,23 +692,9 @@ pub(crate) fn add_kernel_node_v1(
     count: usize,
     params: *const KernelNodeParamsV1,
 ) -> Result<(), u32> {
-    if params.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    // SAFETY: non-NULL; the caller passes a readable struct.
-    let p = unsafe { &*params };
-    add_kernel(
-        out,
-        graph,
-        dependencies,
-        count,
-        p.func,
-        p.grid,
-        p.block,
-        p.shared_mem_bytes,
-        p.kernel_params,
-        p.extra,
-    )
+    // SAFETY: the caller passes a readable struct.
+    let p = unsafe { read_params(params) }?;
+    add_kernel(out, graph, dependencies, count, &p.to_v2())
 }
 
 /// `cuGraphAddMemsetNode` (device memory; the host checks the range).
@@ -591,17 +721,20 @@ pub(crate) fn add_memset_node(
         count,
         NODE_MEMSET,
         |_, graph, node, dependencies| {
-            Ok(Command::GraphAddMemsetNode {
-                graph,
-                node,
-                dependencies,
-                dst: p.dst,
-                value: p.value,
-                element_size: p.element_size,
-                width: p.width as u64,
-                height: p.height as u64,
-                pitch: p.pitch as u64,
-            })
+            Ok((
+                Command::GraphAddMemsetNode {
+                    graph,
+                    node,
+                    dependencies,
+                    dst: p.dst,
+                    value: p.value,
+                    element_size: p.element_size,
+                    width: p.width as u64,
+                    height: p.height as u64,
+                    pitch: p.pitch as u64,
+                },
+                NodeParams::Memset(*p),
+            ))
         },
     )
 }
@@ -656,14 +789,17 @@ pub(crate) fn add_memcpy_node(
         count,
         NODE_MEMCPY,
         |_, graph, node, dependencies| {
-            Ok(Command::GraphAddMemcpyNode {
-                graph,
-                node,
-                dependencies,
-                dst,
-                src,
-                size: p.width_in_bytes as u64,
-            })
+            Ok((
+                Command::GraphAddMemcpyNode {
+                    graph,
+                    node,
+                    dependencies,
+                    dst,
+                    src,
+                    size: p.width_in_bytes as u64,
+                },
+                NodeParams::None,
+            ))
         },
     )
 }
@@ -686,7 +822,7 @@ fn add_event_node(
             let event = crate::api::event::named(event)?;
             same_context(ctx, &event.context)?;
             let event = event.handle;
-            Ok(if kind == NODE_EVENT_RECORD {
+            let command = if kind == NODE_EVENT_RECORD {
                 Command::GraphAddEventRecordNode {
                     graph,
                     node,
@@ -700,7 +836,8 @@ fn add_event_node(
                     dependencies,
                     event,
                 }
-            })
+            };
+            Ok((command, NodeParams::None))
         },
     )
 }
@@ -743,12 +880,15 @@ pub(crate) fn add_child_graph_node(
         NODE_GRAPH,
         |ctx, graph, node, dependencies| {
             same_context(ctx, &child.context)?;
-            Ok(Command::GraphAddChildGraphNode {
-                graph,
-                node,
-                dependencies,
-                child: child.handle,
-            })
+            Ok((
+                Command::GraphAddChildGraphNode {
+                    graph,
+                    node,
+                    dependencies,
+                    child: child.handle,
+                },
+                NodeParams::None,
+            ))
         },
     )
 }
@@ -784,6 +924,397 @@ pub(crate) fn get_nodes(
 pub(crate) fn node_get_type(node: CUgraphNode, kind: *mut c_int) -> Result<(), u32> {
     let node = NODES.get(node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     write_out(kind, node.kind)
+}
+
+/// Node `node`, which must be of kind `kind` (the driver answers a node
+/// of another kind `CUDA_ERROR_INVALID_VALUE`).
+fn node_of_kind(node: CUgraphNode, kind: c_int) -> Result<Arc<Node>, u32> {
+    driver()?;
+    let node = NODES.get(node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if node.kind != kind {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(node)
+}
+
+/// Executable graph `exec` and its node `node` of kind `kind`: a node of
+/// the graph `exec` was instantiated from.
+fn exec_node(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    kind: c_int,
+) -> Result<(Arc<GraphExec>, Arc<Node>), u32> {
+    let node = node_of_kind(node, kind)?;
+    let exec = GRAPH_EXECS.get(exec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if !Arc::ptr_eq(&exec.context, &node.context) || exec.graph != node.graph {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok((exec, node))
+}
+
+/// The kernel parameters node `node` keeps.
+fn held_kernel_params(node: CUgraphNode) -> Result<Arc<HeldKernelParams>, u32> {
+    match &*node_of_kind(node, NODE_KERNEL)?.params() {
+        NodeParams::Kernel(held) => Ok(held.clone()),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// `cuGraphKernelNodeGetParams_v2`: `kernelParams` points to one pointer
+/// per argument, into values this library keeps until the node's
+/// parameters change; `extra` is NULL.
+pub(crate) fn kernel_node_get_params(
+    node: CUgraphNode,
+    params: *mut KernelNodeParams,
+) -> Result<(), u32> {
+    write_out(params, held_kernel_params(node)?.to_v2())
+}
+
+/// `cuGraphKernelNodeGetParams` with the older struct.
+pub(crate) fn kernel_node_get_params_v1(
+    node: CUgraphNode,
+    params: *mut KernelNodeParamsV1,
+) -> Result<(), u32> {
+    let p = held_kernel_params(node)?.to_v2();
+    write_out(
+        params,
+        KernelNodeParamsV1 {
+            func: p.func,
+            grid: p.grid,
+            block: p.block,
+            shared_mem_bytes: p.shared_mem_bytes,
+            kernel_params: p.kernel_params,
+            extra: p.extra,
+        },
+    )
+}
+
+fn kernel_node_set(node: CUgraphNode, p: &KernelNodeParams) -> Result<(), u32> {
+    let node = node_of_kind(node, NODE_KERNEL)?;
+    let (launch, held) = kernel_launch(&node.context, p)?;
+    node.context.call(&Command::GraphKernelNodeSetParams {
+        node: node.handle,
+        launch,
+    })?;
+    *node.params() = NodeParams::Kernel(held);
+    Ok(())
+}
+
+/// `cuGraphKernelNodeSetParams_v2`.
+pub(crate) fn kernel_node_set_params(
+    node: CUgraphNode,
+    params: *const KernelNodeParams,
+) -> Result<(), u32> {
+    // SAFETY: the caller passes a readable CUDA_KERNEL_NODE_PARAMS.
+    let p = unsafe { read_params(params) }?;
+    kernel_node_set(node, &p)
+}
+
+/// `cuGraphKernelNodeSetParams` with the older struct.
+pub(crate) fn kernel_node_set_params_v1(
+    node: CUgraphNode,
+    params: *const KernelNodeParamsV1,
+) -> Result<(), u32> {
+    // SAFETY: the caller passes a readable struct.
+    let p = unsafe { read_params(params) }?;
+    kernel_node_set(node, &p.to_v2())
+}
+
+fn exec_kernel_node_set(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    p: &KernelNodeParams,
+) -> Result<(), u32> {
+    let (exec, node) = exec_node(exec, node, NODE_KERNEL)?;
+    let (launch, _) = kernel_launch(&node.context, p)?;
+    exec.context
+        .call(&Command::GraphExecKernelNodeSetParams {
+            exec: exec.handle,
+            node: node.handle,
+            launch,
+        })
+        .map(|_| ())
+}
+
+/// `cuGraphExecKernelNodeSetParams_v2`: the executable graph only.
+pub(crate) fn exec_kernel_node_set_params(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: *const KernelNodeParams,
+) -> Result<(), u32> {
+    // SAFETY: the caller passes a readable CUDA_KERNEL_NODE_PARAMS.
+    let p = unsafe { read_params(params) }?;
+    exec_kernel_node_set(exec, node, &p)
+}
+
+/// `cuGraphExecKernelNodeSetParams` with the older struct.
+pub(crate) fn exec_kernel_node_set_params_v1(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: *const KernelNodeParamsV1,
+) -> Result<(), u32> {
+    // SAFETY: the caller passes a readable struct.
+    let p = unsafe { read_params(params) }?;
+    exec_kernel_node_set(exec, node, &p.to_v2())
+}
+
+/// `cuGraphMemsetNodeGetParams`.
+pub(crate) fn memset_node_get_params(
+    node: CUgraphNode,
+    params: *mut MemsetNodeParams,
+) -> Result<(), u32> {
+    match &*node_of_kind(node, NODE_MEMSET)?.params() {
+        NodeParams::Memset(p) => write_out(params, *p),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// A memset's parameters, read and checked as `cuGraphAddMemsetNode`
+/// checks them (the host checks the range).
+///
+/// # Safety
+/// A non-NULL `params` points to a readable CUDA_MEMSET_NODE_PARAMS.
+unsafe fn memset_params(params: *const MemsetNodeParams) -> Result<MemsetNodeParams, u32> {
+    // SAFETY: the caller's contract.
+    let p = unsafe { read_params(params) }?;
+    if !matches!(p.element_size, 1 | 2 | 4) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(p)
+}
+
+/// `cuGraphMemsetNodeSetParams`.
+pub(crate) fn memset_node_set_params(
+    node: CUgraphNode,
+    params: *const MemsetNodeParams,
+) -> Result<(), u32> {
+    let node = node_of_kind(node, NODE_MEMSET)?;
+    // SAFETY: the caller passes a readable struct.
+    let p = unsafe { memset_params(params) }?;
+    node.context.call(&Command::GraphMemsetNodeSetParams {
+        node: node.handle,
+        dst: p.dst,
+        value: p.value,
+        element_size: p.element_size,
+        width: p.width as u64,
+        height: p.height as u64,
+        pitch: p.pitch as u64,
+    })?;
+    *node.params() = NodeParams::Memset(p);
+    Ok(())
+}
+
+/// `cuGraphExecMemsetNodeSetParams`: the executable graph only.
+pub(crate) fn exec_memset_node_set_params(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: *const MemsetNodeParams,
+    _ctx: *mut c_void,
+) -> Result<(), u32> {
+    let (exec, node) = exec_node(exec, node, NODE_MEMSET)?;
+    // SAFETY: the caller passes a readable struct.
+    let p = unsafe { memset_params(params) }?;
+    exec.context
+        .call(&Command::GraphExecMemsetNodeSetParams {
+            exec: exec.handle,
+            node: node.handle,
+            dst: p.dst,
+            value: p.value,
+            element_size: p.element_size,
+            width: p.width as u64,
+            height: p.height as u64,
+            pitch: p.pitch as u64,
+        })
+        .map(|_| ())
+}
+
+/// What `cuGraphExecUpdate` answered: the call's result, the
+/// `CUgraphExecUpdateResult` and the node of `graph` that failed it.
+struct UpdateAnswer {
+    result: u32,
+    update_result: c_int,
+    error_node: CUgraphNode,
+}
+
+fn exec_update_on(exec: CUgraphExec, graph: CUgraph) -> Result<UpdateAnswer, u32> {
+    driver()?;
+    let exec = GRAPH_EXECS.get(exec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let graph = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if !Arc::ptr_eq(&exec.context, &graph.context) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let payload = exec.context.call(&Command::GraphExecUpdate {
+        exec: exec.handle,
+        graph: graph.handle,
+    })?;
+    let [result, update_result, failed] =
+        decode_u64s::<3>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    let error_node = graph
+        .nodes()
+        .iter()
+        .copied()
+        .find(|n| {
+            failed != 0
+                && NODES
+                    .get(*n as *mut c_void)
+                    .is_some_and(|node| u64::from(node.handle) == failed)
+        })
+        .map_or(std::ptr::null_mut(), |n| n as CUgraphNode);
+    Ok(UpdateAnswer {
+        result: u32::try_from(result).unwrap_or(CUDA_ERROR_UNKNOWN),
+        update_result: c_int::try_from(update_result).unwrap_or(c_int::MAX),
+        error_node,
+    })
+}
+
+/// `cuGraphExecUpdate_v2`: on the host driver, `exec` takes the
+/// parameters of `graph`'s nodes (topologically identical to the graph it
+/// was made from, nodes paired in the order they were added).
+pub(crate) fn exec_update_v2(
+    exec: CUgraphExec,
+    graph: CUgraph,
+    info: *mut ExecUpdateResultInfo,
+) -> Result<(), u32> {
+    let answer = exec_update_on(exec, graph)?;
+    write_optional(
+        info,
+        ExecUpdateResultInfo {
+            result: answer.update_result,
+            error_node: answer.error_node,
+            error_from_node: std::ptr::null_mut(),
+        },
+    );
+    match answer.result {
+        CUDA_SUCCESS => Ok(()),
+        code => Err(code),
+    }
+}
+
+/// `cuGraphExecUpdate`, the older form.
+pub(crate) fn exec_update(
+    exec: CUgraphExec,
+    graph: CUgraph,
+    error_node: *mut CUgraphNode,
+    update_result: *mut c_int,
+) -> Result<(), u32> {
+    let answer = exec_update_on(exec, graph)?;
+    write_optional(error_node, answer.error_node);
+    write_optional(update_result, answer.update_result);
+    match answer.result {
+        CUDA_SUCCESS => Ok(()),
+        code => Err(code),
+    }
+}
+
+fn upload_on(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Result<(), u32> {
+    driver()?;
+    let exec = GRAPH_EXECS.get(exec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let (ctx, handle) = resolve_stream(stream, per_thread)?;
+    same_context(&ctx, &exec.context)?;
+    ctx.call(&Command::GraphUpload {
+        exec: exec.handle,
+        stream: handle,
+    })
+    .map(|_| ())
+}
+
+/// `cuGraphUpload`: run on the host, where the driver prepares the launch.
+pub(crate) fn upload(exec: CUgraphExec, stream: CUstream) -> Result<(), u32> {
+    upload_on(exec, stream, false)
+}
+
+pub(crate) fn upload_ptsz(exec: CUgraphExec, stream: CUstream) -> Result<(), u32> {
+    upload_on(exec, stream, true)
+}
+
+/// Writes `held` as `cuGraphNodeGetDependencies` does: NULL `nodes` asks
+/// for the count; else up to `*count` entries are written (NULL past the
+/// end of `held`, and default edge data where `edges` is given) and
+/// `*count` becomes the number of nodes written.
+fn write_nodes(
+    held: &[usize],
+    nodes: *mut CUgraphNode,
+    edges: *mut EdgeData,
+    count: *mut usize,
+) -> Result<(), u32> {
+    if count.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if nodes.is_null() {
+        return write_out(count, held.len());
+    }
+    // SAFETY: checked non-NULL; the caller passes a readable count.
+    let room = unsafe { count.read() };
+    for i in 0..room {
+        let node = held
+            .get(i)
+            .map_or(std::ptr::null_mut(), |n| *n as CUgraphNode);
+        // SAFETY: `nodes` (and a non-NULL `edges`) has room for `room`
+        // entries (the API contract); `i < room`.
+        unsafe {
+            nodes.add(i).write(node);
+            if !edges.is_null() {
+                edges.add(i).write(EdgeData { bytes: [0; 8] });
+            }
+        }
+    }
+    write_out(count, held.len().min(room))
+}
+
+/// `cuGraphNodeGetDependencies` (`_v2` with edge data), from what the
+/// node was added with.
+pub(crate) fn node_get_dependencies(
+    node: CUgraphNode,
+    dependencies: *mut CUgraphNode,
+    count: *mut usize,
+) -> Result<(), u32> {
+    node_get_dependencies_v2(node, dependencies, std::ptr::null_mut(), count)
+}
+
+pub(crate) fn node_get_dependencies_v2(
+    node: CUgraphNode,
+    dependencies: *mut CUgraphNode,
+    edges: *mut EdgeData,
+    count: *mut usize,
+) -> Result<(), u32> {
+    let node = NODES.get(node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    write_nodes(&node.dependencies, dependencies, edges, count)
+}
+
+/// `cuGraphNodeGetDependentNodes` (`_v2` with edge data): the nodes of
+/// its graph that depend on it, in the order they were added.
+pub(crate) fn node_get_dependent_nodes(
+    node: CUgraphNode,
+    dependents: *mut CUgraphNode,
+    count: *mut usize,
+) -> Result<(), u32> {
+    node_get_dependent_nodes_v2(node, dependents, std::ptr::null_mut(), count)
+}
+
+pub(crate) fn node_get_dependent_nodes_v2(
+    node: CUgraphNode,
+    dependents: *mut CUgraphNode,
+    edges: *mut EdgeData,
+    count: *mut usize,
+) -> Result<(), u32> {
+    let me = NODES.get(node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let key = node as usize;
+    let graph = GRAPHS
+        .values()
+        .into_iter()
+        .find(|g| Arc::ptr_eq(&g.context, &me.context) && g.handle == me.graph)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let held: Vec<usize> = graph
+        .nodes()
+        .iter()
+        .copied()
+        .filter(|n| {
+            NODES
+                .get(*n as *mut c_void)
+                .is_some_and(|other| other.dependencies.contains(&key))
+        })
+        .collect();
+    write_nodes(&held, dependents, edges, count)
 }
 
 /// `cuThreadExchangeStreamCaptureMode`: the calling thread's mode is
