@@ -9,7 +9,8 @@
 //! Handles are guest objects (their addresses, as for streams); retaining
 //! a mapping's handle (`cuMemRetainAllocationHandle`) counts a reference
 //! that `cuMemRelease` gives back, as the driver does. Shareable handles
-//! (export, import) are not supported.
+//! (export, import) are not supported: asking for a handle type is
+//! CUDA_ERROR_NOT_SUPPORTED, and allocators fall back to none.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_ulonglong, c_void};
@@ -94,6 +95,13 @@ fn check_location(ctx: &Context, location: &MemLocation) -> Result<(), u32> {
 }
 
 fn read_prop(ctx: &Context, prop: *const AllocationProp) -> Result<AllocationProp, u32> {
+    let prop = read_prop_unchecked(prop)?;
+    check_location(ctx, &prop.location)?;
+    Ok(prop)
+}
+
+/// The property struct, before its device is checked against a context.
+fn read_prop_unchecked(prop: *const AllocationProp) -> Result<AllocationProp, u32> {
     if prop.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -102,8 +110,40 @@ fn read_prop(ctx: &Context, prop: *const AllocationProp) -> Result<AllocationPro
     if prop.kind != ALLOCATION_TYPE_PINNED {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    check_location(ctx, &prop.location)?;
+    if prop.requested_handle_types != 0 {
+        // Said once: allocators (XLA's) ask with each handle type in turn
+        // and settle on none.
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            log::info!(
+                "rgpu: shareable handle types ({:#x} asked) are not supported: \
+                 CUDA_ERROR_NOT_SUPPORTED",
+                prop.requested_handle_types
+            );
+        });
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
     Ok(prop)
+}
+
+/// A context of the device a granularity query names: the current one if
+/// it is that device's, else the device's primary context while active.
+/// The driver answers the query without any context; allocators (XLA's)
+/// ask from threads where none is current.
+fn context_of_device(device: c_int) -> Result<Arc<Context>, u32> {
+    if let Ok(ctx) = current() {
+        if ctx.device == device {
+            return Ok(ctx);
+        }
+    }
+    let primary = driver()?
+        .primary(device)
+        .map_err(|_| CUDA_ERROR_INVALID_DEVICE)?
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .context
+        .clone();
+    primary.ok_or(CUDA_ERROR_INVALID_CONTEXT)
 }
 
 pub(crate) fn get_granularity(
@@ -111,8 +151,11 @@ pub(crate) fn get_granularity(
     prop: *const AllocationProp,
     option: c_int,
 ) -> Result<(), u32> {
-    let ctx = current()?;
-    read_prop(&ctx, prop)?;
+    let wanted = read_prop_unchecked(prop)?;
+    if wanted.location.kind != LOCATION_TYPE_DEVICE {
+        return Err(CUDA_ERROR_INVALID_DEVICE);
+    }
+    let ctx = context_of_device(wanted.location.id)?;
     if granularity.is_null() || !(0..=1).contains(&option) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
