@@ -79,7 +79,7 @@ programs=(
     "curand:curand.cu:-lcurand"
     "cublas:cublas.cu:-lcublas"
 )
-python_checks=(cupy_check triton_check torch_ipc_check torch_features_check)
+python_checks=(cupy_check triton_check torch_ipc_check torch_features_check jax_check)
 
 selected() {
     [ ${#only[@]} -eq 0 ] && return 0
