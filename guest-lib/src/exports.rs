@@ -13,7 +13,7 @@ use crate::api::context::CtxCreateParams;
 use crate::api::copy_2d::Memcpy2D;
 use crate::api::graph::{
     CUgraph, CUgraphExec, CUgraphNode, EdgeData, ExecUpdateResultInfo, KernelNodeParams,
-    KernelNodeParamsV1, Memcpy3D, MemsetNodeParams,
+    KernelNodeParamsV1, MemAllocNodeParams, Memcpy3D, MemsetNodeParams,
 };
 use crate::api::ipc::IpcHandle;
 use crate::api::launch::LaunchConfig;
@@ -262,6 +262,10 @@ rgpu_shim::exported_api! {
     fn cuGraphExecMemsetNodeSetParams(hexec: CUgraphExec, hnode: CUgraphNode, memset_params: *const MemsetNodeParams, ctx: *mut c_void) => graph::exec_memset_node_set_params;
     fn cuGraphExecUpdate(hexec: CUgraphExec, hgraph: CUgraph, error_node: *mut CUgraphNode, update_result: *mut c_int) => graph::exec_update;
     fn cuGraphExecUpdate_v2(hexec: CUgraphExec, hgraph: CUgraph, result_info: *mut ExecUpdateResultInfo) => graph::exec_update_v2;
+    fn cuGraphAddMemAllocNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, node_params: *mut MemAllocNodeParams) => graph::add_mem_alloc_node;
+    fn cuGraphAddMemFreeNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, dptr: CUdeviceptr) => graph::add_mem_free_node;
+    fn cuGraphMemAllocNodeGetParams(hnode: CUgraphNode, params_out: *mut MemAllocNodeParams) => graph::mem_alloc_node_get_params;
+    fn cuGraphMemFreeNodeGetParams(hnode: CUgraphNode, dptr_out: *mut CUdeviceptr) => graph::mem_free_node_get_params;
     fn cuGraphUpload(hexec: CUgraphExec, hstream: CUstream) => graph::upload;
     fn cuGraphUpload_ptsz(hexec: CUgraphExec, hstream: CUstream) => graph::upload_ptsz;
     fn cuGraphNodeGetDependencies(hnode: CUgraphNode, dependencies: *mut CUgraphNode, num_dependencies: *mut usize) => graph::node_get_dependencies;

@@ -1678,6 +1678,13 @@ impl ContextExecutor for CudaContext {
                     sys::cuGraphAddChildGraphNode(out, hgraph, d, n, child)
                 })?
             }
+            GraphNode::MemFree(dptr) => {
+                // SAFETY: as above; the driver checks that `dptr` is a
+                // graph allocation not freed in this graph yet.
+                check("cuGraphAddMemFreeNode", unsafe {
+                    sys::cuGraphAddMemFreeNode(out, hgraph, d, n, dptr)
+                })?
+            }
         }
         let handle = self.new_handle();
         self.graph_nodes.insert(handle, (graph, added));
@@ -1821,6 +1828,46 @@ impl ContextExecutor for CudaContext {
             result: code,
             update_result: u32::try_from(info.result).unwrap_or(u32::MAX),
             error_node,
+        })
+    }
+
+    fn graph_add_mem_alloc_node(
+        &mut self,
+        graph: u64,
+        dependencies: &[u64],
+        size: u64,
+    ) -> CuResult<(u64, u64)> {
+        let hgraph = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let deps = dependencies
+            .iter()
+            .map(|d| match self.graph_nodes.get(d) {
+                Some((of, n)) if *of == graph => Ok(*n),
+                _ => Err(CUDA_ERROR_INVALID_VALUE),
+            })
+            .collect::<CuResult<Vec<sys::CUgraphNode>>>()?;
+        // SAFETY: plain data, all-zero valid (NULL pointers, no access
+        // descriptors, zero sizes and reserved bytes).
+        let mut p: sys::CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        p.poolProps.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.poolProps.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        p.poolProps.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        p.poolProps.location.id = self.device;
+        p.bytesize = usize::try_from(size).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let mut added: sys::CUgraphNode = null_mut();
+        // SAFETY: a live graph of this context, `deps` live nodes of it, a
+        // valid out-pointer and parameters (the driver writes `dptr`).
+        check("cuGraphAddMemAllocNode", unsafe {
+            sys::cuGraphAddMemAllocNode(&mut added, hgraph, deps.as_ptr(), deps.len(), &mut p)
+        })?;
+        let handle = self.new_handle();
+        self.graph_nodes.insert(handle, (graph, added));
+        Ok((handle, p.dptr))
+    }
+
+    fn graph_mem_trim(&mut self) -> CuResult<()> {
+        // SAFETY: this context's device.
+        check("cuDeviceGraphMemTrim", unsafe {
+            sys::cuDeviceGraphMemTrim(self.device)
         })
     }
 

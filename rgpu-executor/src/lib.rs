@@ -116,6 +116,8 @@ pub enum GraphNode<'a> {
     EventWait(u64),
     /// A copy of this graph as it is now.
     Child(u64),
+    /// Frees `dptr`, an allocation of a memory-allocation node.
+    MemFree(u64),
 }
 
 /// `CUgraphExecUpdateResult` values the executors answer themselves.
@@ -123,6 +125,7 @@ pub mod exec_update {
     pub const SUCCESS: u32 = 0;
     pub const TOPOLOGY_CHANGED: u32 = 2;
     pub const NODE_TYPE_CHANGED: u32 = 3;
+    pub const NOT_SUPPORTED: u32 = 6;
 }
 
 /// What `cuGraphExecUpdate_v2` answered.
@@ -460,6 +463,23 @@ pub trait ContextExecutor {
     /// nodes, when `graph` has the topology of the graph `exec` was made
     /// from (nodes paired in the order they were added).
     fn graph_exec_update(&mut self, _exec: u64, _graph: u64) -> CuResult<ExecUpdate> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// Adds a memory-allocation node of `size` bytes of this context's
+    /// device to `graph` after `dependencies`: the node and the
+    /// allocation's device address (fixed for the node's life; the memory
+    /// is there from the node's execution to its free).
+    fn graph_add_mem_alloc_node(
+        &mut self,
+        _graph: u64,
+        _dependencies: &[u64],
+        _size: u64,
+    ) -> CuResult<(u64, u64)> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// Gives the device memory that graphs' allocations no longer use back
+    /// (`cuDeviceGraphMemTrim`).
+    fn graph_mem_trim(&mut self) -> CuResult<()> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
     /// `cuGraphUpload`: prepares `exec` for a launch on `stream`.

@@ -320,6 +320,9 @@ enum Owner {
     /// A mapping of a physical allocation (`mem_map`), removed by
     /// `mem_unmap`.
     Mapping,
+    /// A graph's memory-allocation node: there from the node's creation
+    /// until no graph or executable graph holds the node.
+    Graph,
 }
 
 struct Allocation {
@@ -441,6 +444,9 @@ pub struct SimContext {
     /// Executable graphs: a copy of their graph's nodes when instantiated
     /// (the handles stay those of that graph's nodes).
     graph_execs: HashMap<u64, Vec<SimNode>>,
+    /// Memory-allocation nodes' memory: how many graphs and executable
+    /// graphs hold each node (by address).
+    graph_allocations: HashMap<u64, u32>,
 }
 
 /// A node of a graph: its handle, the handles of the nodes it depends on
@@ -499,6 +505,16 @@ enum GraphOp {
     EventWait(u64),
     /// A child graph, as it was when the node was added.
     Child(Vec<GraphOp>),
+    /// A memory-allocation or memory-free node of this address (the
+    /// memory is there all along: replaying them does nothing).
+    MemAlloc(u64),
+    MemFree(u64),
+}
+
+impl GraphOp {
+    fn is_memory_node(&self) -> bool {
+        matches!(self, GraphOp::MemAlloc(_) | GraphOp::MemFree(_))
+    }
 }
 
 /// A stream's key among the captures.
@@ -547,6 +563,7 @@ impl SimContext {
             capturing: HashMap::new(),
             graphs: HashMap::new(),
             graph_execs: HashMap::new(),
+            graph_allocations: HashMap::new(),
         }
     }
 
@@ -726,6 +743,7 @@ impl SimContext {
                 GraphOp::EventRecord(event) => self.event_record(*event, stream)?,
                 GraphOp::EventWait(event) => self.stream_wait_event(stream, *event, 0)?,
                 GraphOp::Child(ops) => self.replay(ops, stream)?,
+                GraphOp::MemAlloc(_) | GraphOp::MemFree(_) => {}
             }
         }
         Ok(())
@@ -788,15 +806,43 @@ impl SimContext {
                 self.event(event)?;
                 GraphOp::EventWait(event)
             }
-            GraphNode::Child(child) => GraphOp::Child(
-                self.graphs
-                    .get(&child)
-                    .ok_or(CUDA_ERROR_INVALID_HANDLE)?
-                    .iter()
-                    .map(|n| n.op.clone())
-                    .collect(),
-            ),
+            GraphNode::Child(child) => {
+                let nodes = self.graphs.get(&child).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+                // As the driver: no memory nodes in a child graph.
+                if nodes.iter().any(|n| n.op.is_memory_node()) {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                GraphOp::Child(nodes.iter().map(|n| n.op.clone()).collect())
+            }
+            GraphNode::MemFree(dptr) => {
+                if !self.graph_allocations.contains_key(&dptr) {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                GraphOp::MemFree(dptr)
+            }
         })
+    }
+
+    /// One more (or one fewer) holder of the memory-allocation nodes among
+    /// `nodes`; memory no graph or executable graph holds is freed.
+    fn hold_allocations(&mut self, nodes: &[SimNode], more: bool) {
+        for node in nodes {
+            let GraphOp::MemAlloc(dptr) = node.op else {
+                continue;
+            };
+            let Some(holders) = self.graph_allocations.get_mut(&dptr) else {
+                continue;
+            };
+            if more {
+                *holders += 1;
+            } else {
+                *holders -= 1;
+                if *holders == 0 {
+                    self.graph_allocations.remove(&dptr);
+                    self.release(dptr);
+                }
+            }
+        }
     }
 
     fn run_kernel(&mut self, kernel: ReferenceKernel, args: &[u64], threads: u64) -> CuResult<()> {
@@ -1780,6 +1826,7 @@ impl ContextExecutor for SimContext {
             .get(&graph)
             .cloned()
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        self.hold_allocations(&nodes, true);
         let handle = self.new_handle();
         self.graph_execs.insert(handle, nodes);
         Ok(handle)
@@ -1798,17 +1845,21 @@ impl ContextExecutor for SimContext {
     }
 
     fn graph_exec_destroy(&mut self, exec: u64) -> CuResult<()> {
-        self.graph_execs
+        let nodes = self
+            .graph_execs
             .remove(&exec)
-            .map(|_| ())
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        self.hold_allocations(&nodes, false);
+        Ok(())
     }
 
     fn graph_destroy(&mut self, graph: u64) -> CuResult<()> {
-        self.graphs
+        let nodes = self
+            .graphs
             .remove(&graph)
-            .map(|_| ())
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        self.hold_allocations(&nodes, false);
+        Ok(())
     }
 
     fn graph_create(&mut self) -> CuResult<u64> {
@@ -1832,6 +1883,15 @@ impl ContextExecutor for SimContext {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let op = self.graph_op(node)?;
+        // As the driver: an allocation is freed once in a graph.
+        if let GraphOp::MemFree(dptr) = op {
+            if nodes
+                .iter()
+                .any(|n| matches!(n.op, GraphOp::MemFree(d) if d == dptr))
+            {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+        }
         let handle = self.new_handle();
         self.graphs
             .get_mut(&graph)
@@ -1866,6 +1926,7 @@ impl ContextExecutor for SimContext {
                 })
             })
             .collect::<CuResult<Vec<SimNode>>>()?;
+        self.hold_allocations(&copy, true);
         let handle = self.new_handle();
         self.graphs.insert(handle, copy);
         Ok((handle, found))
@@ -1910,6 +1971,10 @@ impl ContextExecutor for SimContext {
             update_result,
             error_node: node.map(|n| n.handle),
         };
+        // Which allocation an executable graph holds does not change.
+        if let Some(memory) = new.iter().chain(old).find(|n| n.op.is_memory_node()) {
+            return Ok(failed(exec_update::NOT_SUPPORTED, Some(memory)));
+        }
         if new.len() != old.len() || topology(new) != topology(old) {
             return Ok(failed(exec_update::TOPOLOGY_CHANGED, None));
         }
@@ -1931,6 +1996,39 @@ impl ContextExecutor for SimContext {
             update_result: exec_update::SUCCESS,
             error_node: None,
         })
+    }
+
+    fn graph_add_mem_alloc_node(
+        &mut self,
+        graph: u64,
+        dependencies: &[u64],
+        size: u64,
+    ) -> CuResult<(u64, u64)> {
+        let nodes = self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if size == 0
+            || !dependencies
+                .iter()
+                .all(|d| nodes.iter().any(|n| n.handle == *d))
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let dptr = self.allocate(size, Owner::Graph)?;
+        self.graph_allocations.insert(dptr, 1);
+        let handle = self.new_handle();
+        self.graphs
+            .get_mut(&graph)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+            .push(SimNode {
+                handle,
+                dependencies: dependencies.to_vec(),
+                op: GraphOp::MemAlloc(dptr),
+            });
+        Ok((handle, dptr))
+    }
+
+    fn graph_mem_trim(&mut self) -> CuResult<()> {
+        // Freed memory went back at once.
+        Ok(())
     }
 
     fn graph_upload(&mut self, exec: u64, stream: StreamRef) -> CuResult<()> {

@@ -834,6 +834,13 @@ commands! {
     GraphAddEventWaitNode = 0x0715 { graph: u32, node: u32, dependencies: Vec<u32>, event: u32 };
     /// A child graph node: a copy of graph `child` as it is now.
     GraphAddChildGraphNode = 0x0716 { graph: u32, node: u32, dependencies: Vec<u32>, child: u32 };
+    /// A memory-allocation node: `size` bytes of device memory of the
+    /// context's device (the default pool properties, no access beyond
+    /// the device's own); answers the allocation's device pointer `u64`.
+    GraphAddMemAllocNode = 0x0717 { graph: u32, node: u32, dependencies: Vec<u32>, size: u64 };
+    /// A memory-free node of `dptr`, an allocation of a memory-allocation
+    /// node of the session.
+    GraphAddMemFreeNode = 0x0718 { graph: u32, node: u32, dependencies: Vec<u32>, dptr: u64 };
     /// `cuGraphKernelNodeSetParams_v2` of kernel node `node` (a launch as
     /// `GraphAddKernelNode` carries it).
     GraphKernelNodeSetParams = 0x0720 { node: u32, launch: Launch }

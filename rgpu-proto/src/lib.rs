@@ -31,7 +31,7 @@ pub use wire::DecodeError;
 /// version 4 gave `LaunchKernelEx` the launch attributes it carries.
 /// Commands added to the table without changing another (the `Ipc*`
 /// commands, the graph-building `GraphCreate`, `GraphClone` and
-/// `GraphAdd*Node`, the node-parameter `Graph*NodeSetParams`,
+/// `GraphAdd*Node` (memory-allocation and free nodes too), the node-parameter `Graph*NodeSetParams`,
 /// `GraphExecUpdate` and `GraphUpload`) keep the version: a daemon that does not know one answers it
 /// `CUDA_ERROR_INVALID_VALUE` as an undecodable command, and the call fails.
 pub const PROTOCOL_VERSION: u32 = 4;

@@ -16,6 +16,7 @@
 //! | `DeviceStatus` | [`DeviceStatus`] |
 //! | `IpcGetMemHandle`, `IpcGetEventHandle` | the driver's handle, 64 bytes |
 //! | `IpcOpenMemHandle` | device pointer `u64`, size `u64` |
+//! | `GraphAddMemAllocNode` | device pointer `u64` |
 //! | `GraphExecUpdate` | result `u64`, update result `u64`, failing node `u64` |
 //!
 //! `MemcpyDtoH` with a reply number answers once the data is in the blob.

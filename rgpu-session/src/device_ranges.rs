@@ -31,6 +31,9 @@ pub enum RangeKind {
     /// Memory another process of the tenant exported, opened through CUDA
     /// IPC (`cuIpcOpenMemHandle`): gone when it is closed.
     IpcMapping,
+    /// A graph's memory-allocation node's memory: gone when no graph or
+    /// executable graph of the session holds the node.
+    GraphAllocation,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -3,12 +3,12 @@
 //! here, then handed to the executor; the session's limits are kept here.
 
 use rgpu_executor::{
-    ContextExecutor, CuResult, Executor, GraphNode, HostRun, LaunchHint, LaunchOptions,
+    exec_update, ContextExecutor, CuResult, Executor, GraphNode, HostRun, LaunchHint, LaunchOptions,
 };
 use rgpu_proto::command::launch_attribute;
 use rgpu_proto::cuda_result::{
-    CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND,
-    CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN,
+    CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN,
 };
 
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`: the one flag of
@@ -24,7 +24,9 @@ const CAPTURE_MODE_RELAXED: u32 = 2;
 
 use crate::device_ranges::{Inserted, RangeKind, RangeOwner};
 use crate::driver_memory::Refresh;
-use crate::handles::{check_new, FunctionEntry, GraphNodes, Handles, IpcMapping, Physical};
+use crate::handles::{
+    check_new, FunctionEntry, GraphAllocation, GraphNodes, Handles, IpcMapping, Physical,
+};
 use crate::ipc::{event_key, IpcKind};
 use crate::limits::{check_room, SessionLimits, LIMIT_ERROR};
 use crate::module_cache::image_hash;
@@ -218,10 +220,42 @@ fn check_device_range(
     Err(CUDA_ERROR_INVALID_VALUE)
 }
 
-/// Adds node `node` to graph `graph` after `dependencies` (guest handles
-/// all): the graph must be the session's, the dependencies nodes of that
-/// graph, the node handle new, and the session's nodes (`weight` more)
-/// within its limit; `spec` was checked by the caller.
+/// Checks a node `node` for graph `graph` after `dependencies` (guest
+/// handles all): the graph must be the session's, the dependencies nodes
+/// of that graph, the node handle new, and the session's nodes (`weight`
+/// more) within its limit. The executor's graph and dependencies.
+fn prepare_graph_node(
+    handles: &Handles,
+    limits: &SessionLimits,
+    ctx_id: u32,
+    graph: u32,
+    node: u32,
+    dependencies: &[u32],
+    weight: usize,
+) -> CuResult<(u64, Vec<u64>)> {
+    let created_graph = handles.graph(graph)?;
+    check_new(&handles.graph_nodes, node)?;
+    let total = handles.graph_node_weight().saturating_add(weight);
+    check_room(total.saturating_sub(1), limits.graph_nodes)?;
+    let deps = handles.dependencies(graph, dependencies).inspect_err(|_| {
+        warn_limited!(
+            "ctx {ctx_id}: a node of graph {graph} depends on a node that is none of that \
+             graph's; refused"
+        );
+    })?;
+    Ok((created_graph, deps))
+}
+
+/// Records node `node` (the executor's `created`) of graph `graph`.
+fn record_graph_node(handles: &mut Handles, graph: u32, node: u32, created: u64, weight: usize) {
+    handles.graph_nodes.insert(node, (graph, created));
+    let contents = handles.graph_contents.entry(graph).or_default();
+    contents.nodes.push(node);
+    contents.weight = contents.weight.saturating_add(weight);
+}
+
+/// Adds node `node` to graph `graph` after `dependencies`, checked as
+/// [`prepare_graph_node`] says; `spec` was checked by the caller.
 #[allow(clippy::too_many_arguments)]
 fn add_graph_node(
     ctx: &mut dyn ContextExecutor,
@@ -234,22 +268,53 @@ fn add_graph_node(
     spec: &GraphNode<'_>,
     weight: usize,
 ) -> CuResult<Vec<u8>> {
-    let created_graph = handles.graph(graph)?;
-    check_new(&handles.graph_nodes, node)?;
-    let total = handles.graph_node_weight().saturating_add(weight);
-    check_room(total.saturating_sub(1), limits.graph_nodes)?;
-    let deps = handles.dependencies(graph, dependencies).inspect_err(|_| {
-        warn_limited!(
-            "ctx {ctx_id}: a node of graph {graph} depends on a node that is none of that \
-             graph's; refused"
-        );
-    })?;
+    let (created_graph, deps) =
+        prepare_graph_node(handles, limits, ctx_id, graph, node, dependencies, weight)?;
     let created = ctx.graph_add_node(created_graph, &deps, spec)?;
-    handles.graph_nodes.insert(node, (graph, created));
-    let contents = handles.graph_contents.entry(graph).or_default();
-    contents.nodes.push(node);
-    contents.weight = contents.weight.saturating_add(weight);
+    record_graph_node(handles, graph, node, created, weight);
     Ok(Vec::new())
+}
+
+/// Graphs or executable graphs holding the memory-allocation nodes of
+/// `ptrs` are gone: memory no one holds any more goes back to the tenant
+/// (what the driver still keeps of it, an allocation never freed or
+/// memory its pool caches, is then charged as the driver's own).
+fn let_go_of_graph_allocations(
+    ctx: &mut dyn ContextExecutor,
+    handles: &mut Handles,
+    tenant: &Tenant,
+    executor: &dyn Executor,
+    counters: &Counters,
+    usage: &Usage,
+    ptrs: &[u64],
+) {
+    let mut freed = false;
+    for ptr in ptrs {
+        let Some(allocation) = handles.graph_allocations.get_mut(ptr) else {
+            continue;
+        };
+        allocation.holders = allocation.holders.saturating_sub(1);
+        if allocation.holders > 0 {
+            continue;
+        }
+        let size = allocation.size;
+        handles.graph_allocations.remove(ptr);
+        let owner = RangeOwner {
+            session: usage.member,
+            kind: RangeKind::GraphAllocation,
+        };
+        tenant.device_ranges_mut().remove(*ptr, owner);
+        Counters::sub(&counters.device_memory_bytes, size);
+        usage.sub_device_memory(size);
+        if let Some(budget) = tenant.budget() {
+            budget.release(size);
+        }
+        freed = true;
+    }
+    if freed {
+        let _ = ctx.graph_mem_trim();
+        let _ = tenant.account_driver_memory(Refresh::Settle, executor, counters);
+    }
 }
 
 /// Bytes from the first to the last a memset node of `height` rows
@@ -995,6 +1060,18 @@ impl Worker {
                 let created = ctx.graph_instantiate(graph, *flags)?;
                 handles.graph_execs.insert(*exec, created);
                 handles.graph_exec_sources.insert(*exec, source);
+                // It holds its graph's allocations until it is destroyed.
+                let held = handles
+                    .graph_contents
+                    .get(&source)
+                    .map(|c| c.allocations.clone())
+                    .unwrap_or_default();
+                for ptr in &held {
+                    if let Some(allocation) = handles.graph_allocations.get_mut(ptr) {
+                        allocation.holders = allocation.holders.saturating_add(1);
+                    }
+                }
+                handles.graph_exec_allocations.insert(*exec, held);
                 // An instantiated graph may hold device memory of its own.
                 let _ = tenant.account_driver_memory(Refresh::Settle, executor, counters);
                 Ok(Vec::new())
@@ -1009,12 +1086,23 @@ impl Worker {
                 ctx.graph_exec_destroy(created)?;
                 handles.graph_execs.remove(exec);
                 handles.graph_exec_sources.remove(exec);
+                let held = handles
+                    .graph_exec_allocations
+                    .remove(exec)
+                    .unwrap_or_default();
+                let_go_of_graph_allocations(ctx, handles, tenant, executor, counters, usage, &held);
                 Ok(Vec::new())
             }
             Command::GraphDestroy { graph } => {
                 let created = handles.graph(*graph)?;
                 ctx.graph_destroy(created)?;
+                let held = handles
+                    .graph_contents
+                    .get(graph)
+                    .map(|c| c.allocations.clone())
+                    .unwrap_or_default();
                 handles.remove_graph(*graph);
+                let_go_of_graph_allocations(ctx, handles, tenant, executor, counters, usage, &held);
                 Ok(Vec::new())
             }
             Command::GraphCreate { graph, flags } => {
@@ -1041,6 +1129,14 @@ impl Worker {
                     .get(original)
                     .cloned()
                     .unwrap_or_default();
+                // A clone would hold the allocations too: not counted here.
+                if contents.memory_nodes {
+                    warn_limited!(
+                        "ctx {ctx_id}: cuGraphClone of a graph with memory-allocation or free \
+                         nodes is not supported"
+                    );
+                    return Err(CUDA_ERROR_NOT_SUPPORTED);
+                }
                 let total = handles.graph_node_weight().saturating_add(contents.weight);
                 if total > limits.graph_nodes {
                     return Err(LIMIT_ERROR);
@@ -1219,7 +1315,11 @@ impl Worker {
                     warn_limited!(
                         "ctx {ctx_id}: a captured graph as a child graph node is not supported"
                     );
-                    return Err(rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED);
+                    return Err(CUDA_ERROR_NOT_SUPPORTED);
+                }
+                // As the driver: no memory nodes in a child graph.
+                if contents.memory_nodes {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
                 }
                 let weight = contents.weight.saturating_add(1);
                 add_graph_node(
@@ -1233,6 +1333,88 @@ impl Worker {
                     &GraphNode::Child(created_child),
                     weight,
                 )
+            }
+            Command::GraphAddMemAllocNode {
+                graph,
+                node,
+                dependencies,
+                size,
+            } => {
+                if *size == 0 {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                check_room(handles.graph_allocations.len(), limits.allocations)?;
+                let (created_graph, deps) =
+                    prepare_graph_node(handles, &limits, ctx_id, *graph, *node, dependencies, 1)?;
+                // As MemAlloc: past the tenant's memory limit the driver is
+                // not asked; the whole size counts from now (the driver
+                // reserves the address now and backs it when the graph
+                // runs).
+                let budget = tenant.budget();
+                if !tenant.reserve_memory(*size, executor, counters) {
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+                let (created, ptr) = ctx
+                    .graph_add_mem_alloc_node(created_graph, &deps, *size)
+                    .inspect_err(|_| {
+                        if let Some(budget) = budget {
+                            budget.release(*size);
+                        }
+                    })?;
+                record_graph_node(handles, *graph, *node, created, 1);
+                let contents = handles.graph_contents.entry(*graph).or_default();
+                contents.allocations.push(ptr);
+                contents.memory_nodes = true;
+                let allocation = GraphAllocation {
+                    size: *size,
+                    holders: 1,
+                };
+                if let Some(old) = handles.graph_allocations.insert(ptr, allocation) {
+                    Counters::sub(&counters.device_memory_bytes, old.size);
+                    usage.sub_device_memory(old.size);
+                }
+                Counters::add(&counters.device_memory_bytes, *size);
+                usage.add_device_memory(*size);
+                // Its nodes, and copies of the process, may name it now.
+                record_range(
+                    tenant,
+                    ctx_id,
+                    ptr,
+                    *size,
+                    owner(RangeKind::GraphAllocation),
+                )?;
+                Ok(u64_payload(&[ptr]))
+            }
+            Command::GraphAddMemFreeNode {
+                graph,
+                node,
+                dependencies,
+                dptr,
+            } => {
+                if !handles.graph_allocations.contains_key(dptr) {
+                    warn_limited!(
+                        "ctx {ctx_id}: a memory-free node of {dptr:#x}, which is no graph \
+                         allocation of this session; refused"
+                    );
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                add_graph_node(
+                    ctx,
+                    handles,
+                    &limits,
+                    ctx_id,
+                    *graph,
+                    *node,
+                    dependencies,
+                    &GraphNode::MemFree(*dptr),
+                    1,
+                )?;
+                handles
+                    .graph_contents
+                    .entry(*graph)
+                    .or_default()
+                    .memory_nodes = true;
+                Ok(Vec::new())
             }
             Command::GraphKernelNodeSetParams { node, launch } => {
                 let created = handles.graph_node(*node, None)?;
@@ -1292,6 +1474,29 @@ impl Worker {
             Command::GraphExecUpdate { exec, graph } => {
                 let created_exec = handles.graph_exec(*exec)?;
                 let created_graph = handles.graph(*graph)?;
+                // The allocations an executable graph holds stay those it
+                // was made with.
+                let memory_nodes = |g: Option<&u32>| {
+                    g.and_then(|g| handles.graph_contents.get(g))
+                        .is_some_and(|c| c.memory_nodes)
+                };
+                if memory_nodes(Some(graph))
+                    || memory_nodes(handles.graph_exec_sources.get(exec))
+                    || handles
+                        .graph_exec_allocations
+                        .get(exec)
+                        .is_some_and(|held| !held.is_empty())
+                {
+                    warn_limited!(
+                        "ctx {ctx_id}: cuGraphExecUpdate of a graph with memory-allocation or \
+                         free nodes is not supported"
+                    );
+                    return Ok(u64_payload(&[
+                        CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE.into(),
+                        exec_update::NOT_SUPPORTED.into(),
+                        0,
+                    ]));
+                }
                 let update = ctx.graph_exec_update(created_exec, created_graph)?;
                 let error_node = handles.guest_node(update.error_node);
                 Ok(u64_payload(&[

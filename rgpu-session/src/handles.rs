@@ -41,6 +41,21 @@ pub struct GraphNodes {
     /// Made by stream capture (or cloned from such a graph): the driver
     /// made its nodes, which the session neither counts nor names.
     pub captured: bool,
+    /// The device pointers of its memory-allocation nodes.
+    pub allocations: Vec<u64>,
+    /// It holds memory-allocation or memory-free nodes (which a child
+    /// graph may not, and clones and updates do not carry here).
+    pub memory_nodes: bool,
+}
+
+/// The memory of a graph's memory-allocation node: charged to the tenant
+/// from the node's creation until no graph or executable graph of the
+/// session holds the node (the driver backs it while the graph runs).
+#[derive(Debug, Clone, Copy)]
+pub struct GraphAllocation {
+    pub size: u64,
+    /// The graph and the executable graphs made from it that are alive.
+    pub holders: u32,
 }
 
 /// A function the guest looked up.
@@ -73,6 +88,10 @@ pub struct Handles {
     /// Executable graph (guest handle) -> the graph it was instantiated
     /// from (guest handle): whose nodes its node commands may name.
     pub graph_exec_sources: HashMap<u32, u32>,
+    /// Device pointer -> memory of a graph's memory-allocation node.
+    pub graph_allocations: HashMap<u64, GraphAllocation>,
+    /// Executable graph (guest handle) -> the graph allocations it holds.
+    pub graph_exec_allocations: HashMap<u32, Vec<u64>>,
     /// Device pointer -> size of every live allocation.
     pub allocations: HashMap<u64, u64>,
     /// Device pointer -> (guest module handle, size) of every global looked
@@ -204,11 +223,13 @@ impl Handles {
     }
 
     /// Bytes of device memory still allocated (virtual-memory allocations
-    /// included until their last mapping is gone).
+    /// included until their last mapping is gone, graph allocations while
+    /// held).
     pub fn allocated_bytes(&self) -> u64 {
         self.allocations
             .values()
             .chain(self.physical.values().map(|p| &p.size))
+            .chain(self.graph_allocations.values().map(|a| &a.size))
             .fold(0u64, |sum, size| sum.saturating_add(*size))
     }
 }

@@ -498,3 +498,169 @@ fn graph_node_parameters_and_updates_are_checked_on_the_host() {
     );
     session.shutdown();
 }
+
+/// A tenant's memory budget with a limit.
+#[derive(Debug)]
+struct Limited {
+    used: std::sync::atomic::AtomicU64,
+    limit: u64,
+}
+
+impl rgpu_session::MemoryBudget for Limited {
+    fn try_reserve(&self, bytes: u64) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.used
+            .fetch_update(SeqCst, SeqCst, |used| {
+                used.checked_add(bytes).filter(|n| *n <= self.limit)
+            })
+            .is_ok()
+    }
+    fn charge(&self, bytes: u64) {
+        self.used
+            .fetch_add(bytes, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn release(&self, bytes: u64) {
+        self.used
+            .fetch_sub(bytes, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn limit(&self) -> Option<u64> {
+        Some(self.limit)
+    }
+    fn used(&self) -> u64 {
+        self.used.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn graph_allocations_count_against_the_tenant_while_a_graph_holds_them() {
+    use rgpu_proto::cuda_result::{CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY};
+    use rgpu_session::MemoryBudget;
+    const MIB: u64 = 1 << 20;
+    let budget = Arc::new(Limited {
+        used: Default::default(),
+        limit: 4 * MIB,
+    });
+    let tenant = rgpu_session::Tenant::with_budget(budget.clone());
+    let mut guest = Guest::new();
+    let session = guest.start_in(
+        Arc::new(SimExecutor::new()),
+        Arc::new(Counters::default()),
+        tenant,
+    );
+    let mut call = |command: Command| guest.call(&session, command);
+    let alloc = |graph, node, size| Command::GraphAddMemAllocNode {
+        graph,
+        node,
+        dependencies: vec![],
+        size,
+    };
+    let free = |graph, node, dependencies, dptr| Command::GraphAddMemFreeNode {
+        graph,
+        node,
+        dependencies,
+        dptr,
+    };
+    assert_eq!(
+        call(Command::GraphCreate {
+            graph: 50,
+            flags: 0
+        })
+        .0,
+        CUDA_SUCCESS
+    );
+    let (result, payload) = call(alloc(50, 60, 3 * MIB));
+    assert_eq!(result, CUDA_SUCCESS);
+    let ptr = rgpu_proto::reply::decode_u64s::<1>(&payload).unwrap()[0];
+    assert_eq!(budget.used(), 3 * MIB);
+    // Past the limit: neither another node nor a cuMemAlloc.
+    assert_eq!(call(alloc(50, 61, 2 * MIB)).0, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(
+        call(Command::MemAlloc { size: 2 * MIB }).0,
+        CUDA_ERROR_OUT_OF_MEMORY
+    );
+    assert_eq!(budget.used(), 3 * MIB);
+    // Its memory is the process's: a memset node may name it; a free node
+    // only of a graph allocation's start.
+    let set = Command::GraphAddMemsetNode {
+        graph: 50,
+        node: 62,
+        dependencies: vec![60],
+        dst: ptr,
+        value: 1,
+        element_size: 4,
+        width: 1024,
+        height: 1,
+        pitch: 4096,
+    };
+    assert_eq!(call(set).0, CUDA_SUCCESS);
+    assert_eq!(
+        call(free(50, 63, vec![62], ptr + 4)).0,
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(call(free(50, 63, vec![62], ptr)).0, CUDA_SUCCESS);
+    // Not carried by a clone, a child or an update here.
+    assert_eq!(
+        call(Command::GraphClone {
+            graph: 51,
+            original: 50,
+            first_node: 70
+        })
+        .0,
+        CUDA_ERROR_NOT_SUPPORTED
+    );
+    assert_eq!(
+        call(Command::GraphCreate {
+            graph: 52,
+            flags: 0
+        })
+        .0,
+        CUDA_SUCCESS
+    );
+    let child = Command::GraphAddChildGraphNode {
+        graph: 52,
+        node: 80,
+        dependencies: vec![],
+        child: 50,
+    };
+    assert_eq!(call(child).0, CUDA_ERROR_INVALID_VALUE);
+    let instantiate = Command::GraphInstantiate {
+        graph: 50,
+        exec: 90,
+        flags: 0,
+    };
+    assert_eq!(call(instantiate).0, CUDA_SUCCESS);
+    let (result, payload) = call(Command::GraphExecUpdate {
+        exec: 90,
+        graph: 52,
+    });
+    assert_eq!(result, CUDA_SUCCESS);
+    assert_eq!(
+        rgpu_proto::reply::decode_u64s::<3>(&payload).unwrap(),
+        [910, 6, 0]
+    );
+    assert_eq!(
+        call(Command::GraphLaunch {
+            exec: 90,
+            stream: 0
+        })
+        .0,
+        CUDA_SUCCESS
+    );
+    // The executable graph still holds it once the graph is gone.
+    assert_eq!(call(Command::GraphDestroy { graph: 50 }).0, CUDA_SUCCESS);
+    assert_eq!(budget.used(), 3 * MIB);
+    assert_eq!(call(Command::GraphExecDestroy { exec: 90 }).0, CUDA_SUCCESS);
+    assert_eq!(budget.used(), 0);
+    // Gone: no command names it, and the budget has room again.
+    let memset = Command::Memset {
+        stream: 0,
+        dst: ptr,
+        value: 0,
+        element_size: 4,
+        count: 16,
+    };
+    assert_eq!(call(memset).0, CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(call(Command::MemAlloc { size: 2 * MIB }).0, CUDA_SUCCESS);
+    session.shutdown();
+    assert_eq!(budget.used(), 0);
+}

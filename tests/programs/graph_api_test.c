@@ -18,12 +18,17 @@
  * reason; set/get on a node of another kind, and an executable graph's
  * set on a node of another graph, are CUDA_ERROR_INVALID_VALUE;
  * cuGraphNodeGetDependencies(_v2) and cuGraphNodeGetDependentNodes answer
- * the edges the nodes were added with. A clone, launched after the
+ * the edges the nodes were added with. Memory-allocation nodes: an
+ * allocation a kernel node fills, a memcpy node copies out and a free node
+ * frees, launched twice (parameters read back, node types); a free node
+ * of cuMemAlloc memory and a graph with memory nodes as a child are
+ * refused. A clone, launched after the
  * buffers were cleared, does the same as the graph. Misuse: a node of another
  * graph as a dependency is refused; through rgpu, a destroyed graph takes
  * no node and no instantiation, and a memcpy node from host memory is
  * CUDA_ERROR_NOT_SUPPORTED, a handle that is no node is refused, and a
- * memset node set to memory of no allocation too; last, a kernel node whose pointer argument is
+ * memset node set to memory of no allocation too, and a graph
+ * allocation's memory once its graph is gone; last, a kernel node whose pointer argument is
  * no memory of this process makes the graph's launch fail as a launch of
  * a forged pointer does (CUDA_ERROR_ILLEGAL_ADDRESS, at the launch or the
  * synchronisation after it).
@@ -95,6 +100,34 @@ typedef struct {
     unsigned char from_port, to_port, type, reserved[5];
 } EdgeData;
 
+typedef struct {
+    int type;
+    int id;
+} MemLocation;
+
+typedef struct {
+    MemLocation location;
+    unsigned int flags;
+} AccessDesc;
+
+typedef struct {
+    int allocType;
+    int handleTypes;
+    MemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} PoolProps;
+
+typedef struct {
+    PoolProps poolProps;
+    const AccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} MemAllocNodeParams;
+
 #define UPDATE_SUCCESS 0
 #define UPDATE_TOPOLOGY_CHANGED 2
 #define UPDATE_NODE_TYPE_CHANGED 3
@@ -107,6 +140,8 @@ typedef struct {
 #define NODE_TYPE_GRAPH 4
 #define NODE_TYPE_EMPTY 5
 #define NODE_TYPE_EVENT_RECORD 7
+#define NODE_TYPE_MEM_ALLOC 10
+#define NODE_TYPE_MEM_FREE 11
 
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
@@ -137,6 +172,12 @@ CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node,
                                         const MemsetNodeParams *params, CUcontext ctx);
 CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, ExecUpdateResultInfo *info);
 CUresult cuGraphUpload(CUgraphExec exec, CUstream stream);
+CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                size_t n, MemAllocNodeParams *params);
+CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                               size_t n, CUdeviceptr dptr);
+CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, MemAllocNodeParams *params);
+CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *dptr);
 CUresult cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *deps, size_t *count);
 CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps, EdgeData *edges,
                                        size_t *count);
@@ -428,6 +469,66 @@ int main(int argc, char **argv) {
     CHECK_CU(cuGraphDestroy(sets));
     CHECK_CU(cuGraphDestroy(two));
     CHECK_CU(cuGraphDestroy(other_type));
+
+    /* Memory-allocation nodes: the allocation a kernel node fills, a
+     * memcpy node copies out and a free node frees, in each launch. */
+    CUgraph mem = NULL;
+    CUgraphNode n_alloc = NULL, n_fill = NULL, n_out = NULL, n_free = NULL;
+    CUgraphExec mem_exec = NULL;
+    MemAllocNodeParams alloc;
+    memset(&alloc, 0, sizeof alloc);
+    alloc.poolProps.allocType = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    alloc.poolProps.location.type = 1; /* CU_MEM_LOCATION_TYPE_DEVICE */
+    alloc.poolProps.location.id = (int)dev;
+    alloc.bytesize = N * 4;
+    CHECK_CU(cuGraphCreate(&mem, 0));
+    CHECK_CU(cuGraphAddMemAllocNode(&n_alloc, mem, NULL, 0, &alloc));
+    CHECK_TRUE(alloc.dptr != 0);
+    CUdeviceptr scratch = alloc.dptr;
+    unsigned mem_base = 4000;
+    void *mem_params[] = {&scratch, &mem_base, &count};
+    KernelNodeParams fill_scratch = fill_index_node(fill_index, mem_params);
+    Memcpy3D copy_out = copy_dtod(d_copy, scratch, N * 4);
+    CHECK_CU(cuGraphAddKernelNode_v2(&n_fill, mem, &n_alloc, 1, &fill_scratch));
+    CHECK_CU(cuGraphAddMemcpyNode(&n_out, mem, &n_fill, 1, &copy_out, ctx));
+    CHECK_CU(cuGraphAddMemFreeNode(&n_free, mem, &n_out, 1, scratch));
+    CHECK_CU(cuGraphNodeGetType(n_alloc, &type));
+    CHECK_EQ_INT(type, NODE_TYPE_MEM_ALLOC);
+    CHECK_CU(cuGraphNodeGetType(n_free, &type));
+    CHECK_EQ_INT(type, NODE_TYPE_MEM_FREE);
+    MemAllocNodeParams alloc_back;
+    memset(&alloc_back, 0, sizeof alloc_back);
+    CHECK_CU(cuGraphMemAllocNodeGetParams(n_alloc, &alloc_back));
+    CHECK_TRUE(alloc_back.dptr == scratch);
+    CHECK_EQ_INT((int)alloc_back.bytesize, (int)(N * 4));
+    CHECK_EQ_INT(alloc_back.poolProps.location.id, (int)dev);
+    CUdeviceptr freed = 0;
+    CHECK_CU(cuGraphMemFreeNodeGetParams(n_free, &freed));
+    CHECK_TRUE(freed == scratch);
+    CHECK_CU(cuMemsetD32(d_copy, 0, N));
+    CHECK_CU(cuGraphInstantiateWithFlags(&mem_exec, mem, 0));
+    for (int i = 0; i < 2; i++) CHECK_CU(cuGraphLaunch(mem_exec, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    CHECK_EQ_INT(mismatches(d_copy, mem_base, 0), 0);
+    /* Misuse: a free node of memory that is no graph allocation, a graph
+     * with memory nodes as a child graph (documented as an error; printed). */
+    CUgraph holder = NULL;
+    CUgraphNode n_bad_free = NULL, n_mem_child = NULL;
+    CHECK_CU(cuGraphCreate(&holder, 0));
+    CUresult bad_free = cuGraphAddMemFreeNode(&n_bad_free, holder, NULL, 0, d_copy);
+    CUresult mem_child = cuGraphAddChildGraphNode(&n_mem_child, holder, NULL, 0, mem);
+    printf("a free node of cuMemAlloc memory %d, a graph with memory nodes as a child %d\n",
+           bad_free, mem_child);
+    CHECK_TRUE(bad_free != CUDA_SUCCESS);
+    CHECK_TRUE(mem_child != CUDA_SUCCESS);
+    CHECK_CU(cuGraphDestroy(holder));
+    CHECK_CU(cuGraphExecDestroy(mem_exec));
+    CHECK_CU(cuGraphDestroy(mem));
+    if (through_rgpu) {
+        /* Once no graph holds it, its memory is no process's: a memset of
+         * it is refused on the host. */
+        CHECK_RC(cuMemsetD32(scratch, 0, N), CUDA_ERROR_INVALID_VALUE);
+    }
 
     /* A clone does the same, with the kernel node's arguments as set. */
     CUgraph clone = NULL;

@@ -4,6 +4,8 @@
 //! and memset node parameters read back and set in graphs and executable
 //! graphs, executable graphs updated from graphs (and refused an update
 //! from another topology or node type), uploaded, dependencies read back;
+//! a memory-allocation node's memory filled, copied out and freed by the
+//! graph's nodes;
 //! a node of another graph as a dependency, a destroyed graph, a
 //! host-memory copy, a set on a node of another kind or graph and a
 //! memset node set to memory of no allocation are refused, and a kernel
@@ -30,7 +32,12 @@ fn graphs_built_node_by_node_run_on_the_host_and_are_checked() {
         log.contains("depends on a node that is none of that graph's"),
         "{log}"
     );
-    // The memset node set to memory of no allocation: the daemon's refusal.
+    // The memset node set to memory of no allocation, the free node of
+    // memory that is no graph allocation: the daemon's refusals.
     assert!(log.contains("a memset node names device memory"), "{log}");
+    assert!(
+        log.contains("which is no graph allocation of this session"),
+        "{log}"
+    );
     assert!(daemon.is_alive());
 }

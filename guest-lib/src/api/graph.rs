@@ -54,6 +54,19 @@ const NODE_GRAPH: c_int = 4;
 const NODE_EMPTY: c_int = 5;
 const NODE_WAIT_EVENT: c_int = 6;
 const NODE_EVENT_RECORD: c_int = 7;
+const NODE_MEM_ALLOC: c_int = 10;
+const NODE_MEM_FREE: c_int = 11;
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`, `CU_MEM_LOCATION_TYPE_DEVICE` and
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`: the only memory-allocation node
+/// the host makes is pinned memory of the context's device, read-write for
+/// that device alone.
+const ALLOCATION_TYPE_PINNED: c_uint = 1;
+const LOCATION_TYPE_DEVICE: c_uint = 1;
+const ACCESS_READ_WRITE: c_uint = 3;
+/// Most access descriptors a memory-allocation node is read with (one per
+/// device is all that means anything).
+const MAX_ACCESS_DESCS: usize = 64;
 
 /// `CU_MEMORYTYPE_DEVICE`, the only kind a memcpy node may copy between.
 const MEMORYTYPE_DEVICE: c_uint = 2;
@@ -97,6 +110,38 @@ impl KernelNodeParamsV1 {
         }
     }
 }
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AccessDescRaw {
+    location_type: c_uint,
+    location_id: c_int,
+    flags: c_uint,
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (`_v1`, which `cuGraphAddMemAllocNode`
+/// takes): `CUmemPoolProps`, the access descriptors, the size and the
+/// device pointer the call writes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemAllocNodeParams {
+    alloc_type: c_uint,
+    handle_types: c_uint,
+    location_type: c_uint,
+    location_id: c_int,
+    win32_security_attributes: *mut c_void,
+    max_size: usize,
+    usage: u16,
+    reserved: [u8; 54],
+    access_descs: *const AccessDescRaw,
+    access_desc_count: usize,
+    bytesize: usize,
+    dptr: CUdeviceptr,
+}
+
+// cuda.h's layout: 88 bytes of pool properties, then four 8-byte fields.
+const _: () = assert!(std::mem::size_of::<MemAllocNodeParams>() == 120);
 
 /// `CUgraphExecUpdateResultInfo`.
 #[repr(C)]
@@ -211,7 +256,24 @@ enum NodeParams {
     None,
     Kernel(Arc<HeldKernelParams>),
     Memset(MemsetNodeParams),
+    MemAlloc(Arc<HeldMemAlloc>),
+    MemFree(CUdeviceptr),
 }
+
+/// A memory-allocation node's parameters as `cuGraphMemAllocNodeGetParams`
+/// hands them out: `params.access_descs` points into `descs`.
+struct HeldMemAlloc {
+    params: MemAllocNodeParams,
+    /// Never read here: `params` points into it.
+    _descs: Box<[AccessDescRaw]>,
+}
+
+// SAFETY: `params` holds the application's opaque pointer values and a
+// pointer into `_descs`, which this struct owns and never changes; nothing
+// here is dereferenced by this library.
+unsafe impl Send for HeldMemAlloc {}
+// SAFETY: as above; the struct is never changed after it is made.
+unsafe impl Sync for HeldMemAlloc {}
 
 /// A kernel node's parameters as `cuGraphKernelNodeGetParams` hands them
 /// out: the argument values in a buffer of their own, and one pointer per
@@ -544,7 +606,8 @@ fn dependency_handles(
 
 /// Adds a node of type `kind` to `graph`: `command` builds the command
 /// (and the parameters the node keeps) from the graph's context, the
-/// graph's handle, the node's and its dependencies'.
+/// graph's handle, the node's and its dependencies'. The node, and the
+/// host's reply.
 fn add_node(
     out: *mut CUgraphNode,
     graph: CUgraph,
@@ -552,7 +615,7 @@ fn add_node(
     count: usize,
     kind: c_int,
     command: impl FnOnce(&Arc<Context>, u32, u32, Vec<u32>) -> Result<(Command, NodeParams), u32>,
-) -> Result<(), u32> {
+) -> Result<(Arc<Node>, Vec<u8>), u32> {
     driver()?;
     if out.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -564,17 +627,19 @@ fn add_node(
         .unzip();
     let handle = ctx.new_handle()?;
     let (command, params) = command(&ctx, graph.handle, handle, deps)?;
-    ctx.call(&command)?;
-    let node = NODES.insert(Arc::new(Node {
+    let reply = ctx.call(&command)?;
+    let node = Arc::new(Node {
         context: ctx,
         graph: graph.handle,
         handle,
         kind,
         dependencies: registered,
         params: Mutex::new(params),
-    }));
-    graph.nodes().push(node as usize);
-    write_out(out, node)
+    });
+    let key = NODES.insert(node.clone());
+    graph.nodes().push(key as usize);
+    write_out(out, key)?;
+    Ok((node, reply))
 }
 
 pub(crate) fn add_empty_node(
@@ -600,6 +665,7 @@ pub(crate) fn add_empty_node(
             ))
         },
     )
+    .map(|_| ())
 }
 
 /// A kernel node's launch (its stream unused) and the parameters it keeps,
@@ -657,6 +723,7 @@ fn add_kernel(
             ))
         },
     )
+    .map(|_| ())
 }
 
 /// The struct at `params`, read (NULL is `CUDA_ERROR_INVALID_VALUE`).
@@ -737,6 +804,7 @@ pub(crate) fn add_memset_node(
             ))
         },
     )
+    .map(|_| ())
 }
 
 /// `cuGraphAddMemcpyNode`: one-dimensional copies between device memory.
@@ -802,6 +870,7 @@ pub(crate) fn add_memcpy_node(
             ))
         },
     )
+    .map(|_| ())
 }
 
 fn add_event_node(
@@ -840,6 +909,7 @@ fn add_event_node(
             Ok((command, NodeParams::None))
         },
     )
+    .map(|_| ())
 }
 
 pub(crate) fn add_event_record_node(
@@ -891,6 +961,132 @@ pub(crate) fn add_child_graph_node(
             ))
         },
     )
+    .map(|_| ())
+}
+
+/// `cuGraphAddMemAllocNode`: pinned memory of the graph's device, for
+/// that device alone, made on the host (which charges it to the tenant
+/// from now until no graph or executable graph holds the node); the
+/// device pointer comes back in `dptr`. Other pool properties and access
+/// by other devices are not supported.
+pub(crate) fn add_mem_alloc_node(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    params: *mut MemAllocNodeParams,
+) -> Result<(), u32> {
+    // SAFETY: the caller passes a readable CUDA_MEM_ALLOC_NODE_PARAMS.
+    let mut p = unsafe { read_params(params.cast_const()) }?;
+    if p.bytesize == 0 || p.access_desc_count > MAX_ACCESS_DESCS {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let descs: Box<[AccessDescRaw]> = if p.access_desc_count == 0 {
+        Box::new([])
+    } else if p.access_descs.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    } else {
+        // SAFETY: non-NULL, `access_desc_count` (bounded) descriptors: the
+        // API contract.
+        unsafe { std::slice::from_raw_parts(p.access_descs, p.access_desc_count) }.into()
+    };
+    let (node, reply) = add_node(
+        out,
+        graph,
+        dependencies,
+        count,
+        NODE_MEM_ALLOC,
+        |ctx, graph, node, dependencies| {
+            let own_device =
+                |kind: c_uint, id: c_int| kind == LOCATION_TYPE_DEVICE && id == ctx.device;
+            let supported = p.alloc_type == ALLOCATION_TYPE_PINNED
+                && p.handle_types == 0
+                && p.usage == 0
+                && own_device(p.location_type, p.location_id)
+                && descs.iter().all(|d| {
+                    own_device(d.location_type, d.location_id) && d.flags == ACCESS_READ_WRITE
+                });
+            if !supported {
+                log::warn!(
+                    "rgpu: cuGraphAddMemAllocNode: only pinned memory of the graph's device, \
+                     for that device alone, is supported (type {}, handle types {:#x}, \
+                     location {}:{}, {} access descriptors)",
+                    p.alloc_type,
+                    p.handle_types,
+                    p.location_type,
+                    p.location_id,
+                    descs.len()
+                );
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+            let command = Command::GraphAddMemAllocNode {
+                graph,
+                node,
+                dependencies,
+                size: p.bytesize as u64,
+            };
+            Ok((command, NodeParams::None))
+        },
+    )?;
+    let [dptr] = decode_u64s::<1>(&reply).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    p.dptr = dptr;
+    p.access_descs = descs.as_ptr();
+    *node.params() = NodeParams::MemAlloc(Arc::new(HeldMemAlloc {
+        params: p,
+        _descs: descs,
+    }));
+    write_out(params, p)
+}
+
+/// `cuGraphAddMemFreeNode` of a graph allocation (the host checks that it
+/// is one of this process's).
+pub(crate) fn add_mem_free_node(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    dptr: CUdeviceptr,
+) -> Result<(), u32> {
+    add_node(
+        out,
+        graph,
+        dependencies,
+        count,
+        NODE_MEM_FREE,
+        |_, graph, node, dependencies| {
+            let command = Command::GraphAddMemFreeNode {
+                graph,
+                node,
+                dependencies,
+                dptr,
+            };
+            Ok((command, NodeParams::MemFree(dptr)))
+        },
+    )
+    .map(|_| ())
+}
+
+/// `cuGraphMemAllocNodeGetParams`: as the node was added, with the
+/// device pointer it got.
+pub(crate) fn mem_alloc_node_get_params(
+    node: CUgraphNode,
+    params: *mut MemAllocNodeParams,
+) -> Result<(), u32> {
+    match &*node_of_kind(node, NODE_MEM_ALLOC)?.params() {
+        NodeParams::MemAlloc(held) => write_out(params, held.params),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// `cuGraphMemFreeNodeGetParams`: the pointer the node frees.
+pub(crate) fn mem_free_node_get_params(
+    node: CUgraphNode,
+    dptr: *mut CUdeviceptr,
+) -> Result<(), u32> {
+    match &*node_of_kind(node, NODE_MEM_FREE)?.params() {
+        NodeParams::MemFree(ptr) => write_out(dptr, *ptr),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
 }
 
 /// `cuGraphGetNodes` of a graph built node by node (a captured graph's
