@@ -39,5 +39,16 @@ fn graphs_built_node_by_node_run_on_the_host_and_are_checked() {
         log.contains("which is no graph allocation of this session"),
         "{log}"
     );
+    // Host nodes are not supported yet: the guest's log names the call.
+    assert!(
+        outcome
+            .stderr
+            .contains("cuGraphAddHostNode is not supported yet"),
+        "{}",
+        outcome.stderr
+    );
     assert!(daemon.is_alive());
+    // Every allocation, graph allocations too, went back with the process.
+    let after = daemon.wait_until_idle(Duration::from_secs(20));
+    assert_eq!(after.get("device_memory_bytes"), 0, "{after:?}");
 }
