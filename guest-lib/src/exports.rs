@@ -159,6 +159,7 @@ rgpu_shim::exported_api! {
     fn cuMemsetD32Async(dst: CUdeviceptr, value: u32, count: usize, stream: CUstream) => memory::memset_d32_async;
     fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, value: u32, count: usize, stream: CUstream) => memory::memset_d32_async_ptsz;
 
+    fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) => module::load_file;
     fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) => module::load_data;
     fn cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, num_options: c_uint, options: *mut c_int, option_values: *mut *mut c_void) => module::load_data_ex;
     fn cuModuleLoadFatBinary(module: *mut CUmodule, fat_cubin: *const c_void) => module::load_fat_binary;

@@ -27,6 +27,7 @@
 #define cuMemGetAddressRange cuMemGetAddressRange_v2
 
 #define CUDA_ERROR_NOT_SUPPORTED 801
+#define CUDA_ERROR_FILE_NOT_FOUND 301
 #define MEMORYTYPE_HOST 1
 #define MEMORYTYPE_DEVICE 2
 #define POINTER_ATTRIBUTE_CONTEXT 1
@@ -49,6 +50,9 @@
 typedef size_t (*BlockToDynamicSmem)(int block_size);
 
 CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr);
+CUresult cuModuleLoad(CUmodule *module, const char *fname);
+CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags);
+CUresult cuMemHostUnregister(void *p);
 CUresult cuPointerGetAttributes(unsigned int count, int *attributes, void **data, CUdeviceptr ptr);
 CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr ptr);
 CUresult cuStreamIsCapturing(CUstream stream, int *status);
@@ -174,6 +178,37 @@ static int pinned_and_foreign_memory(CUcontext ctx) {
     CHECK_CU(cuMemFreeHost(h));
     CHECK_RC(cuPointerGetAttribute(&type, POINTER_ATTRIBUTE_MEMORY_TYPE, p),
              CUDA_ERROR_INVALID_VALUE);
+
+    /* Memory the application registered: host memory of the device (XLA
+     * asks a registered buffer's device ordinal). */
+    {
+        char *mine = aligned_alloc(4096, 8192);
+        CUdeviceptr inside = (CUdeviceptr)(uintptr_t)(mine + 100);
+        int ordinal = -1;
+        if (!mine) return 1;
+        REQUIRE_CU(cuMemHostRegister_v2(mine, 8192, 0));
+        CHECK_CU(cuPointerGetAttribute(&type, POINTER_ATTRIBUTE_MEMORY_TYPE, inside));
+        CHECK_TRUE(type == MEMORYTYPE_HOST);
+        CHECK_CU(cuPointerGetAttribute(&ordinal, POINTER_ATTRIBUTE_DEVICE_ORDINAL, inside));
+        CHECK_TRUE(ordinal == 0);
+        CHECK_CU(cuMemHostUnregister(mine));
+        CHECK_RC(cuPointerGetAttribute(&type, POINTER_ATTRIBUTE_MEMORY_TYPE, inside),
+                 CUDA_ERROR_INVALID_VALUE);
+        free(mine);
+    }
+    return 0;
+}
+
+/* cuModuleLoad: an image by path (Triton's and Inductor's launchers). */
+static int module_from_file(const char *path) {
+    CUmodule from_file = NULL;
+    CUfunction empty = NULL;
+    REQUIRE_CU(cuModuleLoad(&from_file, path));
+    CHECK_CU(cuModuleGetFunction(&empty, from_file, "rgpu_empty"));
+    CHECK_CU(cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    CHECK_CU(cuCtxSynchronize());
+    CHECK_CU(cuModuleUnload(from_file));
+    CHECK_RC(cuModuleLoad(&from_file, "/nonexistent/rgpu-module.ptx"), CUDA_ERROR_FILE_NOT_FOUND);
     return 0;
 }
 
@@ -438,6 +473,7 @@ int main(int argc, char **argv) {
 
     device_memory(ctx);
     pinned_and_foreign_memory(ctx);
+    module_from_file(image_path);
     streams_and_contexts(ctx, device);
     occupancy_and_attributes(add, empty, device, require_clusters);
     launch_with_big_shared_memory(add);

@@ -93,6 +93,48 @@ fn load(module: *mut CUmodule, image: *const c_void) -> Result<(), u32> {
     write_out(module, MODULES.insert(object))
 }
 
+/// `cuModuleLoad`: the image is the file's whole content (a cubin, a
+/// fatbin or PTX text, which gets its NUL here). Triton's and Inductor's
+/// launchers load their cubins by path.
+pub(crate) fn load_file(module: *mut CUmodule, fname: *const c_char) -> Result<(), u32> {
+    if module.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let path = c_str(fname)?
+        .to_str()
+        .map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+    let ctx = current()?;
+    let mut bytes = read_image_file(path)?;
+    let binary = bytes.starts_with(&rgpu_proto::elf::MAGIC)
+        || rgpu_proto::elf::le_u32(&bytes, 0) == Some(rgpu_proto::fatbin::FATBIN_MAGIC);
+    if !binary {
+        if bytes.contains(&0) {
+            return Err(CUDA_ERROR_INVALID_IMAGE);
+        }
+        bytes.push(0);
+    }
+    let object = load_image(&ctx, &bytes)?;
+    write_out(module, MODULES.insert(object))
+}
+
+/// The content of the image file at `path`, bounded like any image.
+fn read_image_file(path: &str) -> Result<Vec<u8>, u32> {
+    let file = std::fs::File::open(path).map_err(|e| {
+        log::debug!("rgpu: cuModuleLoad {path}: {e}");
+        CUDA_ERROR_FILE_NOT_FOUND
+    })?;
+    let mut bytes = Vec::new();
+    let limit = crate::image::MAX_IMAGE_BYTES;
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, limit + 1), &mut bytes).map_err(|e| {
+        log::debug!("rgpu: cuModuleLoad {path}: {e}");
+        CUDA_ERROR_FILE_NOT_FOUND
+    })?;
+    if bytes.len() as u64 > limit {
+        return Err(CUDA_ERROR_INVALID_IMAGE);
+    }
+    Ok(bytes)
+}
+
 pub(crate) fn load_data(module: *mut CUmodule, image: *const c_void) -> Result<(), u32> {
     load(module, image)
 }

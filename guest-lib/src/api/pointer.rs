@@ -96,8 +96,21 @@ fn locate(ptr: CUdeviceptr) -> Result<Option<Located>, u32> {
             }));
         }
     }
-    let pinned = usize::try_from(ptr).ok().and_then(pinned::lookup);
-    Ok(pinned.map(|range| {
+    let Ok(address) = usize::try_from(ptr) else {
+        return Ok(None);
+    };
+    if let Some((base, registered)) = crate::api::host_register::lookup(address) {
+        return Ok(Some(Located {
+            context: registered.context,
+            memory_type: MEMORYTYPE_HOST,
+            device: registered.device,
+            base: base as u64,
+            size: registered.size as u64,
+            buffer_id: registered.buffer_id,
+            ipc_capable: false,
+        }));
+    }
+    Ok(pinned::lookup(address).map(|range| {
         let alive = CONTEXTS
             .get(range.context as *mut c_void)
             .is_some_and(|c| c.is_alive());

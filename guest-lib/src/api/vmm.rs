@@ -9,8 +9,9 @@
 //! Handles are guest objects (their addresses, as for streams); retaining
 //! a mapping's handle (`cuMemRetainAllocationHandle`) counts a reference
 //! that `cuMemRelease` gives back, as the driver does. Shareable handles
-//! (export, import) are not supported: asking for a handle type is
-//! CUDA_ERROR_NOT_SUPPORTED, and allocators fall back to none.
+//! (export, import) are not supported: an allocation may ask for POSIX
+//! file descriptors (not exported), other handle types are
+//! CUDA_ERROR_NOT_SUPPORTED, and allocators fall back.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_ulonglong, c_void};
@@ -26,6 +27,10 @@ use crate::state::{current, driver, Context, Registry};
 
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`.
 const ALLOCATION_TYPE_PINNED: u32 = 1;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: taken when asked for
+/// (PyTorch's expandable segments ask for it), though the export itself is
+/// not supported.
+const HANDLE_TYPE_POSIX_FD: u32 = 1;
 /// `CU_MEM_LOCATION_TYPE_DEVICE`.
 const LOCATION_TYPE_DEVICE: u32 = 1;
 /// `CU_MEM_ACCESS_FLAGS_PROT_*`.
@@ -110,13 +115,13 @@ fn read_prop_unchecked(prop: *const AllocationProp) -> Result<AllocationProp, u3
     if prop.kind != ALLOCATION_TYPE_PINNED {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if prop.requested_handle_types != 0 {
+    if prop.requested_handle_types & !HANDLE_TYPE_POSIX_FD != 0 {
         // Said once: allocators (XLA's) ask with each handle type in turn
-        // and settle on none.
+        // and settle on one that is taken.
         static SAID: std::sync::Once = std::sync::Once::new();
         SAID.call_once(|| {
             log::info!(
-                "rgpu: shareable handle types ({:#x} asked) are not supported: \
+                "rgpu: shareable handle types {:#x} (fabric, Windows) are not supported: \
                  CUDA_ERROR_NOT_SUPPORTED",
                 prop.requested_handle_types
             );
