@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
+use std::io::Read;
 use std::sync::{Arc, Mutex};
 
 use rgpu_proto::cuda_result::*;
@@ -125,7 +126,7 @@ fn read_image_file(path: &str) -> Result<Vec<u8>, u32> {
     })?;
     let mut bytes = Vec::new();
     let limit = crate::image::MAX_IMAGE_BYTES;
-    std::io::Read::read_to_end(&mut std::io::Read::take(file, limit + 1), &mut bytes).map_err(|e| {
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(|e| {
         log::debug!("rgpu: cuModuleLoad {path}: {e}");
         CUDA_ERROR_FILE_NOT_FOUND
     })?;
