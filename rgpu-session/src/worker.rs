@@ -48,6 +48,8 @@ fn may_synchronize(command: &Command) -> bool {
 /// How long a session waits for its tenant's grant between looks at its
 /// mailbox (a detach or a shutdown must not wait for a turn on the GPU).
 const GRANT_WAIT_SLICE: Duration = Duration::from_millis(5);
+/// Polls of the ring between a spinning session's other looks.
+const POLLS_PER_LOOK: u32 = 16;
 /// How often a spinning session looks at what the guest may query.
 const SPIN_LOOK: Duration = Duration::from_micros(5);
 /// How often an idle session with fences pending looks at them.
@@ -820,8 +822,13 @@ impl Worker {
         let deadline = Instant::now() + self.spin;
         let mut last_look: Option<Instant> = None;
         while Instant::now() < deadline {
-            if channel.has_work() {
-                return Wake::Work;
+            // The ring is polled in batches between the clock, completion
+            // and mailbox looks, which would slow each poll.
+            for _ in 0..POLLS_PER_LOOK {
+                if channel.has_work() {
+                    return Wake::Work;
+                }
+                std::hint::spin_loop();
             }
             if self.completions.watching()
                 && self.captures == 0
@@ -838,7 +845,6 @@ impl Worker {
                 Err(TryRecvError::Disconnected) => return Wake::Message(Message::Shutdown),
                 Err(TryRecvError::Empty) => {}
             }
-            std::hint::spin_loop();
         }
         Wake::Idle
     }
