@@ -810,7 +810,7 @@ impl SimContext {
                 let nodes = self.graphs.get(&child).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
                 // As the driver: no memory nodes in a child graph.
                 if nodes.iter().any(|n| n.op.is_memory_node()) {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
+                    return Err(CUDA_ERROR_NOT_SUPPORTED);
                 }
                 GraphOp::Child(nodes.iter().map(|n| n.op.clone()).collect())
             }

@@ -1317,9 +1317,10 @@ impl Worker {
                     );
                     return Err(CUDA_ERROR_NOT_SUPPORTED);
                 }
-                // As the driver: no memory nodes in a child graph.
+                // As the driver (CUDA 13 answers NOT_SUPPORTED): no memory
+                // nodes in a child graph.
                 if contents.memory_nodes {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
+                    return Err(CUDA_ERROR_NOT_SUPPORTED);
                 }
                 let weight = contents.weight.saturating_add(1);
                 add_graph_node(

@@ -622,7 +622,7 @@ fn graph_allocations_count_against_the_tenant_while_a_graph_holds_them() {
         dependencies: vec![],
         child: 50,
     };
-    assert_eq!(call(child).0, CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(call(child).0, CUDA_ERROR_NOT_SUPPORTED);
     let instantiate = Command::GraphInstantiate {
         graph: 50,
         exec: 90,
