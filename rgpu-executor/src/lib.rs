@@ -486,6 +486,10 @@ pub trait ContextExecutor {
     fn graph_upload(&mut self, _exec: u64, _stream: StreamRef) -> CuResult<()> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
+    /// How many nodes `graph` holds (`cuGraphGetNodes` with no array).
+    fn graph_node_count(&mut self, _graph: u64) -> CuResult<u64> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
 
     /// `cuIpcGetMemHandle` of device memory of this process (the session
     /// checked that it lies in one of its allocations).

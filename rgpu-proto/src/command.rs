@@ -879,6 +879,9 @@ commands! {
     GraphExecUpdate = 0x0706 { exec: u32, graph: u32 };
     /// `cuGraphUpload` of `exec` on `stream`.
     GraphUpload = 0x0707 { exec: u32, stream: u32 };
+    /// `cuGraphGetNodes`' count for `graph` as the host's driver holds it
+    /// (a captured graph's nodes are the driver's); answers a `u64`.
+    GraphGetNodeCount = 0x0708 { graph: u32 };
     /// `cuIpcGetMemHandle` of device memory of the guest process (it must
     /// lie in one of its `cuMemAlloc` allocations); answers the driver's
     /// 64-byte handle, which the tenant's registry records.

@@ -1511,6 +1511,10 @@ impl Worker {
                 let stream = handles.stream(*stream)?;
                 ctx.graph_upload(exec, stream).map(empty)
             }
+            Command::GraphGetNodeCount { graph } => {
+                let graph = handles.graph(*graph)?;
+                ctx.graph_node_count(graph).map(|count| u64_payload(&[count]))
+            }
             Command::IpcGetMemHandle { device_ptr } => {
                 // Only a `cuMemAlloc` allocation of this process: the driver
                 // exports whatever its process holds (registered host

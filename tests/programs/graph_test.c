@@ -34,6 +34,7 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned 
 CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
 CUresult cuGraphExecDestroy(CUgraphExec exec);
 CUresult cuGraphDestroy(CUgraph graph);
+CUresult cuGraphGetNodes(CUgraph graph, void **nodes, size_t *count);
 
 #define N 4096u
 #define CAPTURE_MODE_THREAD_LOCAL 1
@@ -87,6 +88,11 @@ int main(int argc, char **argv) {
     CUgraph graph = NULL;
     CHECK_CU(cuStreamEndCapture(stream, &graph));
     CHECK_TRUE(graph != NULL);
+    /* The driver made its nodes, a memset and two kernels (PyTorch asks
+     * how many at the end of each capture). */
+    size_t nodes = 0;
+    CHECK_CU(cuGraphGetNodes(graph, NULL, &nodes));
+    CHECK_EQ_INT(nodes, 3);
     CHECK_CU(cuStreamIsCapturing(stream, &status));
     CHECK_EQ_INT(status, 0);
     CHECK_CU(cuMemcpyDtoH(indices, d_index, N * 4));

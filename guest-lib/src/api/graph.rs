@@ -1101,7 +1101,21 @@ pub(crate) fn get_nodes(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     if graph.captured {
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
+        // The driver made its nodes on the host: their number is asked
+        // there (PyTorch checks that a capture recorded any); naming them
+        // here is not supported.
+        if !nodes.is_null() {
+            log::warn!(
+                "rgpu: cuGraphGetNodes: the nodes of a graph made by stream capture are not \
+                 supported (only their count)"
+            );
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let payload = graph.context.call(&Command::GraphGetNodeCount {
+            graph: graph.handle,
+        })?;
+        let [held] = decode_u64s::<1>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+        return write_out(count, usize::try_from(held).map_err(|_| CUDA_ERROR_UNKNOWN)?);
     }
     let held = graph.nodes().clone();
     if !nodes.is_null() {
