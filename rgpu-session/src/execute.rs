@@ -1513,7 +1513,8 @@ impl Worker {
             }
             Command::GraphGetNodeCount { graph } => {
                 let graph = handles.graph(*graph)?;
-                ctx.graph_node_count(graph).map(|count| u64_payload(&[count]))
+                ctx.graph_node_count(graph)
+                    .map(|count| u64_payload(&[count]))
             }
             Command::IpcGetMemHandle { device_ptr } => {
                 // Only a `cuMemAlloc` allocation of this process: the driver

@@ -1115,7 +1115,10 @@ pub(crate) fn get_nodes(
             graph: graph.handle,
         })?;
         let [held] = decode_u64s::<1>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
-        return write_out(count, usize::try_from(held).map_err(|_| CUDA_ERROR_UNKNOWN)?);
+        return write_out(
+            count,
+            usize::try_from(held).map_err(|_| CUDA_ERROR_UNKNOWN)?,
+        );
     }
     let held = graph.nodes().clone();
     if !nodes.is_null() {
