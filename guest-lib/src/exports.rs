@@ -99,6 +99,7 @@ rgpu_shim::exported_api! {
     fn cuMemAllocHost(pp: *mut *mut c_void, bytesize: c_uint) => memory::alloc_host_v1;
     fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) => memory::alloc_host;
     fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint) => memory::host_alloc;
+    fn cuMemHostGetDevicePointer_v2(pdptr: *mut CUdeviceptr, p: *mut c_void, flags: c_uint) => memory::host_get_device_pointer;
     fn cuMemFreeHost(p: *mut c_void) => memory::free_host;
     fn cuMemHostRegister(p: *mut c_void, bytesize: c_uint, flags: c_uint) => host_register::register_v1;
     fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c_uint) => host_register::register;

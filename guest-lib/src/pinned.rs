@@ -29,6 +29,9 @@ struct PinnedBlock {
     /// The virtio-gpu contexts of that carrier the blob is attached to; the
     /// first created it.
     attached: Mutex<Vec<u32>>,
+    /// Where kernels reach its start (`cuMemHostGetDevicePointer`), once
+    /// the host said.
+    device_address: Mutex<Option<u64>>,
 }
 
 static PINNED: RwLock<BTreeMap<usize, Arc<PinnedBlock>>> = RwLock::new(BTreeMap::new());
@@ -73,6 +76,7 @@ pub(crate) fn alloc(
         device: owner.device,
         space: owner.space,
         attached: Mutex::new(vec![owner.ctx_id]),
+        device_address: Mutex::new(None),
     });
     PINNED
         .write()
@@ -197,17 +201,45 @@ pub(crate) struct PinnedRange {
     /// The allocating context's `CUcontext` value (it may be gone).
     pub context: usize,
     pub device: i32,
+    /// Where kernels reach `base`, if the host said.
+    pub device_address: Option<u64>,
 }
 
 /// The page-locked block holding `ptr`, if any.
 pub(crate) fn lookup(ptr: usize) -> Option<PinnedRange> {
-    find(ptr, 1).map(|(base, block)| PinnedRange {
+    find(ptr, 1).map(|(base, block)| range_of(base, &block))
+}
+
+fn range_of(base: usize, block: &PinnedBlock) -> PinnedRange {
+    PinnedRange {
         base,
         size: block.size,
         buffer_id: block.buffer_id,
         context: block.context,
         device: block.device,
-    })
+        device_address: block.device_address.lock().ok().and_then(|d| *d),
+    }
+}
+
+/// Remembers that the host maps page-locked memory at `ptr` for kernels at
+/// device address `device`.
+pub(crate) fn note_device_address(ptr: usize, device: u64) {
+    if let Some((base, block)) = find(ptr, 1) {
+        if let Ok(mut known) = block.device_address.lock() {
+            *known = device.checked_sub((ptr - base) as u64);
+        }
+    }
+}
+
+/// The page-locked block whose device mapping holds device address `ptr`.
+pub(crate) fn lookup_device(ptr: u64) -> Option<PinnedRange> {
+    let map = PINNED.read().ok()?;
+    map.iter()
+        .map(|(base, block)| range_of(*base, block))
+        .find(|r| {
+            r.device_address
+                .is_some_and(|d| ptr >= d && ptr - d < r.size)
+        })
 }
 
 /// A destroyed context's blobs are detached by the host: forget them.

@@ -1883,6 +1883,16 @@ impl ContextExecutor for CudaContext {
         })
     }
 
+    fn host_device_pointer(&mut self, host: HostRun) -> CuResult<u64> {
+        let mut device: sys::CUdeviceptr = 0;
+        // SAFETY: `host` lies in memory registered with this process's
+        // driver (the session checked it); a valid out-pointer.
+        check("cuMemHostGetDevicePointer_v2", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut device, host.ptr.cast(), 0)
+        })?;
+        Ok(device)
+    }
+
     fn graph_node_count(&mut self, graph: u64) -> CuResult<u64> {
         let hgraph = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let mut count = 0usize;

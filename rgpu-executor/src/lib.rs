@@ -486,6 +486,11 @@ pub trait ContextExecutor {
     fn graph_upload(&mut self, _exec: u64, _stream: StreamRef) -> CuResult<()> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
+    /// The device address of registered host memory at `host`
+    /// (`cuMemHostGetDevicePointer`).
+    fn host_device_pointer(&mut self, _host: HostRun) -> CuResult<u64> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
     /// How many nodes `graph` holds (`cuGraphGetNodes` with no array).
     fn graph_node_count(&mut self, _graph: u64) -> CuResult<u64> {
         Err(CUDA_ERROR_NOT_SUPPORTED)

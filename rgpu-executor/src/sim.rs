@@ -2039,6 +2039,13 @@ impl ContextExecutor for SimContext {
         self.check_stream(stream)
     }
 
+    /// Host memory has no device mapping here: its own address stands in
+    /// (the sim's kernels do not reach it).
+    fn host_device_pointer(&mut self, host: HostRun) -> CuResult<u64> {
+        check_poisoned()?;
+        Ok(host.ptr as u64)
+    }
+
     fn graph_node_count(&mut self, graph: u64) -> CuResult<u64> {
         let nodes = self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         Ok(nodes.len() as u64)

@@ -708,6 +708,10 @@ commands! {
     MemcpyHtoD = 0x0203 { stream: u32, dst: u64, src: BlobRange };
     MemcpyDtoH = 0x0204 { stream: u32, dst: BlobRange, src: u64 };
     MemcpyDtoD = 0x0205 { stream: u32, dst: u64, src: u64, size: u64 };
+    /// `cuMemHostGetDevicePointer` of page-locked guest memory (a range of
+    /// a blob of the process's own); answers the device address (`u64`)
+    /// at which kernels reach it.
+    HostDevicePointer = 0x0220 { range: BlobRange };
     /// `count` elements of `element_size` (1, 2 or 4) bytes set to `value`.
     Memset = 0x0206 { stream: u32, value: u32, dst: u64, element_size: u32, count: u64 }
         check memset_element_size;

@@ -607,6 +607,20 @@ impl Worker {
                 count_copy(&target, dst.length);
                 Ok(Vec::new())
             }
+            Command::HostDevicePointer { range } => {
+                // Pinned memory of the guest process is a blob its worker
+                // mapped and registered: kernels reach it where the driver
+                // maps that registration (the process's own memory only;
+                // the channel's blob is not the guest's to hand out).
+                let memory = resolve(blobs, channel_blob, range)?;
+                let [run] = memory.runs.as_slice() else {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                };
+                if memory.staged || !memory.dma_registered {
+                    return Err(CUDA_ERROR_NOT_SUPPORTED);
+                }
+                ctx.host_device_pointer(*run).map(|ptr| u64_payload(&[ptr]))
+            }
             Command::MemcpyDtoD {
                 stream,
                 dst,

@@ -63,6 +63,7 @@ fn blobs_named(command: &Command) -> impl Iterator<Item = u32> {
     let range = match command {
         Command::MemcpyHtoD { src, .. } => Some(src),
         Command::MemcpyDtoH { dst, .. } => Some(dst),
+        Command::HostDevicePointer { range } => Some(range),
         Command::ModuleLoad { image, .. } | Command::ModuleLoadHashed { image, .. } => Some(image),
         _ => None,
     };

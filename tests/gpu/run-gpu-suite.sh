@@ -222,15 +222,19 @@ fi
 # The queries frameworks make (pointer attributes, occupancy, function
 # attributes, capture state), natively and through rgpu.
 if [ -e "$bundle/framework_queries_test.c" ]; then
+    # Mapped page-locked memory, read by a kernel: not over the network
+    # carrier (the memory is the guest process's own there).
+    mapped=--mapped-kernel
+    [ -n "${RGPU_SERVER:-}" ] && mapped=
     for side in native rgpu; do
         build "framework_queries_test-$side" gcc -O2 -std=c11 -Wall -I "$bundle" \
             -o "$work/framework_queries_test-$side" "$bundle/framework_queries_test.c" \
             -L "$work/$side-lib" -lcuda
     done
     step "framework_queries_test native" "checks passed" \
-        "${native[@]}" "$work/framework_queries_test-native" --image "$ptx"
+        "${native[@]}" "$work/framework_queries_test-native" --image "$ptx" $mapped
     step "framework_queries_test through rgpu" "checks passed" \
-        "${through_rgpu[@]}" "$work/framework_queries_test-rgpu" --image "$ptx"
+        "${through_rgpu[@]}" "$work/framework_queries_test-rgpu" --image "$ptx" $mapped
 fi
 
 # Graphs by stream capture, the virtual-memory API and memory pools (issue

@@ -5,7 +5,8 @@
  * cache configuration round trips. Runs the same against rgpu's libcuda.so.1
  * (sim or cuda executor) and NVIDIA's.
  *
- * Usage: framework_queries_test --image PATH [--require-clusters]
+ * Usage: framework_queries_test --image PATH [--require-clusters] [--mapped-host]
+ *                               [--mapped-kernel]
  *
  *   --image PATH  reference_kernels.ptx (rgpu_vector_add and rgpu_empty)
  *   --require-clusters  cuOccupancyMaxActiveClusters must answer (the sim
@@ -51,6 +52,8 @@ typedef size_t (*BlockToDynamicSmem)(int block_size);
 
 CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr);
 CUresult cuModuleLoad(CUmodule *module, const char *fname);
+CUresult cuMemHostAlloc(void **pp, size_t bytes, unsigned int flags);
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags);
 CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags);
 CUresult cuMemHostUnregister(void *p);
 CUresult cuPointerGetAttributes(unsigned int count, int *attributes, void **data, CUdeviceptr ptr);
@@ -196,6 +199,43 @@ static int pinned_and_foreign_memory(CUcontext ctx) {
                  CUDA_ERROR_INVALID_VALUE);
         free(mine);
     }
+    return 0;
+}
+
+/* Mapped page-locked memory (cuMemHostGetDevicePointer, XLA's and
+ * zero-copy code's): its device address answers pointer queries like the
+ * host address; with `run_kernel`, a kernel scales it in place and the
+ * host reads the result without a copy (not in sim, whose kernels do not
+ * reach host memory). */
+static int mapped_host_memory(CUfunction scale, int run_kernel) {
+    unsigned n = 1024;
+    float factor = 3.0f, *h = NULL;
+    CUdeviceptr dh = 0, other = 0, dptr = 0;
+    void *host = NULL;
+    unsigned int type = 0;
+    int ordinal = -1, wrong = 0;
+    REQUIRE_CU(cuMemHostAlloc((void **)&h, n * sizeof(float), 0x02 /* DEVICEMAP */));
+    for (unsigned i = 0; i < n; i++) h[i] = (float)i;
+    CHECK_CU(cuMemHostGetDevicePointer_v2(&dh, h, 0));
+    CHECK_TRUE(dh != 0);
+    CHECK_RC(cuMemHostGetDevicePointer_v2(&other, h, 1), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cuPointerGetAttribute(&dptr, POINTER_ATTRIBUTE_DEVICE_POINTER,
+                                   (CUdeviceptr)(uintptr_t)(h + 8)));
+    CHECK_TRUE(dptr == dh + 8 * sizeof(float));
+    CHECK_CU(cuPointerGetAttribute(&ordinal, POINTER_ATTRIBUTE_DEVICE_ORDINAL, dh + 32));
+    CHECK_TRUE(ordinal == 0);
+    CHECK_CU(cuPointerGetAttribute(&type, POINTER_ATTRIBUTE_MEMORY_TYPE, dh + 32));
+    CHECK_TRUE(type == MEMORYTYPE_HOST);
+    CHECK_CU(cuPointerGetAttribute(&host, POINTER_ATTRIBUTE_HOST_POINTER, dh + 32));
+    CHECK_TRUE(host == (void *)(h + 8));
+    if (run_kernel) {
+        void *params[] = {&dh, &factor, &n};
+        CHECK_CU(cuLaunchKernel(scale, n / 128, 1, 1, 128, 1, 1, 0, NULL, params, NULL));
+        CHECK_CU(cuCtxSynchronize());
+        for (unsigned i = 0; i < n; i++) wrong += h[i] != 3.0f * (float)i;
+        CHECK_EQ_INT(wrong, 0);
+    }
+    CHECK_CU(cuMemFreeHost(h));
     return 0;
 }
 
@@ -440,20 +480,27 @@ static int cache_configuration(void) {
 
 int main(int argc, char **argv) {
     const char *image_path = NULL;
-    int require_clusters = 0, i;
+    int require_clusters = 0, mapped_host = 0, mapped_kernel = 0, i;
     char *image;
     CUdevice device = 0;
     CUcontext ctx = NULL;
     CUmodule module = NULL;
-    CUfunction add = NULL, empty = NULL;
+    CUfunction add = NULL, empty = NULL, scale = NULL;
 
     for (i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--image") == 0 && i + 1 < argc) {
             image_path = argv[++i];
         } else if (strcmp(argv[i], "--require-clusters") == 0) {
             require_clusters = 1;
+        } else if (strcmp(argv[i], "--mapped-host") == 0) {
+            mapped_host = 1;
+        } else if (strcmp(argv[i], "--mapped-kernel") == 0) {
+            mapped_host = mapped_kernel = 1;
         } else {
-            fprintf(stderr, "usage: %s --image PATH [--require-clusters]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s --image PATH [--require-clusters] [--mapped-host] "
+                    "[--mapped-kernel]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -466,7 +513,8 @@ int main(int argc, char **argv) {
         cuDevicePrimaryCtxRetain(&ctx, device) != CUDA_SUCCESS ||
         cuCtxSetCurrent(ctx) != CUDA_SUCCESS || cuModuleLoadData(&module, image) != CUDA_SUCCESS ||
         cuModuleGetFunction(&add, module, "rgpu_vector_add") != CUDA_SUCCESS ||
-        cuModuleGetFunction(&empty, module, "rgpu_empty") != CUDA_SUCCESS) {
+        cuModuleGetFunction(&empty, module, "rgpu_empty") != CUDA_SUCCESS ||
+        cuModuleGetFunction(&scale, module, "rgpu_scale") != CUDA_SUCCESS) {
         printf("FAIL: setting up a context and the module\n");
         return 1;
     }
@@ -474,6 +522,9 @@ int main(int argc, char **argv) {
     device_memory(ctx);
     pinned_and_foreign_memory(ctx);
     module_from_file(image_path);
+    /* Not over the network carrier, where page-locked memory is the
+     * process's own and the host's GPU cannot see it. */
+    if (mapped_host) mapped_host_memory(scale, mapped_kernel);
     streams_and_contexts(ctx, device);
     occupancy_and_attributes(add, empty, device, require_clusters);
     launch_with_big_shared_memory(add);

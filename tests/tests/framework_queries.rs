@@ -22,7 +22,8 @@ fn framework_queries_answer_like_the_driver() {
     command
         .arg("--image")
         .arg(reference_ptx())
-        .arg("--require-clusters");
+        .arg("--require-clusters")
+        .arg("--mapped-host");
     let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
     outcome.assert_passed("framework_queries_test");
     daemon.wait_until_idle(ACCOUNTING_TIMEOUT);

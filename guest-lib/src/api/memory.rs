@@ -137,6 +137,40 @@ pub(crate) fn host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> Re
     alloc_host(pp, size)
 }
 
+/// `cuMemHostGetDevicePointer`: where kernels reach page-locked memory.
+/// The host maps the blob's pages for its GPU, so a kernel reads and
+/// writes this very memory; the address differs from `p` (the host's
+/// mapping, not this process's). Memory of `cuMemHostRegister` has none.
+pub(crate) fn host_get_device_pointer(
+    pdptr: *mut CUdeviceptr,
+    p: *mut c_void,
+    flags: c_uint,
+) -> Result<(), u32> {
+    if pdptr.is_null() || p.is_null() || flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let ctx = current()?;
+    let Some(range) = blob_range(&ctx, p, 1)? else {
+        // Known memory the host does not see: registered with
+        // cuMemHostRegister, or page-locked over the network carrier (or
+        // on another carrier's daemon).
+        let known = crate::api::host_register::lookup(p as usize).is_some()
+            || pinned::lookup(p as usize).is_some();
+        if known {
+            log::warn!(
+                "rgpu: cuMemHostGetDevicePointer of {p:p} is not supported: the host's GPU does \
+                 not see that memory"
+            );
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    };
+    let payload = ctx.call(&Command::HostDevicePointer { range })?;
+    let [device] = decode_u64s::<1>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    pinned::note_device_address(p as usize, device);
+    write_out(pdptr, device)
+}
+
 pub(crate) fn free_host(p: *mut c_void) -> Result<(), u32> {
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);

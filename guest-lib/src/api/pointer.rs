@@ -64,6 +64,9 @@ struct Located {
     /// A `cuMemAlloc` allocation of this process: `cuIpcGetMemHandle`
     /// exports it.
     ipc_capable: bool,
+    /// Page-locked memory the host maps for kernels: its host and device
+    /// addresses of `base`'s place (`base` is one of the two).
+    mapped: Option<(u64, u64)>,
 }
 
 /// One attribute value, in the width the driver writes it.
@@ -93,6 +96,7 @@ fn locate(ptr: CUdeviceptr) -> Result<Option<Located>, u32> {
                 size: allocation.size,
                 buffer_id: allocation.buffer_id,
                 ipc_capable: allocation.ipc_opens == 0,
+                mapped: None,
             }));
         }
     }
@@ -108,22 +112,46 @@ fn locate(ptr: CUdeviceptr) -> Result<Option<Located>, u32> {
             size: registered.size as u64,
             buffer_id: registered.buffer_id,
             ipc_capable: false,
+            mapped: None,
         }));
     }
-    Ok(pinned::lookup(address).map(|range| {
-        let alive = CONTEXTS
-            .get(range.context as *mut c_void)
-            .is_some_and(|c| c.is_alive());
-        Located {
-            context: if alive { range.context } else { 0 },
+    if let Some(range) = pinned::lookup_device(ptr) {
+        // A kernel's address of page-locked memory (its device mapping).
+        return Ok(range.device_address.map(|device| Located {
+            context: live_context(range.context),
             memory_type: MEMORYTYPE_HOST,
             device: range.device,
-            base: range.base as u64,
+            base: device,
             size: range.size,
             buffer_id: range.buffer_id,
             ipc_capable: false,
-        }
+            mapped: Some((range.base as u64, device)),
+        }));
+    }
+    Ok(pinned::lookup(address).map(|range| Located {
+        context: live_context(range.context),
+        memory_type: MEMORYTYPE_HOST,
+        device: range.device,
+        base: range.base as u64,
+        size: range.size,
+        buffer_id: range.buffer_id,
+        ipc_capable: false,
+        mapped: range
+            .device_address
+            .map(|device| (range.base as u64, device)),
     }))
+}
+
+/// `context` while that context lives, else 0.
+fn live_context(context: usize) -> usize {
+    let alive = CONTEXTS
+        .get(context as *mut c_void)
+        .is_some_and(|c| c.is_alive());
+    if alive {
+        context
+    } else {
+        0
+    }
 }
 
 /// The value of `attribute` for `ptr` in `memory`. `lenient` is the
@@ -152,9 +180,15 @@ fn value(
     Ok(match attribute {
         CONTEXT => Value::Pointer(m.context),
         MEMORY_TYPE => Value::Uint(m.memory_type),
-        DEVICE_POINTER if host => return absent(Value::U64(0)),
+        DEVICE_POINTER if host => match m.mapped {
+            Some((_, device)) => Value::U64(device + (ptr - m.base)),
+            None => return absent(Value::U64(0)),
+        },
         DEVICE_POINTER => Value::U64(ptr),
-        HOST_POINTER if host => Value::Pointer(usize::try_from(ptr).unwrap_or(0)),
+        HOST_POINTER if host => {
+            let host_address = m.mapped.map_or(ptr, |(host, _)| host + (ptr - m.base));
+            Value::Pointer(usize::try_from(host_address).unwrap_or(0))
+        }
         HOST_POINTER => return absent(Value::Pointer(0)),
         P2P_TOKENS => return Err(CUDA_ERROR_NOT_SUPPORTED),
         // rgpu's synchronous copies always wait for the host.
@@ -272,7 +306,31 @@ mod tests {
         size: 4096,
         buffer_id: 9,
         ipc_capable: true,
+        mapped: None,
     };
+
+    /// Page-locked memory at 0x5000_0000 that kernels reach at
+    /// 0x7e00_0000_0000, located by its device address.
+    const MAPPED: Located = Located {
+        context: 0x1000,
+        memory_type: MEMORYTYPE_HOST,
+        device: 0,
+        base: 0x7e00_0000_0000,
+        size: 4096,
+        buffer_id: 3,
+        ipc_capable: false,
+        mapped: Some((0x5000_0000, 0x7e00_0000_0000)),
+    };
+
+    #[test]
+    fn mapped_host_memory_answers_both_its_addresses() {
+        let inside = MAPPED.base + 64;
+        let v = |a| value(a, inside, Some(&MAPPED), false);
+        assert_eq!(v(MEMORY_TYPE), Ok(Value::Uint(MEMORYTYPE_HOST)));
+        assert_eq!(v(DEVICE_POINTER), Ok(Value::U64(inside)));
+        assert_eq!(v(HOST_POINTER), Ok(Value::Pointer(0x5000_0040)));
+        assert_eq!(v(DEVICE_ORDINAL), Ok(Value::Int(0)));
+    }
 
     #[test]
     fn device_memory_has_a_device_pointer_and_no_host_pointer() {
