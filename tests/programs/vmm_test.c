@@ -57,6 +57,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, MemHandle handle,
                   unsigned long long flags);
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
+CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr);
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const AccessDesc *desc, size_t count);
 CUresult cuMemGetAccess(unsigned long long *flags, const MemLocation *location, CUdeviceptr ptr);
 CUresult cuMemRetainAllocationHandle(MemHandle *handle, void *addr);
@@ -104,6 +105,17 @@ int main(int argc, char **argv) {
     CHECK_CU(cuMemMap(va + granule, granule, 0, physical, 0));
     AccessDesc access = {{DEVICE, dev}, READ_WRITE};
     CHECK_CU(cuMemSetAccess(va, 2 * granule, &access, 1));
+
+    /* Mapped addresses are device memory of the device (XLA asks the
+     * ordinal of addresses in its virtual-memory pool). */
+    {
+        int ordinal = -1;
+        unsigned int type = 0;
+        CHECK_CU(cuPointerGetAttribute(&ordinal, 9 /* DEVICE_ORDINAL */, va + granule + 0x100));
+        CHECK_EQ_INT(ordinal, dev);
+        CHECK_CU(cuPointerGetAttribute(&type, 2 /* MEMORY_TYPE */, va + 0x100));
+        CHECK_EQ_INT(type, 2 /* DEVICE */);
+    }
 
     /* One allocation, two addresses. */
     uint32_t word = 0;

@@ -100,6 +100,20 @@ fn locate(ptr: CUdeviceptr) -> Result<Option<Located>, u32> {
             }));
         }
     }
+    if let Some((start, size, ctx)) = crate::api::vmm::mapping_at(ptr) {
+        // Virtual-memory API mappings: device memory of the physical
+        // allocation's device.
+        return Ok(Some(Located {
+            context: Arc::as_ptr(&ctx) as usize,
+            memory_type: MEMORYTYPE_DEVICE,
+            device: ctx.device,
+            base: start,
+            size,
+            buffer_id: 0,
+            ipc_capable: false,
+            mapped: None,
+        }));
+    }
     let Ok(address) = usize::try_from(ptr) else {
         return Ok(None);
     };

@@ -87,6 +87,19 @@ struct Mapped {
 
 static MAPPINGS: Mutex<BTreeMap<u64, Mapped>> = Mutex::new(BTreeMap::new());
 
+/// The mapping holding device address `ptr`: its start and size, and the
+/// context that created its physical memory (pointer attributes: XLA asks
+/// the device ordinal of addresses in its virtual-memory pool).
+pub(crate) fn mapping_at(ptr: u64) -> Option<(u64, u64, Arc<Context>)> {
+    let (start, size, physical) = {
+        let mapped = mappings();
+        let (start, mapping) = mapped.range(..=ptr).next_back()?;
+        (ptr - start < mapping.size).then_some((*start, mapping.size, mapping.physical))?
+    };
+    let physical = PHYSICAL.get(physical as *mut c_void)?;
+    Some((start, size, physical.context.clone()))
+}
+
 fn mappings() -> std::sync::MutexGuard<'static, BTreeMap<u64, Mapped>> {
     MAPPINGS.lock().unwrap_or_else(PoisonError::into_inner)
 }
