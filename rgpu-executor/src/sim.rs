@@ -13,14 +13,17 @@
 //!
 //! Like NVIDIA's driver with unified addressing, a copy or memset reaches
 //! host memory registered for DMA through its host address taken as a
-//! device pointer: the fixture is as permissive as the driver, so tests
-//! show what the sessions' own pointer checks keep guests from.
+//! device pointer, and every allocation of every context of the executor:
+//! the fixture is as permissive as the driver, so tests show what the
+//! sessions' own pointer checks keep guests from. CUDA IPC handles open
+//! between contexts of one executor only (one worker process); tests of
+//! the sessions observe the contexts through [`SimObserver`].
 
 use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ptr::NonNull;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -91,17 +94,19 @@ const CU_EVENT_INTERPROCESS: u32 = 0x4;
 pub const SIM_IPC_MEM_MAGIC: &[u8; 16] = b"rgpu-sim-ipc-mem";
 pub const SIM_IPC_EVENT_MAGIC: &[u8; 16] = b"rgpu-sim-ipc-evt";
 
-/// An IPC handle of the fixture: `magic`, this process's id, `object` (a
-/// device pointer or an event handle) and 32 unpredictable bytes, so that
-/// every handle is distinct and none can be guessed. The fixture never
-/// opens one (each worker's device memory is private host memory of its
-/// own process); the session records and checks them as real ones.
-fn sim_ipc_handle(magic: &[u8; 16], object: u64) -> IpcHandle {
+/// An IPC handle of the fixture: `magic`, this process's id, the
+/// executor's id, `object` (a device pointer or an event handle) and 32
+/// unpredictable bytes, so that every handle is distinct and none can be
+/// guessed. The fixture opens only those of its own executor (each
+/// worker's device memory is private host memory of its own process); the
+/// session records and checks them as real ones.
+fn sim_ipc_handle(magic: &[u8; 16], executor_id: u32, object: u64) -> IpcHandle {
     use std::hash::{BuildHasher, Hasher};
     static DRAWN: AtomicU64 = AtomicU64::new(0);
     let mut handle = [0u8; IPC_HANDLE_BYTES];
     handle[..16].copy_from_slice(magic);
     handle[16..20].copy_from_slice(&std::process::id().to_le_bytes());
+    handle[20..24].copy_from_slice(&executor_id.to_le_bytes());
     handle[24..32].copy_from_slice(&object.to_le_bytes());
     for chunk in handle[32..].chunks_mut(8) {
         // RandomState is seeded from the OS's randomness per instance.
@@ -111,6 +116,17 @@ fn sim_ipc_handle(magic: &[u8; 16], object: u64) -> IpcHandle {
         chunk.copy_from_slice(&hasher.finish().to_le_bytes());
     }
     handle
+}
+
+/// The object of a `magic` handle of executor `executor_id` of this
+/// process; `None` for any other handle.
+fn sim_ipc_object(magic: &[u8; 16], executor_id: u32, handle: &IpcHandle) -> Option<u64> {
+    let mut ours = [0u8; 24];
+    ours[..16].copy_from_slice(magic);
+    ours[16..20].copy_from_slice(&std::process::id().to_le_bytes());
+    ours[20..24].copy_from_slice(&executor_id.to_le_bytes());
+    let object = handle.get(24..32)?.try_into().ok()?;
+    (handle.get(..24)? == ours.as_slice()).then(|| u64::from_le_bytes(object))
 }
 /// Launch geometry limits of the H200 (device attributes 2-7).
 const MAX_THREADS_PER_BLOCK: u64 = 1024;
@@ -131,21 +147,95 @@ const LIMITS: [(u32, u64, bool); 10] = [
     (9, 1, true),       // CIG_SHMEM_FALLBACK_ENABLED
 ];
 
-/// Host memory registered for DMA: host address -> length.
-type Registered = Arc<Mutex<BTreeMap<usize, usize>>>;
-
-fn lock_registered(
-    registered: &Mutex<BTreeMap<usize, usize>>,
-) -> MutexGuard<'_, BTreeMap<usize, usize>> {
-    registered.lock().unwrap_or_else(|e| e.into_inner())
+/// What every context of one executor reaches besides its own
+/// allocations, shared by them all: host memory registered for DMA, and the
+/// device memory of every context (one address space, as with the driver's
+/// unified addressing). Every access to a block's bytes holds it locked, so
+/// two contexts (two worker threads) never touch the same bytes at once.
+#[derive(Default)]
+struct Reachable {
+    /// Registered host memory: host address -> length.
+    host: BTreeMap<usize, usize>,
+    /// Device memory: device address -> (host address, size). A context
+    /// removes its entries, with this locked, before it frees their blocks.
+    device: BTreeMap<u64, (usize, u64)>,
 }
 
-/// The host address of `[ptr, ptr + len)` if one registered run holds it.
-fn registered_range(registered: &BTreeMap<usize, usize>, ptr: u64, len: u64) -> Option<*mut u8> {
-    let start = usize::try_from(ptr).ok()?;
-    let end = start.checked_add(usize::try_from(len).ok()?)?;
-    let (base, run_len) = registered.range(..=start).next_back()?;
-    (end <= base.checked_add(*run_len)?).then_some(start as *mut u8)
+type SharedReachable = Arc<Mutex<Reachable>>;
+
+fn lock_reachable(reachable: &Mutex<Reachable>) -> MutexGuard<'_, Reachable> {
+    reachable.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Reachable {
+    /// The host address of `[ptr, ptr + len)` if one registered run holds it.
+    fn host_range(&self, ptr: u64, len: u64) -> Option<*mut u8> {
+        let start = usize::try_from(ptr).ok()?;
+        let end = start.checked_add(usize::try_from(len).ok()?)?;
+        let (base, run_len) = self.host.range(..=start).next_back()?;
+        (end <= base.checked_add(*run_len)?).then_some(start as *mut u8)
+    }
+
+    /// The allocation holding device address `ptr`: `(base, (host address,
+    /// size))`.
+    fn allocation(&self, ptr: u64) -> Option<(u64, (usize, u64))> {
+        let (base, (host, size)) = self.device.range(..=ptr).next_back()?;
+        (ptr - base < *size).then_some((*base, (*host, *size)))
+    }
+
+    /// The host address of `[ptr, ptr + len)` if one allocation of any
+    /// context holds it.
+    fn device_range(&self, ptr: u64, len: u64) -> Option<*mut u8> {
+        let (base, (host, size)) = self.allocation(ptr)?;
+        let offset = ptr - base;
+        (offset.checked_add(len)? <= size).then_some(host.checked_add(offset as usize)? as *mut u8)
+    }
+}
+
+/// What tests of the sessions observe of an executor from outside its
+/// worker threads ([`SimExecutor::observer`]), and the context creation
+/// failure they make it answer.
+#[derive(Debug, Clone, Default)]
+pub struct SimObserver(Arc<Observed>);
+
+#[derive(Debug, Default)]
+struct Observed {
+    contexts_created: AtomicUsize,
+    live_contexts: AtomicUsize,
+    launches: AtomicUsize,
+    ipc_opens: AtomicUsize,
+    /// The CUDA error the next context creations fail with; 0: none.
+    fail_create: AtomicU32,
+}
+
+impl SimObserver {
+    /// Contexts ever created.
+    pub fn contexts_created(&self) -> usize {
+        self.0.contexts_created.load(Ordering::SeqCst)
+    }
+
+    /// Contexts not dropped yet.
+    pub fn live_contexts(&self) -> usize {
+        self.0.live_contexts.load(Ordering::SeqCst)
+    }
+
+    /// Kernels run (graph replays included).
+    pub fn launches(&self) -> usize {
+        self.0.launches.load(Ordering::SeqCst)
+    }
+
+    /// IPC opens of memory not closed yet (a context's end closes its own).
+    pub fn ipc_opens(&self) -> usize {
+        self.0.ipc_opens.load(Ordering::SeqCst)
+    }
+
+    /// Makes the next context creations fail with `code` (`None`: succeed
+    /// again).
+    pub fn fail_context_creation(&self, code: Option<u32>) {
+        self.0
+            .fail_create
+            .store(code.unwrap_or(0), Ordering::SeqCst);
+    }
 }
 
 /// Device memory each context takes for itself (a real driver's is about
@@ -167,7 +257,10 @@ pub struct SimExecutor {
     /// driver's unified addressing, no two allocations of a process share
     /// an address, whichever contexts made them.
     next_address: Arc<AtomicU64>,
-    registered: Registered,
+    reachable: SharedReachable,
+    observer: SimObserver,
+    /// This executor among the process's, in its IPC handles.
+    id: u32,
 }
 
 impl SimExecutor {
@@ -186,10 +279,19 @@ impl SimExecutor {
             },
             used: Arc::new(AtomicU64::new(0)),
             next_address: Arc::new(AtomicU64::new(BASE_ADDRESS)),
-            registered: Registered::default(),
+            reachable: SharedReachable::default(),
+            observer: SimObserver::default(),
+            id: NEXT_EXECUTOR_ID.fetch_add(1, Ordering::Relaxed),
         }
     }
+
+    /// What tests observe of this executor's contexts.
+    pub fn observer(&self) -> SimObserver {
+        self.observer.clone()
+    }
 }
+
+static NEXT_EXECUTOR_ID: AtomicU32 = AtomicU32::new(0);
 
 impl Default for SimExecutor {
     fn default() -> Self {
@@ -235,11 +337,20 @@ impl Executor for SimExecutor {
         if device != 0 {
             return Err(CUDA_ERROR_INVALID_DEVICE);
         }
+        let observed = &self.observer.0;
+        match observed.fail_create.load(Ordering::SeqCst) {
+            0 => {}
+            code => return Err(code),
+        }
         let context = SimContext::new(
             self.used.clone(),
             self.next_address.clone(),
-            self.registered.clone(),
+            self.reachable.clone(),
+            self.observer.clone(),
+            self.id,
         );
+        observed.contexts_created.fetch_add(1, Ordering::SeqCst);
+        observed.live_contexts.fetch_add(1, Ordering::SeqCst);
         debug!(
             "sim: context created ({} bytes of overhead)",
             context.charged
@@ -251,13 +362,15 @@ impl Executor for SimExecutor {
     /// reachable through its host address, as the driver does.
     fn register_host_memory(&self, run: HostRun) -> CuResult<()> {
         check_poisoned()?;
-        lock_registered(&self.registered).insert(run.ptr as usize, run.len);
+        lock_reachable(&self.reachable)
+            .host
+            .insert(run.ptr as usize, run.len);
         Ok(())
     }
 
     /// Waits for copies that reach the run (they hold the registry).
     fn unregister_host_memory(&self, run: HostRun) {
-        let mut registered = lock_registered(&self.registered);
+        let registered = &mut lock_reachable(&self.reachable).host;
         if registered.get(&(run.ptr as usize)) == Some(&run.len) {
             registered.remove(&(run.ptr as usize));
         }
@@ -415,7 +528,12 @@ pub struct SimContext {
     charged: u64,
     allocations: BTreeMap<u64, Allocation>,
     next_address: Arc<AtomicU64>,
-    registered: Registered,
+    reachable: SharedReachable,
+    observer: SimObserver,
+    /// The executor's id, in IPC handles.
+    executor_id: u32,
+    /// Memory of other contexts opened through IPC, with how often.
+    ipc_opens: HashMap<u64, u32>,
     /// One counter for every kind of handle, so a handle of one kind is
     /// never valid as another.
     next_handle: u64,
@@ -540,7 +658,13 @@ fn replace_params(held: &mut GraphOp, new: GraphOp) -> CuResult<()> {
 }
 
 impl SimContext {
-    fn new(used: Arc<AtomicU64>, next_address: Arc<AtomicU64>, registered: Registered) -> Self {
+    fn new(
+        used: Arc<AtomicU64>,
+        next_address: Arc<AtomicU64>,
+        reachable: SharedReachable,
+        observer: SimObserver,
+        executor_id: u32,
+    ) -> Self {
         let overhead = context_overhead();
         used.fetch_add(overhead, Ordering::SeqCst);
         Self {
@@ -548,7 +672,10 @@ impl SimContext {
             charged: overhead,
             allocations: BTreeMap::new(),
             next_address,
-            registered,
+            reachable,
+            observer,
+            executor_id,
+            ipc_opens: HashMap::new(),
             next_handle: 1,
             modules: HashMap::new(),
             functions: HashMap::new(),
@@ -631,7 +758,7 @@ impl SimContext {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         };
         self.charged += charged;
-        self.allocations.insert(
+        self.insert_allocation(
             address,
             Allocation {
                 block: Rc::new(block),
@@ -644,8 +771,25 @@ impl SimContext {
         Ok(address)
     }
 
+    /// Adds an allocation, which every context reaches from now on.
+    fn insert_allocation(&mut self, address: u64, allocation: Allocation) {
+        // Fits in usize: the block holds at least `offset + size` bytes.
+        let host = allocation.block.ptr.as_ptr() as usize + allocation.offset as usize;
+        lock_reachable(&self.reachable)
+            .device
+            .insert(address, (host, allocation.size));
+        self.allocations.insert(address, allocation);
+    }
+
+    /// Removes an allocation: out of every context's reach first, so that
+    /// its block may go.
+    fn remove_allocation(&mut self, address: u64) -> Option<Allocation> {
+        lock_reachable(&self.reachable).device.remove(&address);
+        self.allocations.remove(&address)
+    }
+
     fn release(&mut self, address: u64) {
-        if let Some(allocation) = self.allocations.remove(&address) {
+        if let Some(allocation) = self.remove_allocation(address) {
             self.used.fetch_sub(allocation.charged, Ordering::SeqCst);
             self.charged -= allocation.charged;
         }
@@ -668,28 +812,40 @@ impl SimContext {
     }
 
     /// The host address of `[ptr, ptr + len)` for a copy or memset: inside
-    /// one allocation, or else inside one run of registered host memory
-    /// (which stays mapped while `registered`, the locked registry, is held).
-    fn reach(&self, registered: &BTreeMap<usize, usize>, ptr: u64, len: u64) -> CuResult<*mut u8> {
+    /// one allocation of this context, or else inside one run of registered
+    /// host memory or one allocation of another context (which stay there
+    /// while `reachable`, the locked registry, is held).
+    fn reach(&self, reachable: &Reachable, ptr: u64, len: u64) -> CuResult<*mut u8> {
         self.host_range(ptr, len, CUDA_ERROR_INVALID_VALUE)
-            .or_else(|error| registered_range(registered, ptr, len).ok_or(error))
+            .or_else(|error| {
+                reachable
+                    .host_range(ptr, len)
+                    .or_else(|| reachable.device_range(ptr, len))
+                    .ok_or(error)
+            })
     }
 
     fn read(&self, ptr: u64, len: u64, error: u32) -> CuResult<Vec<u8>> {
         let src = self.host_range(ptr, len, error)?;
         let len = usize::try_from(len).map_err(|_| error)?;
         let mut out = vec![0u8; len];
+        // Another context may reach the block: not while this is held.
+        let reachable = lock_reachable(&self.reachable);
         // SAFETY: host_range checked `len` bytes at `src` inside a block;
         // `out` is a fresh vector of that length.
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), len) };
+        drop(reachable);
         Ok(out)
     }
 
     fn write(&mut self, ptr: u64, data: &[u8], error: u32) -> CuResult<()> {
         let dst = self.host_range(ptr, data.len() as u64, error)?;
+        // As in `read`.
+        let reachable = lock_reachable(&self.reachable);
         // SAFETY: host_range checked `data.len()` bytes at `dst` inside a
         // block, which `data` (a separate buffer) cannot overlap.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        drop(reachable);
         Ok(())
     }
 
@@ -1002,6 +1158,19 @@ impl Drop for SimContext {
     fn drop(&mut self) {
         // Destroying a context prints what its kernels left.
         self.print_device_output();
+        // Out of the other contexts' reach before the blocks go (with the
+        // fields, after this).
+        let mut reachable = lock_reachable(&self.reachable);
+        for address in self.allocations.keys() {
+            reachable.device.remove(address);
+        }
+        drop(reachable);
+        let observed = &self.observer.0;
+        observed.live_contexts.fetch_sub(1, Ordering::SeqCst);
+        let opens: u32 = self.ipc_opens.values().sum();
+        observed
+            .ipc_opens
+            .fetch_sub(opens as usize, Ordering::SeqCst);
         self.used.fetch_sub(self.charged, Ordering::SeqCst);
         debug!(
             "sim: context destroyed ({} allocations, {} bytes freed)",
@@ -1083,19 +1252,19 @@ impl ContextExecutor for SimContext {
         if total == 0 {
             return Ok(());
         }
-        let registered = lock_registered(&self.registered);
-        let base = self.reach(&registered, dst, total)?;
+        let reachable = lock_reachable(&self.reachable);
+        let base = self.reach(&reachable, dst, total)?;
         let mut offset = 0usize;
         for run in src.iter().filter(|r| r.len > 0) {
             // SAFETY: the session guarantees `run` is mapped guest memory of
             // `run.len` bytes (HostRun); the destination range was checked to
-            // hold all runs' bytes, in a live block or in registered memory
-            // kept mapped while `registered` is held; `copy` allows the two
-            // to overlap (registered memory is guest memory too).
+            // hold all runs' bytes, in a live block or in registered memory,
+            // both kept there while `reachable` is held; `copy` allows the
+            // two to overlap (registered memory is guest memory too).
             unsafe { std::ptr::copy(run.ptr, base.add(offset), run.len) };
             offset += run.len;
         }
-        drop(registered);
+        drop(reachable);
         trace!("sim: memcpy_htod {total} bytes -> {dst:#x}");
         Ok(())
     }
@@ -1123,15 +1292,15 @@ impl ContextExecutor for SimContext {
         if total == 0 {
             return Ok(());
         }
-        let registered = lock_registered(&self.registered);
-        let base = self.reach(&registered, src, total)?;
+        let reachable = lock_reachable(&self.reachable);
+        let base = self.reach(&reachable, src, total)?;
         let mut offset = 0usize;
         for run in dst.iter().filter(|r| r.len > 0) {
             // SAFETY: as in memcpy_htod, with the roles swapped.
             unsafe { std::ptr::copy(base.add(offset), run.ptr, run.len) };
             offset += run.len;
         }
-        drop(registered);
+        drop(reachable);
         trace!("sim: memcpy_dtoh {total} bytes <- {src:#x}");
         Ok(())
     }
@@ -1145,14 +1314,14 @@ impl ContextExecutor for SimContext {
         if size == 0 {
             return Ok(());
         }
-        let registered = lock_registered(&self.registered);
-        let from = self.reach(&registered, src, size)?;
-        let to = self.reach(&registered, dst, size)?;
+        let reachable = lock_reachable(&self.reachable);
+        let from = self.reach(&reachable, src, size)?;
+        let to = self.reach(&reachable, dst, size)?;
         // SAFETY: both ranges were checked inside live blocks or registered
-        // memory kept mapped while `registered` is held; `copy` allows them
+        // memory, kept there while `reachable` is held; `copy` allows them
         // to overlap (as a copy within one allocation may).
         unsafe { std::ptr::copy(from, to, size as usize) };
-        drop(registered);
+        drop(reachable);
         trace!("sim: memcpy_dtod {size} bytes {src:#x} -> {dst:#x}");
         Ok(())
     }
@@ -1186,18 +1355,18 @@ impl ContextExecutor for SimContext {
         if len == 0 {
             return Ok(());
         }
-        let registered = lock_registered(&self.registered);
-        let base = self.reach(&registered, dst, len)?;
+        let reachable = lock_reachable(&self.reachable);
+        let base = self.reach(&reachable, dst, len)?;
         let pattern = value.to_le_bytes();
         let width = element_size as usize;
         for at in (0..len as usize).step_by(width) {
             // SAFETY: `len` bytes at `base` lie in one live block or in
-            // registered memory kept mapped while `registered` is held;
+            // registered memory, kept there while `reachable` is held;
             // `pattern` is a local array at least `width` bytes long. Raw
             // writes: registered memory is guest memory, shared.
             unsafe { std::ptr::copy_nonoverlapping(pattern.as_ptr(), base.add(at), width) };
         }
-        drop(registered);
+        drop(reachable);
         trace!("sim: memset {count} x {element_size} bytes = {value:#x} at {dst:#x}");
         Ok(())
     }
@@ -1506,7 +1675,9 @@ impl ContextExecutor for SimContext {
             "sim: launch {} grid {grid:?} block {block:?} args {args:x?}",
             f.name
         );
-        self.run_kernel(kernel, &args, threads)
+        self.run_kernel(kernel, &args, threads)?;
+        self.observer.0.launches.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 
     fn stream_create(&mut self, _flags: u32, _priority: i32) -> CuResult<u64> {
@@ -1743,7 +1914,7 @@ impl ContextExecutor for SimContext {
         if size == 0 || !in_reservation || !fits || !free || !size.is_multiple_of(VMM_GRANULARITY) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        self.allocations.insert(
+        self.insert_allocation(
             address,
             Allocation {
                 block,
@@ -1759,7 +1930,7 @@ impl ContextExecutor for SimContext {
     fn mem_unmap(&mut self, address: u64, size: u64) -> CuResult<()> {
         match self.allocations.get(&address) {
             Some(a) if a.owner == Owner::Mapping && a.size == size => {
-                self.allocations.remove(&address);
+                self.remove_allocation(address);
                 Ok(())
             }
             _ => Err(CUDA_ERROR_INVALID_VALUE),
@@ -2055,20 +2226,43 @@ impl ContextExecutor for SimContext {
     /// session checked that the pointer is memory of this process).
     fn ipc_get_mem_handle(&mut self, device_ptr: u64) -> CuResult<IpcHandle> {
         check_poisoned()?;
-        Ok(sim_ipc_handle(SIM_IPC_MEM_MAGIC, device_ptr))
+        Ok(sim_ipc_handle(
+            SIM_IPC_MEM_MAGIC,
+            self.executor_id,
+            device_ptr,
+        ))
     }
 
-    /// Another worker's device memory is host memory of its own process:
-    /// the fixture cannot map it. The session answers only once the
-    /// tenant's registry let the handle through, so this result is what a
-    /// handle the registry accepted gets.
-    fn ipc_open_mem_handle(&mut self, _handle: &IpcHandle, _flags: u32) -> CuResult<(u64, u64)> {
-        debug!("sim: an IPC memory handle passed the registry; the fixture cannot open it");
-        Err(CUDA_ERROR_NOT_SUPPORTED)
+    /// Memory of another context of this executor is there already (one
+    /// address space): the open answers its allocation, counted. Another
+    /// worker's device memory is host memory of its own process: the
+    /// fixture cannot map it. The session answers only once the tenant's
+    /// registry let the handle through, so this result is what a handle the
+    /// registry accepted gets.
+    fn ipc_open_mem_handle(&mut self, handle: &IpcHandle, _flags: u32) -> CuResult<(u64, u64)> {
+        let Some(object) = sim_ipc_object(SIM_IPC_MEM_MAGIC, self.executor_id, handle) else {
+            debug!("sim: an IPC memory handle passed the registry; the fixture cannot open it");
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        };
+        let (base, (_, size)) = lock_reachable(&self.reachable)
+            .allocation(object)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        *self.ipc_opens.entry(base).or_insert(0) += 1;
+        self.observer.0.ipc_opens.fetch_add(1, Ordering::SeqCst);
+        Ok((base, size))
     }
 
-    fn ipc_close_mem_handle(&mut self, _device_ptr: u64) -> CuResult<()> {
-        Err(CUDA_ERROR_INVALID_VALUE)
+    fn ipc_close_mem_handle(&mut self, device_ptr: u64) -> CuResult<()> {
+        let opens = self
+            .ipc_opens
+            .get_mut(&device_ptr)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        *opens -= 1;
+        if *opens == 0 {
+            self.ipc_opens.remove(&device_ptr);
+        }
+        self.observer.0.ipc_opens.fetch_sub(1, Ordering::SeqCst);
+        Ok(())
     }
 
     /// As the driver: only an event created with `CU_EVENT_INTERPROCESS |
@@ -2079,13 +2273,19 @@ impl ContextExecutor for SimContext {
         if flags & wanted != wanted {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        Ok(sim_ipc_handle(SIM_IPC_EVENT_MAGIC, event))
+        Ok(sim_ipc_handle(SIM_IPC_EVENT_MAGIC, self.executor_id, event))
     }
 
-    /// As for memory: another process's event is out of the fixture's reach.
-    fn ipc_open_event_handle(&mut self, _handle: &IpcHandle) -> CuResult<u64> {
-        debug!("sim: an IPC event handle passed the registry; the fixture cannot open it");
-        Err(CUDA_ERROR_NOT_SUPPORTED)
+    /// An event of another context of this executor opens as a new event
+    /// of this one, which waits for nothing (the other context's records
+    /// are not followed: no session test needs them). As for memory,
+    /// another process's event is out of the fixture's reach.
+    fn ipc_open_event_handle(&mut self, handle: &IpcHandle) -> CuResult<u64> {
+        if sim_ipc_object(SIM_IPC_EVENT_MAGIC, self.executor_id, handle).is_none() {
+            debug!("sim: an IPC event handle passed the registry; the fixture cannot open it");
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        self.event_create(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING)
     }
 }
 
@@ -2298,12 +2498,14 @@ mod tests {
         let b = two.mem_alloc(1000).unwrap();
         assert_eq!(a, BASE_ADDRESS);
         assert!(b >= a + 1000, "{a:#x} {b:#x}");
-        // Each context reaches only its own allocations.
+        // One address space, as with the driver's unified addressing: a
+        // copy of one context reaches the other's allocation.
         let mut four = [1u8; 4];
         assert_eq!(
             two.memcpy_htod(StreamRef::Legacy, a, &[run(&mut four)], true),
-            Err(CUDA_ERROR_INVALID_VALUE)
+            Ok(())
         );
+        assert_eq!(read_back(one.as_mut(), a, 4), [1; 4]);
     }
 
     #[test]
@@ -2796,17 +2998,31 @@ mod tests {
     }
 
     #[test]
-    fn ipc_handles_are_distinct_and_never_opened_by_the_fixture() {
-        let mut ctx = context();
+    fn ipc_handles_are_distinct_and_open_within_their_executor_only() {
+        let executor = SimExecutor::new();
+        let observer = executor.observer();
+        let mut ctx = executor.create_context(0).unwrap();
+        let mut other = executor.create_context(0).unwrap();
         let ptr = ctx.mem_alloc(4096).unwrap();
         let (one, two) = (
-            ctx.ipc_get_mem_handle(ptr).unwrap(),
+            ctx.ipc_get_mem_handle(ptr + 16).unwrap(),
             ctx.ipc_get_mem_handle(ptr).unwrap(),
         );
         assert_eq!(&one[..16], SIM_IPC_MEM_MAGIC);
         assert_ne!(one, two, "unpredictable bytes");
+        // Another context of the executor: the allocation, where it is.
+        assert_eq!(other.ipc_open_mem_handle(&one, 1), Ok((ptr, 4096)));
+        assert_eq!(other.ipc_open_mem_handle(&two, 1), Ok((ptr, 4096)));
+        assert_eq!(observer.ipc_opens(), 2);
+        assert_eq!(other.ipc_close_mem_handle(ptr), Ok(()));
+        assert_eq!(observer.ipc_opens(), 1);
+        drop(other);
+        assert_eq!(observer.ipc_opens(), 0, "closed with its context");
+        assert_eq!(ctx.ipc_close_mem_handle(ptr), Err(CUDA_ERROR_INVALID_VALUE));
+        // Another executor's (another worker process's) handle.
+        let mut stranger = SimExecutor::new().create_context(0).unwrap();
         assert_eq!(
-            ctx.ipc_open_mem_handle(&one, 1),
+            stranger.ipc_open_mem_handle(&one, 1),
             Err(CUDA_ERROR_NOT_SUPPORTED)
         );
         // Only an interprocess event without timing has a handle.
@@ -2820,9 +3036,50 @@ mod tests {
             .unwrap();
         let handle = ctx.ipc_get_event_handle(shared).unwrap();
         assert_eq!(&handle[..16], SIM_IPC_EVENT_MAGIC);
+        let mut other = executor.create_context(0).unwrap();
+        let opened = other.ipc_open_event_handle(&handle).unwrap();
+        assert_eq!(other.event_synchronize(opened), Ok(()));
         assert_eq!(
-            ctx.ipc_open_event_handle(&handle),
+            stranger.ipc_open_event_handle(&handle),
             Err(CUDA_ERROR_NOT_SUPPORTED)
         );
+    }
+
+    #[test]
+    fn contexts_reach_each_others_memory_until_it_is_freed() {
+        let executor = SimExecutor::new();
+        let observer = executor.observer();
+        let mut owner = executor.create_context(0).unwrap();
+        let mut other = executor.create_context(0).unwrap();
+        assert_eq!(
+            (observer.contexts_created(), observer.live_contexts()),
+            (2, 2)
+        );
+        let ptr = owner.mem_alloc(64).unwrap();
+        other
+            .memset(StreamRef::Legacy, ptr + 8, 0x5a, 1, 4)
+            .unwrap();
+        assert_eq!(read_back(owner.as_mut(), ptr + 8, 4), [0x5a; 4]);
+        owner.mem_free(ptr).unwrap();
+        assert_eq!(
+            other.memset(StreamRef::Legacy, ptr, 0, 1, 4),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        let kept = owner.mem_alloc(64).unwrap();
+        drop(owner);
+        assert_eq!(observer.live_contexts(), 1);
+        assert_eq!(
+            other.memset(StreamRef::Legacy, kept, 0, 1, 4),
+            Err(CUDA_ERROR_INVALID_VALUE),
+            "gone with its context"
+        );
+        observer.fail_context_creation(Some(CUDA_ERROR_OUT_OF_MEMORY));
+        assert!(matches!(
+            executor.create_context(0),
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        ));
+        observer.fail_context_creation(None);
+        assert!(executor.create_context(0).is_ok());
+        assert_eq!(observer.contexts_created(), 3);
     }
 }

@@ -1,18 +1,17 @@
 //! Device pointers a guest passes to copies and memsets are checked against
-//! what its process owns. The fake executor, like NVIDIA's driver with
+//! what its process owns. The sim executor, like NVIDIA's driver with
 //! unified addressing, lets every context reach every allocation of the
 //! host process: only the session's check keeps tenants apart.
 
 // A test fails by panicking: unwrap and expect are how it says so.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod fake_executor;
 mod guest;
 
 use std::sync::Arc;
 
-use fake_executor::FakeExecutor;
 use guest::*;
+use rgpu_executor::sim::SimExecutor;
 use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
 use rgpu_proto::Command;
 use rgpu_session::{Counters, Session, Tenant};
@@ -22,7 +21,7 @@ const MARKER: &[u8] = b"rgpu marker: must survive every forged pointer";
 fn spawn(
     guest: &Guest,
     ctx_id: u32,
-    executor: &Arc<FakeExecutor>,
+    executor: &Arc<SimExecutor>,
     counters: &Arc<Counters>,
     tenant: &Arc<Tenant>,
 ) -> Session {
@@ -119,7 +118,7 @@ fn assert_all_refused(
 
 #[test]
 fn forged_pointers_fail_and_the_session_goes_on() {
-    let executor = Arc::new(FakeExecutor::new());
+    let executor = Arc::new(SimExecutor::new());
     let counters = Arc::new(Counters::default());
     let mut guest = Guest::new();
     let tenant = Tenant::new();
@@ -204,7 +203,7 @@ fn forged_pointers_fail_and_the_session_goes_on() {
 
 #[test]
 fn a_second_session_of_the_same_process_may_use_the_first_ones_memory() {
-    let executor = Arc::new(FakeExecutor::new());
+    let executor = Arc::new(SimExecutor::new());
     let counters = Arc::new(Counters::default());
     let tenant = Tenant::new();
     let (mut first_guest, mut second_guest) = (Guest::new(), Guest::new());
@@ -260,7 +259,7 @@ fn a_second_session_of_the_same_process_may_use_the_first_ones_memory() {
 
 #[test]
 fn a_session_of_another_tenant_gets_invalid_value() {
-    let executor = Arc::new(FakeExecutor::new());
+    let executor = Arc::new(SimExecutor::new());
     let counters = Arc::new(Counters::default());
     let (mut owner_guest, mut intruder_guest) = (Guest::new(), Guest::new());
     let owner = spawn(&owner_guest, 1, &executor, &counters, &Tenant::new());

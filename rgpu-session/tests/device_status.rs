@@ -6,13 +6,14 @@
 // A test fails by panicking: unwrap and expect are how it says so.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod fake_executor;
 mod guest;
 
 use std::sync::Arc;
 
-use fake_executor::{FakeExecutor, FAKE_TOTAL_MEM};
 use guest::*;
+use rgpu_executor::sim::{
+    SimExecutor, SIM_DRIVER_VERSION_STRING, SIM_GPU_UTILIZATION, SIM_TOTAL_MEM,
+};
 use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use rgpu_proto::reply::{DeviceStatus, SessionUsage, UTILIZATION_UNKNOWN};
 use rgpu_proto::Command;
@@ -27,29 +28,31 @@ fn status(guest: &mut Guest, session: &Session) -> DeviceStatus {
 #[test]
 fn device_status_needs_no_context_and_the_first_command_creates_it() {
     let mut guest = Guest::new();
-    let executor = Arc::new(FakeExecutor::new());
+    let sim = Arc::new(SimExecutor::new());
+    let observer = sim.observer();
+    let executor = Arc::new(PartialNvml(sim));
     let counters = Arc::new(Counters::default());
-    let session = guest.start(executor.clone(), counters.clone());
+    let session = guest.start(executor, counters.clone());
     assert_eq!(Counters::get(&counters.sessions_active), 1);
 
     let first = status(&mut guest, &session);
     assert_eq!(
         first,
         DeviceStatus {
-            free: FAKE_TOTAL_MEM / 2,
-            total: FAKE_TOTAL_MEM,
-            gpu_utilization: 50,
+            free: SIM_TOTAL_MEM,
+            total: SIM_TOTAL_MEM,
+            gpu_utilization: SIM_GPU_UTILIZATION,
             memory_utilization: UTILIZATION_UNKNOWN,
-            driver_version: "580.1".into(),
+            driver_version: SIM_DRIVER_VERSION_STRING.into(),
             sessions: Vec::new(),
         }
     );
-    assert_eq!(executor.state.lock().unwrap().contexts_created, 0);
+    assert_eq!(observer.contexts_created(), 0);
     let (result, _) = guest.call(&session, Command::DeviceStatus { device: 3 });
     assert_eq!(result, CUDA_ERROR_INVALID_DEVICE);
 
     guest.alloc(&session, 5000);
-    assert_eq!(executor.state.lock().unwrap().contexts_created, 1);
+    assert_eq!(observer.contexts_created(), 1);
     let ptr = guest.alloc(&session, 3000);
     assert_eq!(
         status(&mut guest, &session).sessions,
@@ -62,17 +65,18 @@ fn device_status_needs_no_context_and_the_first_command_creates_it() {
     let (result, _) = guest.call(&session, Command::MemFree { device_ptr: ptr });
     assert_eq!(result, CUDA_SUCCESS);
     assert_eq!(status(&mut guest, &session).sessions[0].device_memory, 5000);
-    assert_eq!(executor.state.lock().unwrap().contexts_created, 1);
+    assert_eq!(observer.contexts_created(), 1);
     session.shutdown();
-    assert_eq!(executor.state.lock().unwrap().live_contexts, 0);
+    assert_eq!(observer.live_contexts(), 0);
     assert_eq!(Counters::get(&counters.device_memory_bytes), 0);
 }
 
 #[test]
 fn a_context_creation_failure_is_the_result_of_the_commands_that_need_it() {
     let mut guest = Guest::new();
-    let executor = Arc::new(FakeExecutor::new());
-    executor.state.lock().unwrap().fail_create = Some(CUDA_ERROR_OUT_OF_MEMORY);
+    let executor = Arc::new(SimExecutor::new());
+    let observer = executor.observer();
+    observer.fail_context_creation(Some(CUDA_ERROR_OUT_OF_MEMORY));
     let counters = Arc::new(Counters::default());
     let session = guest.start(executor.clone(), counters.clone());
     // Detaching a blob before any context exists has nothing to wait for.
@@ -81,10 +85,10 @@ fn a_context_creation_failure_is_the_result_of_the_commands_that_need_it() {
     let (result, _) = guest.call(&session, Command::MemAlloc { size: 64 });
     assert_eq!(result, CUDA_ERROR_OUT_OF_MEMORY);
     // Remembered: no second attempt, the same answer.
-    executor.state.lock().unwrap().fail_create = None;
+    observer.fail_context_creation(None);
     let (result, _) = guest.call(&session, Command::CtxSynchronize);
     assert_eq!(result, CUDA_ERROR_OUT_OF_MEMORY);
-    assert_eq!(executor.state.lock().unwrap().contexts_created, 0);
+    assert_eq!(observer.contexts_created(), 0);
     // NVML still answers.
     assert!(status(&mut guest, &session).sessions.is_empty());
     session.shutdown();
@@ -93,7 +97,8 @@ fn a_context_creation_failure_is_the_result_of_the_commands_that_need_it() {
 
 #[test]
 fn a_tenant_lists_its_own_sessions_with_a_context() {
-    let executor = Arc::new(FakeExecutor::new());
+    let executor = Arc::new(SimExecutor::new());
+    let observer = executor.observer();
     let counters = Arc::new(Counters::default());
     let tenant = Tenant::new();
     let spawn = |ctx_id: u32, tenant: Arc<Tenant>| {
@@ -137,5 +142,5 @@ fn a_tenant_lists_its_own_sessions_with_a_context() {
     nvml.shutdown();
     other.shutdown();
     assert_eq!(tenant.session_count(), 0);
-    assert_eq!(executor.state.lock().unwrap().live_contexts, 0);
+    assert_eq!(observer.live_contexts(), 0);
 }

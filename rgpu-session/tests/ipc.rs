@@ -1,21 +1,22 @@
 //! CUDA IPC between guest processes of one tenant, at the session level:
 //! three processes (each a `Tenant` of the session crate, as each guest
 //! process is a worker of its own), A and B sharing a registry (one tenant
-//! of the daemon), C with one of its own (another tenant). The fake
-//! executor maps an opened handle at the exporter's address, as one
-//! address space, so what an opened mapping allows can be seen here.
+//! of the daemon), C with one of its own (another tenant). The sim
+//! executor opens a handle of another context of its own at the
+//! exporter's address, as one address space, so what an opened mapping
+//! allows can be seen here.
 
 // A test fails by panicking: unwrap and expect are how it says so.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod fake_executor;
 mod guest;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use fake_executor::FakeExecutor;
 use guest::*;
+use rgpu_executor::sim::{SimExecutor, SimObserver};
+use rgpu_executor::Executor;
 use rgpu_proto::command::{IpcHandle, IPC_HANDLE_BYTES};
 use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
 use rgpu_proto::reply::decode_u64s;
@@ -55,7 +56,7 @@ struct Process {
 impl Process {
     fn start(
         ctx_id: u32,
-        executor: &Arc<FakeExecutor>,
+        executor: &Arc<dyn Executor>,
         budget: &Arc<Counted>,
         registry: &Arc<LocalIpcRegistry>,
     ) -> Self {
@@ -128,7 +129,8 @@ impl Process {
 }
 
 struct World {
-    executor: Arc<FakeExecutor>,
+    executor: Arc<dyn Executor>,
+    observer: SimObserver,
     budget: Arc<Counted>,
     a: Process,
     b: Process,
@@ -136,7 +138,10 @@ struct World {
 }
 
 fn world() -> World {
-    let executor = Arc::new(FakeExecutor::new());
+    let sim = Arc::new(SimExecutor::new());
+    let observer = sim.observer();
+    // No per-process device memory: the three processes share the executor.
+    let executor: Arc<dyn Executor> = Arc::new(PartialNvml(sim));
     let budget = Arc::new(Counted::default());
     let tenant = Arc::new(LocalIpcRegistry::default());
     let other_tenant = Arc::new(LocalIpcRegistry::default());
@@ -146,6 +151,7 @@ fn world() -> World {
         b: Process::start(2, &executor, &budget, &tenant),
         c: Process::start(3, &executor, &other_budget, &other_tenant),
         executor,
+        observer,
         budget,
     }
 }
@@ -154,6 +160,7 @@ fn world() -> World {
 fn an_opened_mapping_is_the_openers_memory_uncharged_until_closed() {
     let World {
         executor,
+        observer,
         budget,
         mut a,
         mut b,
@@ -186,7 +193,7 @@ fn an_opened_mapping_is_the_openers_memory_uncharged_until_closed() {
 
     // Opened twice, closed twice: usable until the last close.
     assert_eq!(b.open(handle), (CUDA_SUCCESS, mem, 4096));
-    assert_eq!(executor.state.lock().unwrap().ipc_opens, 2);
+    assert_eq!(observer.ipc_opens(), 2);
     assert_eq!(
         b.rc(Command::IpcCloseMemHandle { device_ptr: mem }),
         CUDA_SUCCESS
@@ -201,7 +208,7 @@ fn an_opened_mapping_is_the_openers_memory_uncharged_until_closed() {
         b.rc(Command::IpcCloseMemHandle { device_ptr: mem }),
         CUDA_ERROR_INVALID_VALUE
     );
-    assert_eq!(executor.state.lock().unwrap().ipc_opens, 0);
+    assert_eq!(observer.ipc_opens(), 0);
 
     // Flags other than CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS.
     assert_eq!(
@@ -217,9 +224,9 @@ fn an_opened_mapping_is_the_openers_memory_uncharged_until_closed() {
 
     // A session's end closes what it left open.
     assert_eq!(b.open(handle).0, CUDA_SUCCESS);
-    assert_eq!(executor.state.lock().unwrap().ipc_opens, 1);
+    assert_eq!(observer.ipc_opens(), 1);
     b.session.shutdown();
-    assert_eq!(executor.state.lock().unwrap().ipc_opens, 0);
+    assert_eq!(observer.ipc_opens(), 0);
     let mut b = Process::start(
         4,
         &executor,
@@ -239,7 +246,8 @@ fn an_opened_mapping_is_the_openers_memory_uncharged_until_closed() {
 #[test]
 fn exports_go_with_their_memory_their_event_and_their_session() {
     let World {
-        executor,
+        executor: _,
+        observer,
         budget,
         mut a,
         mut b,
@@ -299,7 +307,7 @@ fn exports_go_with_their_memory_their_event_and_their_session() {
     a.session.shutdown();
     assert_eq!(b.open(two).0, CUDA_ERROR_INVALID_HANDLE);
     assert_eq!(budget.used(), 0);
-    assert_eq!(executor.state.lock().unwrap().ipc_opens, 0);
+    assert_eq!(observer.ipc_opens(), 0);
     b.session.shutdown();
     c.session.shutdown();
 }

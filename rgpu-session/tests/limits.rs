@@ -5,15 +5,14 @@
 // A test fails by panicking: unwrap and expect are how it says so.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod fake_executor;
 mod guest;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use fake_executor::FakeExecutor;
 use guest::*;
+use rgpu_executor::sim::SimExecutor;
 use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use rgpu_proto::virtio_gpu::MemEntry;
 use rgpu_proto::{BlobRange, Command};
@@ -58,6 +57,9 @@ unsafe impl GlobalAlloc for LargestAllocation {
 #[global_allocator]
 static ALLOCATOR: LargestAllocation = LargestAllocation;
 
+/// A module within TINY's 64 image bytes: one reference kernel.
+const TINY_PTX: &str = ".version 8.0\n.entry rgpu_empty()\n{\nret;\n}\n";
+
 const TINY: SessionLimits = SessionLimits {
     streams: 3,
     events: 2,
@@ -71,7 +73,7 @@ const TINY: SessionLimits = SessionLimits {
 };
 
 fn start(limits: SessionLimits) -> (Guest, Session, Arc<Counters>) {
-    start_on(Arc::new(FakeExecutor::new()), limits)
+    start_on(Arc::new(SimExecutor::new()), limits)
 }
 
 fn start_on(
@@ -121,7 +123,7 @@ fn the_object_past_each_cap_is_refused_and_the_session_goes_on() {
         CUDA_ERROR_OUT_OF_MEMORY
     );
 
-    let image = b"FAKEMODULE for the limits";
+    let image = TINY_PTX.as_bytes();
     let load = |module| Command::ModuleLoad {
         module,
         image: Guest::data_range(4096, image.len() as u64),
@@ -141,7 +143,7 @@ fn the_object_past_each_cap_is_refused_and_the_session_goes_on() {
     let get = |function| Command::ModuleGetFunction {
         module: 1,
         function,
-        name: b"rgpu_fill_index".to_vec(),
+        name: b"rgpu_empty".to_vec(),
     };
     assert_eq!(call(get(10)), CUDA_SUCCESS);
     assert_eq!(call(get(11)), CUDA_SUCCESS);
@@ -155,7 +157,7 @@ fn the_object_past_each_cap_is_refused_and_the_session_goes_on() {
     let get = |function| Command::ModuleGetFunction {
         module: 2,
         function,
-        name: b"rgpu_fill_index".to_vec(),
+        name: b"rgpu_empty".to_vec(),
     };
     assert_eq!(call(get(12)), CUDA_SUCCESS);
 
@@ -200,7 +202,7 @@ fn the_object_past_each_cap_is_refused_and_the_session_goes_on() {
 /// executor captures).
 #[test]
 fn graphs_past_the_cap_are_refused() {
-    let (mut guest, session, _) = start_on(Arc::new(rgpu_executor::sim::SimExecutor::new()), TINY);
+    let (mut guest, session, _) = start_on(Arc::new(SimExecutor::new()), TINY);
     let mut call = |command: Command| guest.call(&session, command).0;
     assert_eq!(call(stream_create(1)), CUDA_SUCCESS);
     let capture = |graph| {
@@ -291,7 +293,7 @@ fn a_module_image_over_the_limit_is_refused_without_allocating_it() {
     assert_eq!(Counters::get(&counters.host_cpu_copy_bytes), 0);
 
     // An image inside the limit still loads.
-    let image = b"FAKEMODULE small";
+    let image = TINY_PTX.as_bytes();
     guest.data.write(0, image).expect("write the image");
     let (result, _) = guest.call(
         &session,
@@ -306,7 +308,7 @@ fn a_module_image_over_the_limit_is_refused_without_allocating_it() {
 
 #[test]
 fn graph_nodes_past_the_cap_and_foreign_dependencies_are_refused() {
-    let (mut guest, session, _) = start_on(Arc::new(rgpu_executor::sim::SimExecutor::new()), TINY);
+    let (mut guest, session, _) = start_on(Arc::new(SimExecutor::new()), TINY);
     let mut call = |command: Command| guest.call(&session, command).0;
     let empty = |node, dependencies: Vec<u32>| Command::GraphAddEmptyNode {
         graph: 20,

@@ -5,14 +5,13 @@
 // A test fails by panicking: unwrap and expect are how it says so.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod fake_executor;
 mod guest;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fake_executor::FakeExecutor;
 use guest::*;
+use rgpu_executor::sim::{SimExecutor, SIM_TOTAL_MEM};
 use rgpu_proto::channel::{OFFSET_HOST_IDLE, OFFSET_MAGIC};
 use rgpu_proto::command::{CommandHeader, Launch};
 use rgpu_proto::cuda_result::{
@@ -23,9 +22,12 @@ use rgpu_proto::wire::WireWriter;
 use rgpu_proto::{BlobRange, Command};
 use rgpu_session::{Blob, Counters, Session};
 
-fn setup() -> (Guest, Session, Arc<Counters>, Arc<FakeExecutor>) {
+/// The reference kernels (the sim runs them by name).
+const REFERENCE_KERNELS: &str = include_str!("../../tests/programs/reference_kernels.ptx");
+
+fn setup() -> (Guest, Session, Arc<Counters>, Arc<SimExecutor>) {
     let guest = Guest::new();
-    let executor = Arc::new(FakeExecutor::new());
+    let executor = Arc::new(SimExecutor::new());
     let counters = Arc::new(Counters::default());
     let session = guest.start(executor.clone(), counters.clone());
     (guest, session, counters, executor)
@@ -87,7 +89,7 @@ fn alloc_copy_memset_copy_back() {
     let (result, payload) = guest.call(&session, Command::MemGetInfo);
     assert_eq!(result, CUDA_SUCCESS);
     let [free, total] = decode_u64s::<2>(&payload).unwrap();
-    assert_eq!((free, total), ((1 << 30) - 4096, 1 << 30));
+    assert_eq!((free, total), (SIM_TOTAL_MEM - 4096, SIM_TOTAL_MEM));
 
     let (result, _) = guest.call(&session, Command::MemFree { device_ptr: ptr });
     assert_eq!(result, CUDA_SUCCESS);
@@ -115,8 +117,9 @@ fn ring_wraps_around_with_padding_and_short_tails() {
         );
     }
     // 24-byte commands leave an 8-byte tail: no room for a header.
+    // (Limits 0 to 9, all the sim knows.)
     for limit in 0..700 {
-        guest.send(&session, Command::CtxGetLimit { limit });
+        guest.send(&session, Command::CtxGetLimit { limit: limit % 10 });
     }
     let mut expected: Vec<u32> = (0..count).map(|i| i * 3).collect();
     // Staged copies of odd sizes move the wrap point around.
@@ -242,7 +245,8 @@ fn unknown_handles_and_bad_ranges() {
 #[test]
 fn modules_functions_launches_and_events() {
     let (mut guest, session, _counters, executor) = setup();
-    let image = b"FAKEMODULE with some bytes";
+    // Starts with a comment: bytes from its second on are no image.
+    let image = REFERENCE_KERNELS.as_bytes();
     guest.data.write(4096, image).unwrap();
     let (result, _) = guest.call(
         &session,
@@ -285,7 +289,8 @@ fn modules_functions_launches_and_events() {
         },
     );
     assert_eq!(result, CUDA_SUCCESS);
-    assert_eq!(payload, 1004i32.to_le_bytes());
+    // CU_FUNC_ATTRIBUTE_NUM_REGS, as the sim answers it.
+    assert_eq!(payload, 16i32.to_le_bytes());
 
     let out = guest.alloc(&session, 256);
     let mut params = out.to_le_bytes().to_vec();
@@ -306,7 +311,7 @@ fn modules_functions_launches_and_events() {
     guest.send(&session, launch(params.clone()));
     let back = guest.read_device(&session, out, 0, 256);
     assert_eq!(u32s(&back), (500..564).collect::<Vec<u32>>());
-    assert_eq!(executor.state.lock().unwrap().launches, 1);
+    assert_eq!(executor.observer().launches(), 1);
 
     for event in [20, 21] {
         guest.send(&session, Command::EventCreate { event, flags: 0 });
@@ -494,8 +499,7 @@ fn shutdown_completes_pending_and_frees_everything() {
     assert_eq!(Counters::get(&counters.sessions_active), 0);
     assert_eq!(Counters::get(&counters.sessions_total), 1);
     assert_eq!(Counters::get(&counters.device_memory_bytes), 0);
-    let state = executor.state.lock().unwrap();
-    assert_eq!(state.live_contexts, 0);
+    assert_eq!(executor.observer().live_contexts(), 0);
 }
 
 #[test]
@@ -529,7 +533,7 @@ fn detached_blobs_are_gone() {
 #[test]
 fn submit_rejects_bad_channels_and_ring_commands() {
     let guest = Guest::new();
-    let executor = Arc::new(FakeExecutor::new());
+    let executor = Arc::new(SimExecutor::new());
     let counters = Arc::new(Counters::default());
     let session = Session::spawn(3, "bad".into(), 0, executor, counters.clone()).unwrap();
     assert_eq!(session.ctx_id(), 3);
@@ -573,7 +577,7 @@ fn submit_rejects_bad_channels_and_ring_commands() {
 
 #[test]
 fn context_creation_failure_comes_back_from_spawn() {
-    let executor = Arc::new(FakeExecutor::new());
+    let executor = Arc::new(SimExecutor::new());
     let counters = Arc::new(Counters::default());
     let err = Session::spawn(1, "x".into(), 5, executor, counters.clone()).unwrap_err();
     assert!(
@@ -597,7 +601,7 @@ fn context_creation_failure_comes_back_from_spawn() {
 #[test]
 fn a_command_waits_for_the_attach_of_the_blob_it_names() {
     let mut guest = Guest::new();
-    let executor = Arc::new(FakeExecutor::new());
+    let executor = Arc::new(SimExecutor::new());
     let counters = Arc::new(Counters::default());
     let session = Session::spawn(7, "test".into(), 0, executor, counters).unwrap();
     session.attach_blob(Arc::new(

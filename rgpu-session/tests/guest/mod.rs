@@ -10,7 +10,9 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rgpu_executor::Executor;
+use rgpu_executor::sim::SimExecutor;
+use rgpu_executor::{ContextExecutor, CuResult, DeviceStatus, Executor, HostRun};
+use rgpu_proto::capset::DeviceInfo;
 use rgpu_proto::channel::{
     CHANNEL_MAGIC, OFFSET_CONSUMED, OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_VERSION,
     REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
@@ -34,6 +36,41 @@ pub const REPLY_SIZE: u64 = 4096;
 pub const CHANNEL_SIZE: u64 = 16384;
 pub const DATA_SIZE: u64 = 256 * 1024;
 pub const WAIT: Duration = Duration::from_secs(10);
+
+/// The sim executor on a host whose NVML reports neither the memory
+/// utilisation (the session answers UTILIZATION_UNKNOWN) nor per-process
+/// device memory: what tests need where several guest processes, each a
+/// worker process with its executor of its own in the daemon, share one
+/// executor (its figure would be theirs all together).
+pub struct PartialNvml(pub Arc<SimExecutor>);
+
+impl Executor for PartialNvml {
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+    fn driver_version(&self) -> i32 {
+        self.0.driver_version()
+    }
+    fn devices(&self) -> Vec<DeviceInfo> {
+        self.0.devices()
+    }
+    fn create_context(&self, device: u32) -> CuResult<Box<dyn ContextExecutor>> {
+        self.0.create_context(device)
+    }
+    fn register_host_memory(&self, run: HostRun) -> CuResult<()> {
+        self.0.register_host_memory(run)
+    }
+    fn unregister_host_memory(&self, run: HostRun) {
+        self.0.unregister_host_memory(run)
+    }
+    fn device_status(&self, device: u32) -> CuResult<DeviceStatus> {
+        let status = self.0.device_status(device)?;
+        Ok(DeviceStatus {
+            memory_utilization: None,
+            ..status
+        })
+    }
+}
 
 /// The channel blob's pages, scattered so that nothing in it is contiguous
 /// on the host: header, ring (two pages), reply area.
