@@ -18,14 +18,27 @@
 #   tests/gpu/check-all.sh BUNDLE 5     the compatibility suite through the
 #                                       network carrier
 #
-# BUNDLE is a folder from tests/gpu/make-bundle.sh. Logs go under $OUT
-# (default a temp folder); each step prints its summary lines and its time.
+# BUNDLE is a folder from tests/gpu/make-bundle.sh. Each step prints its
+# summary lines and its time. Logs go to a temp folder; with $OUT set, one
+# archive of them lands there (logs.tgz): the device tool brings back only
+# a few files from $OUT, and the suites write hundreds. The output of a
+# step with a FAIL line is copied beside it too, as FAIL-<step>.log (at
+# most 4 steps).
 set -uo pipefail
 bundle=$(cd "${1:?usage: check-all.sh BUNDLE 1|2|3|4|5}" && pwd)
 part=${2:?usage: check-all.sh BUNDLE 1|2|3|4|5}
 cd "$(dirname "$0")/../.."
-out=${OUT:-$(mktemp -d /tmp/rgpu-check.XXXXXX)}
-mkdir -p "$out"
+out=$(mktemp -d /tmp/rgpu-check.XXXXXX)
+keep=${OUT:-}
+save_logs() {
+    [ -n "$keep" ] || return 0
+    mkdir -p "$keep"
+    tar czf "$keep/logs.tgz" -C "$out" . 2>/dev/null
+    grep -rl '^FAIL' "$out"/*.txt 2>/dev/null | head -4 | while read -r failed; do
+        cp "$failed" "$keep/FAIL-$(basename "$failed" .txt).log"
+    done
+}
+trap save_logs EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader 2>&1 | head -1
 
 # step NAME SECONDS SUMMARY-REGEX COMMAND...: runs COMMAND (log in
@@ -86,4 +99,4 @@ case $part in
     exit 2
     ;;
 esac
-echo "logs in $out"
+echo "logs in $out${keep:+ (archived in $keep/logs.tgz)}"
