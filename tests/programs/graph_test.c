@@ -35,9 +35,16 @@ CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
 CUresult cuGraphExecDestroy(CUgraphExec exec);
 CUresult cuGraphDestroy(CUgraph graph);
 CUresult cuGraphGetNodes(CUgraph graph, void **nodes, size_t *count);
+#ifndef CUDA_ERROR_NOT_SUPPORTED
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#endif
+CUresult cuLaunchHostFunc(CUstream stream, void (*fn)(void *), void *data);
 
 #define N 4096u
 #define CAPTURE_MODE_THREAD_LOCAL 1
+
+/* A host function that counts its calls. */
+static void count_call(void *data) { ++*(int *)data; }
 
 int main(int argc, char **argv) {
     const char *ptx_path = argc == 3 && !strcmp(argv[1], "--ptx") ? argv[2] : NULL;
@@ -120,6 +127,20 @@ int main(int argc, char **argv) {
 
     CHECK_CU(cuGraphExecDestroy(exec));
     CHECK_CU(cuGraphDestroy(graph));
+
+    /* A host function queued during a capture: natively a host node;
+     * through rgpu refused, and either way the capture goes on. */
+    {
+        int calls = 0;
+        CUgraph host_graph = NULL;
+        CHECK_CU(cuStreamBeginCapture_v2(other, CAPTURE_MODE_THREAD_LOCAL));
+        CUresult queued = cuLaunchHostFunc(other, count_call, &calls);
+        printf("cuLaunchHostFunc during a capture: rc %d\n", (int)queued);
+        CHECK_TRUE(queued == CUDA_SUCCESS || queued == CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_CU(cuStreamEndCapture(other, &host_graph));
+        CHECK_EQ_INT(calls, 0);
+        CHECK_CU(cuGraphDestroy(host_graph));
+    }
     CHECK_CU_FAILS(cuGraphLaunch(exec, stream));
     CHECK_CU(cuStreamDestroy(stream));
     CHECK_CU(cuStreamDestroy(other));

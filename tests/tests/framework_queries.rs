@@ -46,6 +46,19 @@ fn stream_capture_records_a_graph_that_launches_replay() {
     command.arg("--ptx").arg(reference_ptx());
     let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
     outcome.assert_passed("graph_test");
+    // A host function queued during a capture is refused in the guest,
+    // saying so, and the capture goes on.
+    assert!(
+        outcome
+            .stdout
+            .contains("cuLaunchHostFunc during a capture: rc 801")
+            && outcome
+                .stderr
+                .contains("cuLaunchHostFunc on a capturing stream (a host node) is not supported"),
+        "{}\n{}",
+        outcome.stdout,
+        outcome.stderr
+    );
     daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
     let stats = daemon.stats();
     // The launch of the destroyed graph failed in the guest, not on the host.

@@ -64,6 +64,13 @@ fn launch_host_func_on(
 ) -> Result<(), u32> {
     let function = function.ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let (ctx, handle) = resolve_stream(stream, per_thread)?;
+    if crate::api::graph::capture_of(&ctx, handle).is_some() {
+        // Natively a host node of the graph; here the function runs after
+        // a synchronize, which a capturing stream refuses (and the refusal
+        // would end the capture): refused before the host is asked.
+        log::warn!("rgpu: cuLaunchHostFunc on a capturing stream (a host node) is not supported");
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
     ctx.call(&Command::StreamSynchronize { stream: handle })?;
     // SAFETY: the caller's host function and its argument (the API
     // contract), called once, as the driver would.
