@@ -48,8 +48,9 @@ pub trait ComputeGate: Send + Sync + std::fmt::Debug {
     /// The session is about to submit (priority looks at how recently).
     /// True when the tenant had not submitted for a while and other tenants
     /// share its GPU: a burst starts that the scheduler has not seen yet
-    /// and may have to arbitrate.
-    fn submitting(&self) -> bool;
+    /// and may have to arbitrate. `now`: the caller's clock reading (one
+    /// per command serves all its bookkeeping).
+    fn submitting(&self, now: std::time::Instant) -> bool;
     /// The session has work that may be on the GPU (`true`) or none now.
     fn set_busy(&self, busy: bool);
     /// The session waits for a grant (`true`) or no longer.

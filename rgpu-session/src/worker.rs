@@ -274,7 +274,7 @@ impl Worker {
         // One clock read for the whole command's bookkeeping.
         let now = Instant::now();
         self.admitted_at = now;
-        if gate.submitting() {
+        if gate.submitting(now) {
             self.probation_until = Some(now + PROBATION);
         }
         if let (Some(ctx), 0) = (self.context.created(), self.captures) {
@@ -306,7 +306,7 @@ impl Worker {
             if !self.absorb_messages() {
                 break Err(());
             }
-            let _ = gate.submitting();
+            let _ = gate.submitting(Instant::now());
         };
         gate.set_waiting(false);
         Counters::sub(&self.counters.gpu_waiting_sessions, 1);

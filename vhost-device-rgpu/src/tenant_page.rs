@@ -262,6 +262,10 @@ pub struct TenantPage {
     taken_here: AtomicU64,
     /// This process's slot in the process list, once named.
     slot: std::sync::OnceLock<usize>,
+    /// One moment on both clocks (the same monotonic clock underneath):
+    /// a caller's `Instant` converts to the page's nanoseconds without a
+    /// second clock read.
+    epoch: (std::time::Instant, u64),
 }
 
 impl std::fmt::Debug for TenantPage {
@@ -304,7 +308,15 @@ impl TenantPage {
             fd,
             taken_here: AtomicU64::new(0),
             slot: std::sync::OnceLock::new(),
+            epoch: (std::time::Instant::now(), monotonic_ns()),
         }
+    }
+
+    /// `at` in the page's nanoseconds ([`monotonic_ns`]).
+    fn page_ns(&self, at: std::time::Instant) -> u64 {
+        let (instant, ns) = self.epoch;
+        let since = at.saturating_duration_since(instant).as_nanos();
+        ns.saturating_add(u64::try_from(since).unwrap_or(u64::MAX))
     }
 
     /// This process took (`more`) or gave back bytes: its line in the
@@ -572,9 +584,9 @@ impl ComputeGate for TenantPage {
         admission_of(grant)
     }
 
-    fn submitting(&self) -> bool {
+    fn submitting(&self, at: std::time::Instant) -> bool {
         let page = self.layout();
-        let now = monotonic_ns();
+        let now = self.page_ns(at);
         // Marked moments ago: no gap. Not writing the shared word on every
         // command keeps its cache line out of each launch's path.
         if now.saturating_sub(page.last_submit_ns.load(Ordering::Relaxed)) < SUBMIT_MARK_NS {
@@ -876,12 +888,24 @@ mod tests {
     #[test]
     fn a_burst_after_idle_starts_fenced_only_beside_other_tenants() {
         let page = TenantPage::create(UNLIMITED).expect("a page");
-        assert!(!page.submitting(), "alone on its GPU: never");
+        assert!(
+            !page.submitting(std::time::Instant::now()),
+            "alone on its GPU: never"
+        );
         page.set_neighbours(true);
-        assert!(!page.submitting(), "it submitted a moment ago");
+        assert!(
+            !page.submitting(std::time::Instant::now()),
+            "it submitted a moment ago"
+        );
         page.layout().last_submit_ns.store(0, Ordering::Relaxed);
-        assert!(page.submitting(), "idle, beside others: a new burst");
-        assert!(!page.submitting(), "the burst goes on");
+        assert!(
+            page.submitting(std::time::Instant::now()),
+            "idle, beside others: a new burst"
+        );
+        assert!(
+            !page.submitting(std::time::Instant::now()),
+            "the burst goes on"
+        );
     }
 
     #[test]
