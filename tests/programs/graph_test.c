@@ -128,6 +128,33 @@ int main(int argc, char **argv) {
     CHECK_CU(cuGraphExecDestroy(exec));
     CHECK_CU(cuGraphDestroy(graph));
 
+    /* A stream that waits on an event recorded in a capture joins it (and
+     * reports so) until the capture ends on the stream that began it. */
+    {
+        CUevent forked = NULL, joined = NULL;
+        CUgraph fork_graph = NULL;
+        unsigned long long first = 0, second = 0;
+        REQUIRE_CU(cuEventCreate(&forked, 0));
+        REQUIRE_CU(cuEventCreate(&joined, 0));
+        CHECK_CU(cuStreamBeginCapture_v2(stream, CAPTURE_MODE_THREAD_LOCAL));
+        CHECK_CU(cuEventRecord(forked, stream));
+        CHECK_CU(cuStreamWaitEvent(other, forked, 0));
+        CHECK_CU(cuStreamIsCapturing(other, &status));
+        CHECK_EQ_INT(status, 1);
+        CHECK_CU(cuStreamGetCaptureInfo(stream, &status, &first));
+        CHECK_CU(cuStreamGetCaptureInfo(other, &status, &second));
+        CHECK_TRUE(first != 0 && first == second);
+        CHECK_CU(cuMemsetD32Async(d_index, 5, N, other));
+        CHECK_CU(cuEventRecord(joined, other));
+        CHECK_CU(cuStreamWaitEvent(stream, joined, 0));
+        CHECK_CU(cuStreamEndCapture(stream, &fork_graph));
+        CHECK_CU(cuStreamIsCapturing(other, &status));
+        CHECK_EQ_INT(status, 0);
+        CHECK_CU(cuGraphDestroy(fork_graph));
+        CHECK_CU(cuEventDestroy(forked));
+        CHECK_CU(cuEventDestroy(joined));
+    }
+
     /* A host function queued during a capture: natively a host node;
      * through rgpu refused, and either way the capture goes on. */
     {

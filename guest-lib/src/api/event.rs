@@ -51,7 +51,9 @@ fn record_on(hevent: CUevent, stream: CUstream, per_thread: bool) -> Result<(), 
     ctx.send(&Command::EventRecord {
         event: e.handle,
         stream,
-    })
+    })?;
+    crate::api::graph::note_event_record(&ctx, e.handle, stream);
+    Ok(())
 }
 
 pub(crate) fn record(hevent: CUevent, stream: CUstream) -> Result<(), u32> {
@@ -106,8 +108,9 @@ pub(crate) fn destroy(hevent: CUevent) -> Result<(), u32> {
     e.context.send(&Command::EventDestroy { event: e.handle })
 }
 
-/// `CU_EVENT_RECORD_DEFAULT` and `CU_EVENT_RECORD_EXTERNAL`; the latter
-/// only matters during stream capture, which rgpu never is in.
+/// `CU_EVENT_RECORD_DEFAULT` and `CU_EVENT_RECORD_EXTERNAL`. The host
+/// records either as a plain record: during a capture an external record
+/// is a join point there, not an event-record node.
 const RECORD_FLAGS: c_uint = 0x1;
 
 pub(crate) fn record_with_flags(

@@ -346,8 +346,25 @@ static GRAPHS: Registry<Graph> = Registry::new();
 static GRAPH_EXECS: Registry<GraphExec> = Registry::new();
 static NODES: Registry<Node> = Registry::new();
 
-/// Streams capturing now, by (context id, stream handle): the capture's id.
-static CAPTURES: Mutex<Option<HashMap<(u64, u32), u64>>> = Mutex::new(None);
+/// Captures going on, as the guest answers capture queries from them.
+#[derive(Default)]
+struct Captures {
+    /// Streams capturing now, by (context id, stream handle).
+    streams: HashMap<(u64, u32), Capture>,
+    /// Events last recorded in a capture, by (context id, event handle):
+    /// the capture's id (a stream waiting on one joins that capture).
+    events: HashMap<(u64, u32), u64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Capture {
+    id: u64,
+    /// Began it (`cuStreamBeginCapture`), else joined it by waiting on an
+    /// event recorded in it.
+    origin: bool,
+}
+
+static CAPTURES: Mutex<Option<Captures>> = Mutex::new(None);
 static NEXT_CAPTURE_ID: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
@@ -355,14 +372,41 @@ thread_local! {
     static THREAD_CAPTURE_MODE: Cell<c_int> = const { Cell::new(MODE_GLOBAL) };
 }
 
-fn captures<R>(f: impl FnOnce(&mut HashMap<(u64, u32), u64>) -> R) -> R {
+fn captures<R>(f: impl FnOnce(&mut Captures) -> R) -> R {
     let mut guard = CAPTURES.lock().unwrap_or_else(PoisonError::into_inner);
-    f(guard.get_or_insert_with(HashMap::new))
+    f(guard.get_or_insert_with(Captures::default))
 }
 
 /// The id of the capture `stream` of `context` is in, if any.
 pub(crate) fn capture_of(context: &Context, stream: u32) -> Option<u64> {
-    captures(|c| c.get(&(context.id, stream)).copied())
+    captures(|c| c.streams.get(&(context.id, stream)).map(|s| s.id))
+}
+
+/// `event` was recorded in `stream`: in its capture, if it is capturing.
+pub(crate) fn note_event_record(context: &Context, event: u32, stream: u32) {
+    captures(|c| match c.streams.get(&(context.id, stream)) {
+        Some(capture) => {
+            c.events.insert((context.id, event), capture.id);
+        }
+        None => {
+            c.events.remove(&(context.id, event));
+        }
+    });
+}
+
+/// `stream` waits on `event`: one recorded in a capture still going on
+/// makes the stream join it, as the host's driver has it do.
+pub(crate) fn note_stream_wait(context: &Context, stream: u32, event: u32) {
+    captures(|c| {
+        let Some(id) = c.events.get(&(context.id, event)).copied() else {
+            return;
+        };
+        if c.streams.values().any(|s| s.id == id && s.origin) {
+            c.streams
+                .entry((context.id, stream))
+                .or_insert(Capture { id, origin: false });
+        }
+    });
 }
 
 fn begin_on(stream: CUstream, mode: c_int, per_thread: bool) -> Result<(), u32> {
@@ -378,7 +422,10 @@ fn begin_on(stream: CUstream, mode: c_int, per_thread: bool) -> Result<(), u32> 
         mode: mode as u32,
     })?;
     let id = NEXT_CAPTURE_ID.fetch_add(1, Ordering::Relaxed);
-    captures(|c| c.insert((ctx.id, handle), id));
+    captures(|c| {
+        c.streams
+            .insert((ctx.id, handle), Capture { id, origin: true })
+    });
     Ok(())
 }
 
@@ -403,10 +450,17 @@ fn end_on(stream: CUstream, graph: *mut CUgraph, per_thread: bool) -> Result<(),
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let (ctx, handle) = resolve_stream(stream, per_thread)?;
-    // The capture ends whatever the host says (as the driver's does).
-    let was_capturing = captures(|c| c.remove(&(ctx.id, handle))).is_some();
-    if !was_capturing {
+    let Some(capture) = captures(|c| c.streams.get(&(ctx.id, handle)).copied()) else {
         return Err(CUDA_ERROR_ILLEGAL_STATE);
+    };
+    if capture.origin {
+        // The capture ends whatever the host says (as the driver's does),
+        // for the streams that joined it too. A joined stream does not end
+        // it: the host's driver refuses that.
+        captures(|c| {
+            c.streams.retain(|_, s| s.id != capture.id);
+            c.events.retain(|_, id| *id != capture.id);
+        });
     }
     let graph_handle = ctx.new_handle()?;
     ctx.call(&Command::StreamEndCapture {

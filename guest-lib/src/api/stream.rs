@@ -97,7 +97,9 @@ fn wait_event_on(
         stream: handle,
         event: event.handle,
         flags,
-    })
+    })?;
+    crate::api::graph::note_stream_wait(&ctx, handle, event.handle);
+    Ok(())
 }
 
 pub(crate) fn wait_event(stream: CUstream, event: CUevent, flags: c_uint) -> Result<(), u32> {
