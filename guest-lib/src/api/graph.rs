@@ -27,7 +27,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use rgpu_proto::cuda_result::*;
@@ -366,6 +366,9 @@ struct Capture {
 
 static CAPTURES: Mutex<Option<Captures>> = Mutex::new(None);
 static NEXT_CAPTURE_ID: AtomicU64 = AtomicU64::new(1);
+/// Captures begun and not ended. With none, no event belongs to one: event
+/// records and stream waits skip the bookkeeping (and its lock).
+static ACTIVE_CAPTURES: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     /// `cuThreadExchangeStreamCaptureMode`'s per-thread mode.
@@ -384,6 +387,9 @@ pub(crate) fn capture_of(context: &Context, stream: u32) -> Option<u64> {
 
 /// `event` was recorded in `stream`: in its capture, if it is capturing.
 pub(crate) fn note_event_record(context: &Context, event: u32, stream: u32) {
+    if ACTIVE_CAPTURES.load(Ordering::Acquire) == 0 {
+        return;
+    }
     captures(|c| match c.streams.get(&(context.id, stream)) {
         Some(capture) => {
             c.events.insert((context.id, event), capture.id);
@@ -397,6 +403,9 @@ pub(crate) fn note_event_record(context: &Context, event: u32, stream: u32) {
 /// `stream` waits on `event`: one recorded in a capture still going on
 /// makes the stream join it, as the host's driver has it do.
 pub(crate) fn note_stream_wait(context: &Context, stream: u32, event: u32) {
+    if ACTIVE_CAPTURES.load(Ordering::Acquire) == 0 {
+        return;
+    }
     captures(|c| {
         let Some(id) = c.events.get(&(context.id, event)).copied() else {
             return;
@@ -426,6 +435,7 @@ fn begin_on(stream: CUstream, mode: c_int, per_thread: bool) -> Result<(), u32> 
         c.streams
             .insert((ctx.id, handle), Capture { id, origin: true })
     });
+    ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
     Ok(())
 }
 
@@ -461,6 +471,7 @@ fn end_on(stream: CUstream, graph: *mut CUgraph, per_thread: bool) -> Result<(),
             c.streams.retain(|_, s| s.id != capture.id);
             c.events.retain(|_, id| *id != capture.id);
         });
+        ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
     }
     let graph_handle = ctx.new_handle()?;
     ctx.call(&Command::StreamEndCapture {
