@@ -7,7 +7,7 @@
 //! other carriers (`RGPU_DEVICES`) stage copies from and to it likewise.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::BlobRange;
@@ -31,10 +31,14 @@ struct PinnedBlock {
     attached: Mutex<Vec<u32>>,
     /// Where kernels reach its start (`cuMemHostGetDevicePointer`), once
     /// the host said.
-    device_address: Mutex<Option<u64>>,
+    device_address: OnceLock<u64>,
 }
 
 static PINNED: RwLock<BTreeMap<usize, Arc<PinnedBlock>>> = RwLock::new(BTreeMap::new());
+
+/// The blocks whose device address the host said, by that address: their
+/// host address (a key of [`PINNED`]).
+static DEVICE_MAPPED: RwLock<BTreeMap<u64, usize>> = RwLock::new(BTreeMap::new());
 
 /// The context that allocates pinned memory, as the registry keeps it (the
 /// registry knows no contexts: it sits below them).
@@ -76,7 +80,7 @@ pub(crate) fn alloc(
         device: owner.device,
         space: owner.space,
         attached: Mutex::new(vec![owner.ctx_id]),
-        device_address: Mutex::new(None),
+        device_address: OnceLock::new(),
     });
     PINNED
         .write()
@@ -96,6 +100,9 @@ pub(crate) fn free<'a>(
         .map_err(|_| CUDA_ERROR_UNKNOWN)?
         .remove(&(ptr as usize))
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if let (Some(device), Ok(mut mapped)) = (block.device_address.get(), DEVICE_MAPPED.write()) {
+        mapped.remove(device);
+    }
     if block.resource_id == LOCAL {
         // SAFETY: `local_memory` mapped exactly `block.size` bytes here, and
         // the registry no longer hands the range out.
@@ -217,29 +224,38 @@ fn range_of(base: usize, block: &PinnedBlock) -> PinnedRange {
         buffer_id: block.buffer_id,
         context: block.context,
         device: block.device,
-        device_address: block.device_address.lock().ok().and_then(|d| *d),
+        device_address: block.device_address.get().copied(),
     }
 }
 
 /// Remembers that the host maps page-locked memory at `ptr` for kernels at
 /// device address `device`.
+/// (The worker maps a blob once: its device address does not change.)
 pub(crate) fn note_device_address(ptr: usize, device: u64) {
-    if let Some((base, block)) = find(ptr, 1) {
-        if let Ok(mut known) = block.device_address.lock() {
-            *known = device.checked_sub((ptr - base) as u64);
+    let Some((base, block)) = find(ptr, 1) else {
+        return;
+    };
+    let Some(start) = device.checked_sub((ptr - base) as u64) else {
+        return;
+    };
+    if block.device_address.set(start).is_ok() {
+        if let Ok(mut mapped) = DEVICE_MAPPED.write() {
+            mapped.insert(start, base);
         }
     }
 }
 
 /// The page-locked block whose device mapping holds device address `ptr`.
 pub(crate) fn lookup_device(ptr: u64) -> Option<PinnedRange> {
+    let (start, base) = {
+        let mapped = DEVICE_MAPPED.read().ok()?;
+        let (start, base) = mapped.range(..=ptr).next_back()?;
+        (*start, *base)
+    };
     let map = PINNED.read().ok()?;
-    map.iter()
-        .map(|(base, block)| range_of(*base, block))
-        .find(|r| {
-            r.device_address
-                .is_some_and(|d| ptr >= d && ptr - d < r.size)
-        })
+    let block = map.get(&base)?;
+    (block.device_address.get() == Some(&start) && ptr - start < block.size)
+        .then(|| range_of(base, block))
 }
 
 /// A destroyed context's blobs are detached by the host: forget them.
