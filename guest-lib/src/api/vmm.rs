@@ -91,13 +91,19 @@ static MAPPINGS: Mutex<BTreeMap<u64, Mapped>> = Mutex::new(BTreeMap::new());
 /// context that created its physical memory (pointer attributes: XLA asks
 /// the device ordinal of addresses in its virtual-memory pool).
 pub(crate) fn mapping_at(ptr: u64) -> Option<(u64, u64, Arc<Context>)> {
-    let (start, size, physical) = {
-        let mapped = mappings();
-        let (start, mapping) = mapped.range(..=ptr).next_back()?;
-        (ptr - start < mapping.size).then_some((*start, mapping.size, mapping.physical))?
-    };
+    let (start, size, physical) = mapping_holding(&mappings(), ptr)
+        .map(|(start, mapping)| (start, mapping.size, mapping.physical))?;
     let physical = PHYSICAL.get(physical as *mut c_void)?;
     Some((start, size, physical.context.clone()))
+}
+
+/// The mapping of `mapped` holding device address `ptr`, with its start.
+fn mapping_holding(mapped: &BTreeMap<u64, Mapped>, ptr: u64) -> Option<(u64, &Mapped)> {
+    mapped
+        .range(..=ptr)
+        .next_back()
+        .filter(|(start, mapping)| ptr - **start < mapping.size)
+        .map(|(start, mapping)| (*start, mapping))
 }
 
 fn mappings() -> std::sync::MutexGuard<'static, BTreeMap<u64, Mapped>> {
@@ -348,10 +354,7 @@ pub(crate) fn get_access(
     }
     // SAFETY: non-NULL; the API contract makes it a CUmemLocation.
     check_location(&ctx, unsafe { &*location })?;
-    let access = mappings()
-        .range(..=ptr)
-        .next_back()
-        .filter(|(base, m)| ptr < **base + m.size)
+    let access = mapping_holding(&mappings(), ptr)
         .map(|(_, m)| m.access)
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     write_out(flags, c_ulonglong::from(access))
@@ -363,10 +366,7 @@ pub(crate) fn retain_allocation_handle(
 ) -> Result<(), u32> {
     driver()?;
     let ptr = address as u64;
-    let key = mappings()
-        .range(..=ptr)
-        .next_back()
-        .filter(|(base, m)| ptr < **base + m.size)
+    let key = mapping_holding(&mappings(), ptr)
         .map(|(_, m)| m.physical)
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let physical = PHYSICAL
