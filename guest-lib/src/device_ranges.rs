@@ -21,12 +21,17 @@ pub(crate) enum Owner {
     Allocation { context: u64 },
     /// A global of module `module` of the context with this id.
     Global { context: u64, module: u32 },
+    /// The host's device mapping of page-locked memory that the context
+    /// with this id allocated.
+    PageLocked { context: u64 },
 }
 
 impl Owner {
     fn context(self) -> u64 {
         match self {
-            Owner::Allocation { context } | Owner::Global { context, .. } => context,
+            Owner::Allocation { context }
+            | Owner::Global { context, .. }
+            | Owner::PageLocked { context } => context,
         }
     }
 }
@@ -113,6 +118,15 @@ impl RangeMap {
         }
     }
 
+    /// Forgets the page-locked memory mapped at `start`.
+    pub fn remove_page_locked(&mut self, start: u64) {
+        if let Some(range) = self.ranges.get(&start) {
+            if matches!(range.owner, Owner::PageLocked { .. }) {
+                self.ranges.remove(&start);
+            }
+        }
+    }
+
     /// Keeps only the ranges whose owner `keep` accepts.
     pub fn retain(&mut self, keep: impl Fn(Owner) -> bool) {
         self.ranges.retain(|_, range| keep(range.owner));
@@ -163,6 +177,19 @@ pub(crate) fn add_global(space: usize, context: u64, module: u32, ptr: u64, size
 pub(crate) fn remove_allocation(space: usize, ptr: u64) {
     if let Some(map) = write().get_mut(space) {
         map.remove_allocation(ptr);
+    }
+}
+
+/// The device mapping of page-locked memory of context `context`, in
+/// `space`: copies and memsets may name it as device memory, as natively.
+pub(crate) fn add_page_locked(space: usize, context: u64, start: u64, size: u64) {
+    insert(space, start, size, Owner::PageLocked { context });
+}
+
+/// Freed page-locked memory of `space`, mapped at `start`.
+pub(crate) fn remove_page_locked(space: usize, start: u64) {
+    if let Some(map) = write().get_mut(space) {
+        map.remove_page_locked(start);
     }
 }
 

@@ -25,7 +25,7 @@ use crate::api::vmm::{AccessDesc, AllocationProp, MemLocation};
 use crate::api::{
     context, copy_2d, device, error, event, export_table, function, graph, host_register, init,
     ipc, launch, library, memory, memory_pool, module, occupancy, peer, pointer, primary_context,
-    proc_address, stream, stream_ordered, unified_copy, vmm,
+    proc_address, stream, stream_ordered, tensor_map, unified_copy, vmm,
 };
 
 rgpu_shim::exported_api! {
@@ -174,6 +174,9 @@ rgpu_shim::exported_api! {
     fn cuOccupancyMaxActiveBlocksPerMultiprocessor(num_blocks: *mut c_int, func: CUfunction, block_size: c_int, dynamic_smem_size: usize) => occupancy::max_active_blocks_default;
     fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(num_blocks: *mut c_int, func: CUfunction, block_size: c_int, dynamic_smem_size: usize, flags: c_uint) => occupancy::max_active_blocks_with_flags;
     fn cuOccupancyAvailableDynamicSMemPerBlock(dynamic_smem_size: *mut usize, func: CUfunction, num_blocks: c_int, block_size: c_int) => occupancy::available_dynamic_smem;
+    fn cuTensorMapEncodeTiled(map: *mut c_void, data_type: c_int, rank: u32, global_address: *mut c_void, global_dim: *const u64, global_strides: *const u64, box_dim: *const u32, element_strides: *const u32, interleave: c_int, swizzle: c_int, l2_promotion: c_int, oob_fill: c_int) => tensor_map::encode_tiled;
+    fn cuTensorMapEncodeIm2col(map: *mut c_void, data_type: c_int, rank: u32, global_address: *mut c_void, global_dim: *const u64, global_strides: *const u64, lower_corner: *const c_int, upper_corner: *const c_int, channels_per_pixel: u32, pixels_per_column: u32, element_strides: *const u32, interleave: c_int, swizzle: c_int, l2_promotion: c_int, oob_fill: c_int) => tensor_map::encode_im2col;
+    fn cuTensorMapReplaceAddress(map: *mut c_void, global_address: *mut c_void) => tensor_map::replace_address;
     fn cuOccupancyMaxActiveClusters(num_clusters: *mut c_int, func: CUfunction, config: *const LaunchConfig) => occupancy::max_active_clusters;
     fn cuOccupancyMaxPotentialClusterSize(cluster_size: *mut c_int, func: CUfunction, config: *const LaunchConfig) => occupancy::max_potential_cluster_size;
     fn cuOccupancyMaxPotentialBlockSize(min_grid_size: *mut c_int, block_size: *mut c_int, func: CUfunction, block_size_to_dynamic_smem: BlockToDynamicSmem, dynamic_smem_size: usize, block_size_limit: c_int) => occupancy::max_potential_block_size;

@@ -69,7 +69,7 @@ pub(crate) fn alloc(
         local_memory(size)?
     } else {
         carrier
-            .create_blob(owner.ctx_id, size)
+            .create_same_address_blob(owner.ctx_id, size)
             .map_err(carrier_error)?
     };
     let block = Arc::new(PinnedBlock {
@@ -208,6 +208,8 @@ pub(crate) struct PinnedRange {
     /// The allocating context's `CUcontext` value (it may be gone).
     pub context: usize,
     pub device: i32,
+    /// The carrier it is on ([`Owner::space`]).
+    pub space: usize,
     /// Where kernels reach `base`, if the host said.
     pub device_address: Option<u64>,
 }
@@ -224,6 +226,7 @@ fn range_of(base: usize, block: &PinnedBlock) -> PinnedRange {
         buffer_id: block.buffer_id,
         context: block.context,
         device: block.device,
+        space: block.space,
         device_address: block.device_address.get().copied(),
     }
 }

@@ -22,7 +22,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use cudarc::driver::sys;
 use log::{debug, info, trace, warn};
 use rgpu_proto::capset::{DeviceInfo, ATTRIBUTE_SLOTS, ATTRIBUTE_UNSUPPORTED};
-use rgpu_proto::command::{launch_attribute, ClusterQuery, IpcHandle, IPC_HANDLE_BYTES};
+use rgpu_proto::command::{
+    launch_attribute, ClusterQuery, IpcHandle, TensorMapKind, TensorMapSpec, IPC_HANDLE_BYTES,
+    TENSOR_MAP_BYTES,
+};
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::reply::{FunctionInfo, ParamSlot};
 use rgpu_proto::MAX_KERNEL_PARAMS;
@@ -67,6 +70,46 @@ type LaunchKernelExFn = unsafe extern "C" fn(
 
 /// `cuGraphExecUpdate_v2`, whose result info holds an enum the driver
 /// writes: read here as an integer.
+/// `cuTensorMapEncodeTiled`, enums as integers.
+type TensorMapEncodeTiledFn = unsafe extern "C" fn(
+    *mut TensorMap,
+    u32,
+    u32,
+    *mut c_void,
+    *const u64,
+    *const u64,
+    *const u32,
+    *const u32,
+    u32,
+    u32,
+    u32,
+    u32,
+) -> u32;
+/// `cuTensorMapEncodeIm2col`, enums as integers.
+type TensorMapEncodeIm2colFn = unsafe extern "C" fn(
+    *mut TensorMap,
+    u32,
+    u32,
+    *mut c_void,
+    *const u64,
+    *const u64,
+    *const c_int,
+    *const c_int,
+    u32,
+    u32,
+    *const u32,
+    u32,
+    u32,
+    u32,
+    u32,
+) -> u32;
+type TensorMapReplaceAddressFn = unsafe extern "C" fn(*mut TensorMap, *mut c_void) -> u32;
+
+/// `CUtensorMap`: 128 opaque bytes, 64-byte aligned (as cuda.h declares
+/// it; the driver may rely on the alignment).
+#[repr(C, align(64))]
+struct TensorMap([u8; TENSOR_MAP_BYTES]);
+
 type GraphExecUpdateFn =
     unsafe extern "C" fn(sys::CUgraphExec, sys::CUgraph, *mut ExecUpdateResultInfo) -> u32;
 
@@ -130,6 +173,9 @@ struct IntegerEntryPoints {
     occupancy_max_potential_cluster_size: OccupancyMaxActiveClustersFn,
     launch_kernel_ex: LaunchKernelExFn,
     graph_exec_update: GraphExecUpdateFn,
+    tensor_map_encode_tiled: TensorMapEncodeTiledFn,
+    tensor_map_encode_im2col: TensorMapEncodeIm2colFn,
+    tensor_map_replace_address: TensorMapReplaceAddressFn,
 }
 
 impl IntegerEntryPoints {
@@ -148,6 +194,9 @@ impl IntegerEntryPoints {
             )?,
             launch_kernel_ex: driver_symbol(library, "cuLaunchKernelEx")?,
             graph_exec_update: driver_symbol(library, "cuGraphExecUpdate_v2")?,
+            tensor_map_encode_tiled: driver_symbol(library, "cuTensorMapEncodeTiled")?,
+            tensor_map_encode_im2col: driver_symbol(library, "cuTensorMapEncodeIm2col")?,
+            tensor_map_replace_address: driver_symbol(library, "cuTensorMapReplaceAddress")?,
         })
     }
 }
@@ -1891,6 +1940,71 @@ impl ContextExecutor for CudaContext {
             sys::cuMemHostGetDevicePointer_v2(&mut device, host.ptr.cast(), 0)
         })?;
         Ok(device)
+    }
+
+    fn tensor_map_encode(&mut self, spec: &TensorMapSpec) -> CuResult<[u8; TENSOR_MAP_BYTES]> {
+        let mut map = TensorMap([0; TENSOR_MAP_BYTES]);
+        let address = without_provenance_mut::<c_void>(spec.global_address as usize);
+        let code = match spec.kind {
+            // SAFETY: a valid out-descriptor; every array holds
+            // MAX_TENSOR_RANK (or rank - 1, rank - 2) entries, as many as
+            // the driver reads for a rank the decoder bounded; the
+            // address is only encoded, never dereferenced here.
+            TensorMapKind::Tiled => unsafe {
+                (self.entry.tensor_map_encode_tiled)(
+                    &mut map,
+                    spec.data_type,
+                    spec.rank,
+                    address,
+                    spec.global_dim.as_ptr(),
+                    spec.global_strides.as_ptr(),
+                    spec.box_dim.as_ptr(),
+                    spec.element_strides.as_ptr(),
+                    spec.interleave,
+                    spec.swizzle,
+                    spec.l2_promotion,
+                    spec.oob_fill,
+                )
+            },
+            // SAFETY: as above.
+            TensorMapKind::Im2col => unsafe {
+                (self.entry.tensor_map_encode_im2col)(
+                    &mut map,
+                    spec.data_type,
+                    spec.rank,
+                    address,
+                    spec.global_dim.as_ptr(),
+                    spec.global_strides.as_ptr(),
+                    spec.lower_corner.as_ptr(),
+                    spec.upper_corner.as_ptr(),
+                    spec.channels_per_pixel,
+                    spec.pixels_per_column,
+                    spec.element_strides.as_ptr(),
+                    spec.interleave,
+                    spec.swizzle,
+                    spec.l2_promotion,
+                    spec.oob_fill,
+                )
+            },
+        };
+        check_code("cuTensorMapEncode", code)?;
+        Ok(map.0)
+    }
+
+    fn tensor_map_replace_address(
+        &mut self,
+        map: &[u8; TENSOR_MAP_BYTES],
+        address: u64,
+    ) -> CuResult<[u8; TENSOR_MAP_BYTES]> {
+        let mut map = TensorMap(*map);
+        // SAFETY: a valid, aligned descriptor; the address is only encoded.
+        check_code("cuTensorMapReplaceAddress", unsafe {
+            (self.entry.tensor_map_replace_address)(
+                &mut map,
+                without_provenance_mut::<c_void>(address as usize),
+            )
+        })?;
+        Ok(map.0)
     }
 
     fn graph_node_count(&mut self, graph: u64) -> CuResult<u64> {

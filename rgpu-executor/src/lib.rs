@@ -26,7 +26,7 @@ pub mod ptx;
 pub mod sim;
 
 use rgpu_proto::capset::DeviceInfo;
-use rgpu_proto::command::{ClusterQuery, IpcHandle};
+use rgpu_proto::command::{ClusterQuery, IpcHandle, TensorMapSpec, TENSOR_MAP_BYTES};
 use rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED;
 use rgpu_proto::reply::FunctionInfo;
 use thiserror::Error;
@@ -493,6 +493,19 @@ pub trait ContextExecutor {
     }
     /// How many nodes `graph` holds (`cuGraphGetNodes` with no array).
     fn graph_node_count(&mut self, _graph: u64) -> CuResult<u64> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuTensorMapEncodeTiled` / `cuTensorMapEncodeIm2col`: the
+    /// descriptor's bytes.
+    fn tensor_map_encode(&mut self, _spec: &TensorMapSpec) -> CuResult<[u8; TENSOR_MAP_BYTES]> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuTensorMapReplaceAddress`: `map` with its global address replaced.
+    fn tensor_map_replace_address(
+        &mut self,
+        _map: &[u8; TENSOR_MAP_BYTES],
+        _address: u64,
+    ) -> CuResult<[u8; TENSOR_MAP_BYTES]> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
 

@@ -29,7 +29,9 @@ use std::time::{Duration, Instant};
 
 use log::{debug, trace, warn};
 use rgpu_proto::capset::{DeviceInfo, ATTRIBUTE_SLOTS, ATTRIBUTE_UNSUPPORTED};
-use rgpu_proto::command::{ClusterQuery, IpcHandle, IPC_HANDLE_BYTES};
+use rgpu_proto::command::{
+    ClusterQuery, IpcHandle, TensorMapKind, TensorMapSpec, IPC_HANDLE_BYTES, TENSOR_MAP_BYTES,
+};
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::reply::FunctionInfo;
 
@@ -92,6 +94,8 @@ const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
 const CU_EVENT_INTERPROCESS: u32 = 0x4;
 /// How the fixture's IPC handles start: a memory handle's, an event's.
 pub const SIM_IPC_MEM_MAGIC: &[u8; 16] = b"rgpu-sim-ipc-mem";
+/// The first word of the sim's tensor maps ("rgputmap").
+const SIM_TENSOR_MAP_MAGIC: u64 = u64::from_le_bytes(*b"rgputmap");
 pub const SIM_IPC_EVENT_MAGIC: &[u8; 16] = b"rgpu-sim-ipc-evt";
 
 /// An IPC handle of the fixture: `magic`, this process's id, the
@@ -2215,6 +2219,69 @@ impl ContextExecutor for SimContext {
     fn host_device_pointer(&mut self, host: HostRun) -> CuResult<u64> {
         check_poisoned()?;
         Ok(host.ptr as u64)
+    }
+
+    /// The sim's own layout: a magic, the spec's integers and the address
+    /// at bytes 8..16, after the driver's documented checks (16-byte
+    /// aligned address, dimensions of 1 to 2^32, boxes of 1 to 256 for a
+    /// tiled map, element strides of 1 to 8).
+    fn tensor_map_encode(&mut self, spec: &TensorMapSpec) -> CuResult<[u8; TENSOR_MAP_BYTES]> {
+        check_poisoned()?;
+        let rank = spec.rank as usize;
+        let dims_ok = spec
+            .global_dim
+            .iter()
+            .take(rank)
+            .all(|d| (1..=1 << 32).contains(d));
+        let boxes_ok = spec.kind == TensorMapKind::Im2col
+            || spec
+                .box_dim
+                .iter()
+                .take(rank)
+                .all(|b| (1..=256).contains(b));
+        let strides_ok = spec
+            .element_strides
+            .iter()
+            .take(rank)
+            .all(|s| (1..=8).contains(s));
+        if !spec.global_address.is_multiple_of(16)
+            || spec.data_type > 15
+            || !dims_ok
+            || !boxes_ok
+            || !strides_ok
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut map = [0u8; TENSOR_MAP_BYTES];
+        let words = [
+            SIM_TENSOR_MAP_MAGIC,
+            spec.global_address,
+            u64::from(spec.kind as u32) | u64::from(spec.data_type) << 32,
+            u64::from(spec.rank) | u64::from(spec.swizzle) << 32,
+        ]
+        .into_iter()
+        .chain(spec.global_dim.iter().take(rank).copied());
+        for (chunk, word) in map.chunks_exact_mut(8).zip(words) {
+            chunk.copy_from_slice(&word.to_le_bytes());
+        }
+        Ok(map)
+    }
+
+    fn tensor_map_replace_address(
+        &mut self,
+        map: &[u8; TENSOR_MAP_BYTES],
+        address: u64,
+    ) -> CuResult<[u8; TENSOR_MAP_BYTES]> {
+        check_poisoned()?;
+        let magic = map.first_chunk::<8>().map(|b| u64::from_le_bytes(*b));
+        if magic != Some(SIM_TENSOR_MAP_MAGIC) || !address.is_multiple_of(16) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut out = *map;
+        if let Some(slot) = out.get_mut(8..16) {
+            slot.copy_from_slice(&address.to_le_bytes());
+        }
+        Ok(out)
     }
 
     fn graph_node_count(&mut self, graph: u64) -> CuResult<u64> {

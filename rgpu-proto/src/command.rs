@@ -143,6 +143,50 @@ pub struct ClusterQuery {
     pub cluster: [u32; 3],
 }
 
+/// Highest tensor rank a tensor map describes.
+pub const MAX_TENSOR_RANK: usize = 5;
+/// Bytes of a `CUtensorMap`.
+pub const TENSOR_MAP_BYTES: usize = 128;
+
+/// Which `cuTensorMapEncode*` a [`TensorMapSpec`] is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u32)]
+pub enum TensorMapKind {
+    /// `cuTensorMapEncodeTiled`: `box_dim` is used.
+    #[default]
+    Tiled = 0,
+    /// `cuTensorMapEncodeIm2col`: the pixel box corners, channels per
+    /// pixel and pixels per column are used.
+    Im2col = 1,
+}
+
+/// The arguments of `cuTensorMapEncodeTiled` or `cuTensorMapEncodeIm2col`,
+/// arrays padded to [`MAX_TENSOR_RANK`] (entries past the rank are zero
+/// and unused). Enum arguments travel as the integers the guest passed:
+/// the host's driver validates them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TensorMapSpec {
+    pub kind: TensorMapKind,
+    pub data_type: u32,
+    /// 1 to [`MAX_TENSOR_RANK`].
+    pub rank: u32,
+    pub interleave: u32,
+    pub swizzle: u32,
+    pub l2_promotion: u32,
+    pub oob_fill: u32,
+    pub channels_per_pixel: u32,
+    pub pixels_per_column: u32,
+    pub global_address: u64,
+    pub global_dim: [u64; MAX_TENSOR_RANK],
+    /// `rank - 1` strides (the first dimension's is the element size).
+    pub global_strides: [u64; MAX_TENSOR_RANK - 1],
+    pub box_dim: [u32; MAX_TENSOR_RANK],
+    pub element_strides: [u32; MAX_TENSOR_RANK],
+    /// `rank - 2` corners each (im2col).
+    pub lower_corner: [i32; MAX_TENSOR_RANK - 2],
+    pub upper_corner: [i32; MAX_TENSOR_RANK - 2],
+}
+
 /// Kernel launch geometry and parameters.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Launch {
@@ -409,6 +453,111 @@ impl Field for ClusterQuery {
             shared_mem_bytes: u32::draw(draw),
             cluster: Field::draw(draw),
         }
+    }
+}
+
+impl Field for TensorMapSpec {
+    fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError> {
+        let kind = match r.u32()? {
+            0 => TensorMapKind::Tiled,
+            1 => TensorMapKind::Im2col,
+            value => {
+                return Err(DecodeError::InvalidField {
+                    field: "tensor map kind",
+                    value: value.into(),
+                })
+            }
+        };
+        let mut spec = TensorMapSpec {
+            kind,
+            data_type: r.u32()?,
+            rank: r.u32()?,
+            interleave: r.u32()?,
+            swizzle: r.u32()?,
+            l2_promotion: r.u32()?,
+            oob_fill: r.u32()?,
+            channels_per_pixel: r.u32()?,
+            pixels_per_column: r.u32()?,
+            ..Default::default()
+        };
+        if spec.rank == 0 || spec.rank as usize > MAX_TENSOR_RANK {
+            return Err(DecodeError::InvalidField {
+                field: "tensor rank",
+                value: spec.rank.into(),
+            });
+        }
+        let _pad = r.u32()?;
+        spec.global_address = r.u64()?;
+        for v in &mut spec.global_dim {
+            *v = r.u64()?;
+        }
+        for v in &mut spec.global_strides {
+            *v = r.u64()?;
+        }
+        for v in spec.box_dim.iter_mut().chain(&mut spec.element_strides) {
+            *v = r.u32()?;
+        }
+        for v in spec.lower_corner.iter_mut().chain(&mut spec.upper_corner) {
+            *v = r.i32()?;
+        }
+        Ok(spec)
+    }
+    fn write(&self, w: &mut WireWriter) {
+        w.u32(self.kind as u32)
+            .u32(self.data_type)
+            .u32(self.rank)
+            .u32(self.interleave)
+            .u32(self.swizzle)
+            .u32(self.l2_promotion)
+            .u32(self.oob_fill)
+            .u32(self.channels_per_pixel)
+            .u32(self.pixels_per_column)
+            .u32(0)
+            .u64(self.global_address);
+        for v in self.global_dim.iter().chain(&self.global_strides) {
+            w.u64(*v);
+        }
+        for v in self.box_dim.iter().chain(&self.element_strides) {
+            w.u32(*v);
+        }
+        for v in self.lower_corner.iter().chain(&self.upper_corner) {
+            w.i32(*v);
+        }
+    }
+    fn wire_len(&self) -> usize {
+        40 + 8
+            + 8 * (2 * MAX_TENSOR_RANK - 1)
+            + 4 * 2 * MAX_TENSOR_RANK
+            + 4 * 2 * (MAX_TENSOR_RANK - 2)
+    }
+    fn draw(draw: &mut dyn FnMut() -> u64) -> Self {
+        let mut spec = TensorMapSpec {
+            kind: if draw().is_multiple_of(2) {
+                TensorMapKind::Tiled
+            } else {
+                TensorMapKind::Im2col
+            },
+            data_type: u32::draw(draw),
+            rank: (draw() % MAX_TENSOR_RANK as u64) as u32 + 1,
+            interleave: u32::draw(draw),
+            swizzle: u32::draw(draw),
+            l2_promotion: u32::draw(draw),
+            oob_fill: u32::draw(draw),
+            channels_per_pixel: u32::draw(draw),
+            pixels_per_column: u32::draw(draw),
+            global_address: draw(),
+            ..Default::default()
+        };
+        for v in spec.global_dim.iter_mut().chain(&mut spec.global_strides) {
+            *v = draw();
+        }
+        for v in spec.box_dim.iter_mut().chain(&mut spec.element_strides) {
+            *v = draw() as u32;
+        }
+        for v in spec.lower_corner.iter_mut().chain(&mut spec.upper_corner) {
+            *v = draw() as i32;
+        }
+        spec
     }
 }
 
@@ -886,6 +1035,13 @@ commands! {
     /// `cuGraphGetNodes`' count for `graph` as the host's driver holds it
     /// (a captured graph's nodes are the driver's); answers a `u64`.
     GraphGetNodeCount = 0x0708 { graph: u32 };
+    /// `cuTensorMapEncodeTiled` / `cuTensorMapEncodeIm2col`: the host's
+    /// driver encodes the descriptor (its layout is the driver's own);
+    /// answers its [`TENSOR_MAP_BYTES`] bytes.
+    TensorMapEncode = 0x0a00 { spec: TensorMapSpec };
+    /// `cuTensorMapReplaceAddress`: answers `map` with its global address
+    /// replaced by the host's driver.
+    TensorMapReplaceAddress = 0x0a01 { map: [u8; TENSOR_MAP_BYTES], address: u64 };
     /// `cuIpcGetMemHandle` of device memory of the guest process (it must
     /// lie in one of its `cuMemAlloc` allocations); answers the driver's
     /// 64-byte handle, which the tenant's registry records.

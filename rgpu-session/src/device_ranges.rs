@@ -34,6 +34,10 @@ pub enum RangeKind {
     /// A graph's memory-allocation node's memory: gone when no graph or
     /// executable graph of the session holds the node.
     GraphAllocation,
+    /// The device mapping of page-locked memory of this process (blob
+    /// `resource_id`, registered by its worker): gone when the blob is
+    /// detached from the session.
+    PageLocked { resource_id: u32 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -619,7 +619,19 @@ impl Worker {
                 if memory.staged || !memory.dma_registered {
                     return Err(CUDA_ERROR_NOT_SUPPORTED);
                 }
-                ctx.host_device_pointer(*run).map(|ptr| u64_payload(&[ptr]))
+                let device = ctx.host_device_pointer(*run)?;
+                // Copies and memsets may name it from now on, by the whole
+                // blob's device range.
+                let blob_size = blobs
+                    .get(&range.resource_id)
+                    .map_or(0, |attached| attached.blob.size());
+                if let Some(start) = device.checked_sub(range.offset) {
+                    let kind = RangeKind::PageLocked {
+                        resource_id: range.resource_id,
+                    };
+                    record_range(tenant, ctx_id, start, blob_size, owner(kind))?;
+                }
+                Ok(u64_payload(&[device]))
             }
             Command::MemcpyDtoD {
                 stream,
@@ -789,6 +801,12 @@ impl Worker {
                 ctx.occupancy_max_potential_cluster_size(handle, query)
                     .map(|v| v.to_le_bytes().to_vec())
             }
+            Command::TensorMapEncode { spec } => {
+                ctx.tensor_map_encode(spec).map(|map| map.to_vec())
+            }
+            Command::TensorMapReplaceAddress { map, address } => ctx
+                .tensor_map_replace_address(map, *address)
+                .map(|map| map.to_vec()),
             Command::OccupancyMaxActiveClusters { query } => {
                 let handle = handles.function(query.function)?.handle;
                 ctx.occupancy_max_active_clusters(handle, query)

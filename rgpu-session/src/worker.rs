@@ -522,6 +522,11 @@ impl Worker {
         if let Some(Err(code)) = self.context.created().map(|c| c.synchronize()) {
             self.remember(code);
         }
+        let member = self.usage.member;
+        let page_locked = crate::device_ranges::RangeKind::PageLocked { resource_id };
+        self.tenant
+            .device_ranges_mut()
+            .remove_where(|owner| owner.session == member && owner.kind == page_locked);
         drop(attached);
         log::debug!("ctx {}: detached blob {resource_id}", self.ctx_id);
     }

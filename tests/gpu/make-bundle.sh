@@ -54,7 +54,7 @@ cp tests/programs/rgpu_cuda.h tests/programs/driver_api_test.c \
     tests/bench/share_tenant.c tests/bench/sharing_bench.sh tests/bench/priority_options.sh \
     tests/gpu-tools/registration_probe.c tests/gpu/run-isolation-suite.sh \
     tests/gpu/multi_device_runtime.cu tests/programs/ipc_test.c \
-    tests/programs/cluster_coop_test.cu "$dir/"
+    tests/programs/cluster_coop_test.cu tests/programs/tensor_map_test.cu "$dir/"
 mkdir -p "$dir/fixtures"
 cp tests/fixtures/fatbin/kernels.cu tests/fixtures/fatbin/second_unit.cu \
     tests/fixtures/fatbin/make-fixtures.sh "$dir/fixtures/"

@@ -286,6 +286,18 @@ if [ -e "$bundle/cluster_coop_test.cu" ]; then
         "${through_rgpu[@]}" "$work/cluster_coop_test"
 fi
 
+# Hopper's tensor memory accelerator reading through maps that
+# cuTensorMapEncodeTiled and cuTensorMapReplaceAddress made (issue 10; the
+# host's driver encodes them through rgpu).
+if [ -e "$bundle/tensor_map_test.cu" ]; then
+    build tensor_map_test "$cuda_home/bin/nvcc" -arch=sm_90a -cudart static \
+        -o "$work/tensor_map_test" "$bundle/tensor_map_test.cu"
+    step "tensor_map_test native" "checks passed" \
+        "${native[@]}" "$work/tensor_map_test"
+    step "tensor_map_test through rgpu" "checks passed" \
+        "${through_rgpu[@]}" "$work/tensor_map_test"
+fi
+
 # CUDA IPC within a tenant (issue 10): process A exports device memory and
 # an interprocess event, process B opens both, waits for the event, reads
 # A's data (to the host and into its own memory) and overwrites it, and A

@@ -239,6 +239,92 @@ static int mapped_host_memory(CUfunction scale, int run_kernel) {
     return 0;
 }
 
+/* Unified addressing of page-locked memory (XLA's redzone checker,
+ * comparator and while-loop predicates): a cuMemHostAlloc pointer is
+ * itself the device address. Memsets and copies name it as device memory;
+ * with `run_kernel`, a kernel is given the host pointer itself. */
+static int unified_host_memory(CUfunction scale, int run_kernel) {
+    unsigned n = 1024, wrong = 0;
+    float factor = 2.0f, *h = NULL, back[16];
+    CUdeviceptr dh = 0, d = 0;
+    CUstream stream = NULL;
+    REQUIRE_CU(cuMemHostAlloc((void **)&h, n * sizeof(float), 0x01 /* PORTABLE */));
+    CHECK_CU(cuMemHostGetDevicePointer_v2(&dh, h, 0));
+    CHECK_TRUE(dh == (CUdeviceptr)(uintptr_t)h);
+    REQUIRE_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    for (unsigned i = 0; i < n; i++) h[i] = -1.0f;
+    CHECK_CU(cuMemsetD32Async((CUdeviceptr)(uintptr_t)h, 0, n / 2, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    for (unsigned i = 0; i < n; i++) wrong += h[i] != (i < n / 2 ? 0.0f : -1.0f);
+    CHECK_EQ_INT(wrong, 0);
+    for (unsigned i = 0; i < n; i++) h[i] = (float)i;
+    REQUIRE_CU(cuMemAlloc(&d, n * sizeof(float)));
+    CHECK_CU(cuMemcpyDtoD(d, (CUdeviceptr)(uintptr_t)(h + 16), 16 * sizeof(float)));
+    CHECK_CU(cuMemcpyDtoH(back, d, sizeof back));
+    wrong = 0;
+    for (unsigned i = 0; i < 16; i++) wrong += back[i] != (float)(16 + i);
+    CHECK_EQ_INT(wrong, 0);
+    CHECK_CU(cuMemcpyDtoH(back, (CUdeviceptr)(uintptr_t)(h + 100), sizeof back));
+    wrong = 0;
+    for (unsigned i = 0; i < 16; i++) wrong += back[i] != (float)(100 + i);
+    CHECK_EQ_INT(wrong, 0);
+    if (run_kernel) {
+        CUdeviceptr as_device = (CUdeviceptr)(uintptr_t)h;
+        void *params[] = {&as_device, &factor, &n};
+        CHECK_CU(cuLaunchKernel(scale, n / 128, 1, 1, 128, 1, 1, 0, stream, params, NULL));
+        CHECK_CU(cuStreamSynchronize(stream));
+        wrong = 0;
+        for (unsigned i = 0; i < n; i++) wrong += h[i] != 2.0f * (float)i;
+        CHECK_EQ_INT(wrong, 0);
+    }
+    CHECK_CU(cuMemFree(d));
+    CHECK_CU(cuStreamDestroy(stream));
+    CHECK_CU(cuMemFreeHost(h));
+    /* Freed: no longer device memory of this process. */
+    CHECK_RC(cuMemsetD32Async(dh, 0, 1, NULL), CUDA_ERROR_INVALID_VALUE);
+    return 0;
+}
+
+/* Tensor maps (XLA's and Triton's Hopper kernels): encoded, refused where
+ * the driver documents a refusal, and the address replaced as a fresh
+ * encoding would put it. */
+typedef struct {
+    _Alignas(64) unsigned long long opaque[16];
+} TensorMap;
+CUresult cuTensorMapEncodeTiled(TensorMap *map, int data_type, unsigned rank, void *address,
+                                const unsigned long long *dims, const unsigned long long *strides,
+                                const unsigned *box, const unsigned *element_strides,
+                                int interleave, int swizzle, int l2, int oob);
+CUresult cuTensorMapReplaceAddress(TensorMap *map, void *address);
+#define TENSOR_MAP_FLOAT32 7
+
+static CUresult tiled(TensorMap *map, CUdeviceptr at, unsigned rank, unsigned box_edge) {
+    unsigned long long dims[2] = {64, 64}, strides[1] = {64 * sizeof(float)};
+    unsigned box[2] = {box_edge, box_edge}, element_strides[2] = {1, 1};
+    return cuTensorMapEncodeTiled(map, TENSOR_MAP_FLOAT32, rank, (void *)(uintptr_t)at, dims,
+                                  strides, box, element_strides, 0, 0, 0, 0);
+}
+
+static int tensor_maps(void) {
+    CUdeviceptr d = 0;
+    TensorMap first, again, moved, replaced;
+    REQUIRE_CU(cuMemAlloc(&d, 64 * 64 * sizeof(float)));
+    CHECK_CU(tiled(&first, d, 2, 16));
+    CHECK_CU(tiled(&again, d, 2, 16));
+    CHECK_TRUE(memcmp(&first, &again, sizeof first) == 0);
+    CHECK_CU(tiled(&moved, d + 256, 2, 16));
+    CHECK_TRUE(memcmp(&first, &moved, sizeof first) != 0);
+    replaced = first;
+    CHECK_CU(cuTensorMapReplaceAddress(&replaced, (void *)(uintptr_t)(d + 256)));
+    CHECK_TRUE(memcmp(&replaced, &moved, sizeof moved) == 0);
+    CHECK_RC(tiled(&again, d + 4, 2, 16), CUDA_ERROR_INVALID_VALUE);
+    CHECK_RC(tiled(&again, d, 2, 512), CUDA_ERROR_INVALID_VALUE);
+    CHECK_RC(tiled(&again, d, 0, 16), CUDA_ERROR_INVALID_VALUE);
+    CHECK_RC(tiled(&again, d, 6, 16), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cuMemFree(d));
+    return 0;
+}
+
 /* cuModuleLoad: an image by path (Triton's and Inductor's launchers). */
 static int module_from_file(const char *path) {
     CUmodule from_file = NULL;
@@ -522,9 +608,11 @@ int main(int argc, char **argv) {
     device_memory(ctx);
     pinned_and_foreign_memory(ctx);
     module_from_file(image_path);
+    tensor_maps();
     /* Not over the network carrier, where page-locked memory is the
      * process's own and the host's GPU cannot see it. */
     if (mapped_host) mapped_host_memory(scale, mapped_kernel);
+    if (mapped_host) unified_host_memory(scale, mapped_kernel);
     streams_and_contexts(ctx, device);
     occupancy_and_attributes(add, empty, device, require_clusters);
     launch_with_big_shared_memory(add);

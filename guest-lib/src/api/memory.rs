@@ -117,13 +117,41 @@ pub(crate) fn alloc_host(pp: *mut *mut c_void, size: usize) -> Result<(), u32> {
         space: ctx.space,
         context: std::sync::Arc::as_ptr(&ctx) as usize,
     };
-    let ptr = pinned::alloc(
-        driver()?.carrier(ctx.space)?.as_ref(),
-        owner,
-        crate::state::new_id(),
-        size as u64,
-    )?;
+    let carrier = driver()?.carrier(ctx.space)?;
+    let ptr = pinned::alloc(carrier.as_ref(), owner, crate::state::new_id(), size as u64)?;
+    // With unified addressing, kernels, copies and memsets reach
+    // page-locked memory by its host pointer (XLA relies on it). The host
+    // maps the blob for its GPU at this very address where it can: asking
+    // where registers it now, as the driver pins at allocation.
+    if carrier.remote().is_none() {
+        match map_for_kernels(&ctx, ptr.cast(), size) {
+            Ok(device) if device == ptr as u64 => {}
+            Ok(device) => log::info!(
+                "rgpu: page-locked memory at {ptr:p} is mapped for kernels at {device:#x}, not at \
+                 its own address (the host had that range in use): kernels must be given \
+                 cuMemHostGetDevicePointer's address"
+            ),
+            Err(code) => log::debug!(
+                "rgpu: page-locked memory at {ptr:p} is not mapped for kernels (error {code})"
+            ),
+        }
+    }
     write_out(pp, ptr.cast())
+}
+
+/// Asks the host where kernels reach page-locked memory at `p` (`len`
+/// bytes of one block), and records that device range as this process's.
+fn map_for_kernels(ctx: &Context, p: *mut c_void, len: usize) -> Result<u64, u32> {
+    let range = blob_range(ctx, p, len)?.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let payload = ctx.call(&Command::HostDevicePointer { range })?;
+    let [device] = decode_u64s::<1>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    pinned::note_device_address(p as usize, device);
+    if let Some(block) = pinned::lookup(p as usize) {
+        if let Some(start) = block.device_address {
+            device_ranges::add_page_locked(ctx.space, ctx.id, start, block.size);
+        }
+    }
+    Ok(device)
 }
 
 pub(crate) fn alloc_host_v1(pp: *mut *mut c_void, size: c_uint) -> Result<(), u32> {
@@ -150,7 +178,7 @@ pub(crate) fn host_get_device_pointer(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let ctx = current()?;
-    let Some(range) = blob_range(&ctx, p, 1)? else {
+    if blob_range(&ctx, p, 1)?.is_none() {
         // Known memory the host does not see: registered with
         // cuMemHostRegister, or page-locked over the network carrier (or
         // on another carrier's daemon).
@@ -164,10 +192,13 @@ pub(crate) fn host_get_device_pointer(
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let known = pinned::lookup(p as usize).and_then(|b| Some((b.base, b.device_address?)));
+    let device = match known {
+        // Known since the allocation.
+        Some((base, start)) => start + (p as usize - base) as u64,
+        None => map_for_kernels(&ctx, p, 1)?,
     };
-    let payload = ctx.call(&Command::HostDevicePointer { range })?;
-    let [device] = decode_u64s::<1>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
-    pinned::note_device_address(p as usize, device);
     write_out(pdptr, device)
 }
 
@@ -176,6 +207,11 @@ pub(crate) fn free_host(p: *mut c_void) -> Result<(), u32> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let driver = driver()?;
+    if let Some(block) = pinned::lookup(p as usize).filter(|b| b.base == p as usize) {
+        if let Some(start) = block.device_address {
+            device_ranges::remove_page_locked(block.space, start);
+        }
+    }
     pinned::free(|space| Ok(driver.carrier(space)?.as_ref()), p.cast())
 }
 

@@ -24,5 +24,6 @@ pub mod primary_context;
 pub mod proc_address;
 pub mod stream;
 pub mod stream_ordered;
+pub mod tensor_map;
 pub mod unified_copy;
 pub mod vmm;

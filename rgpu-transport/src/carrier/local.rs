@@ -560,6 +560,81 @@ impl LocalCarrier {
         w.u32(resource_id).u32(0);
         self.command(w.as_bytes(), name)
     }
+    /// [`Carrier::create_blob`]; with `same_address`, the blob id carries
+    /// this process's address of the blob, where the host is asked to map
+    /// it too.
+    fn create_placed_blob(
+        &self,
+        ctx_id: u32,
+        size: u64,
+        same_address: bool,
+    ) -> Result<BlobMapping, CarrierError> {
+        let (gpa, mut ptr) = self.memory.alloc(size).map_err(memory_error)?;
+        let size = size.max(1).next_multiple_of(crate::guest_memory::PAGE_SIZE);
+        let resource_id = self.next_resource.fetch_add(1, Ordering::Relaxed);
+        let mut entries = Vec::new();
+        let mut scattered_view = None;
+        if self.scatter && size >= scattered::SCATTER_MIN_BYTES {
+            let runs = scattered::layout(size / crate::guest_memory::PAGE_SIZE, resource_id.into());
+            let view = scattered::map(&runs, self.memory.fd(), gpa).map_err(|e| {
+                let _ = self.memory.free(gpa);
+                CarrierError::Io(e)
+            })?;
+            entries = scattered::entries(&runs, gpa);
+            scattered_view = Some((view, size));
+            ptr = view;
+        }
+        let mut offset = 0;
+        while scattered_view.is_none() && offset < size {
+            let length = (size - offset).min(MAX_ENTRY_BYTES);
+            entries.push(MemEntry {
+                addr: gpa + offset,
+                length: length as u32,
+            });
+            offset += length;
+        }
+        let forget_view = |view: Option<(*mut u8, u64)>| {
+            if let Some((base, len)) = view {
+                scattered::unmap(base, len);
+            }
+        };
+        let blob = ResourceCreateBlob {
+            resource_id,
+            blob_mem: gpu::BLOB_MEM_GUEST,
+            blob_flags: gpu::BLOB_FLAG_USE_MAPPABLE,
+            // Where this process sees it, for the host to map it there too.
+            blob_id: if same_address { ptr as u64 } else { 0 },
+            size,
+            entries,
+        };
+        let mut w = WireWriter::new();
+        header(gpu::CMD_RESOURCE_CREATE_BLOB, ctx_id).encode(&mut w);
+        blob.encode(&mut w);
+        if let Err(e) = self.command(w.as_bytes(), "RESOURCE_CREATE_BLOB") {
+            forget_view(scattered_view);
+            let _ = self.memory.free(gpa);
+            return Err(e);
+        }
+        if let Err(e) = self.attach_blob(ctx_id, resource_id) {
+            let _ =
+                self.resource_command(gpu::CMD_RESOURCE_UNREF, 0, resource_id, "RESOURCE_UNREF");
+            forget_view(scattered_view);
+            let _ = self.memory.free(gpa);
+            return Err(e);
+        }
+        lock(&self.blobs).insert(
+            resource_id,
+            LocalBlob {
+                gpa,
+                scattered_view,
+            },
+        );
+        Ok(BlobMapping {
+            resource_id,
+            ptr,
+            size,
+        })
+    }
 }
 
 /// Sets up one virtqueue on the device; returns it with its kick and call
@@ -642,70 +717,15 @@ impl Carrier for LocalCarrier {
     }
 
     fn create_blob(&self, ctx_id: u32, size: u64) -> Result<BlobMapping, CarrierError> {
-        let (gpa, mut ptr) = self.memory.alloc(size).map_err(memory_error)?;
-        let size = size.max(1).next_multiple_of(crate::guest_memory::PAGE_SIZE);
-        let resource_id = self.next_resource.fetch_add(1, Ordering::Relaxed);
-        let mut entries = Vec::new();
-        let mut scattered_view = None;
-        if self.scatter && size >= scattered::SCATTER_MIN_BYTES {
-            let runs = scattered::layout(size / crate::guest_memory::PAGE_SIZE, resource_id.into());
-            let view = scattered::map(&runs, self.memory.fd(), gpa).map_err(|e| {
-                let _ = self.memory.free(gpa);
-                CarrierError::Io(e)
-            })?;
-            entries = scattered::entries(&runs, gpa);
-            scattered_view = Some((view, size));
-            ptr = view;
-        }
-        let mut offset = 0;
-        while scattered_view.is_none() && offset < size {
-            let length = (size - offset).min(MAX_ENTRY_BYTES);
-            entries.push(MemEntry {
-                addr: gpa + offset,
-                length: length as u32,
-            });
-            offset += length;
-        }
-        let forget_view = |view: Option<(*mut u8, u64)>| {
-            if let Some((base, len)) = view {
-                scattered::unmap(base, len);
-            }
-        };
-        let blob = ResourceCreateBlob {
-            resource_id,
-            blob_mem: gpu::BLOB_MEM_GUEST,
-            blob_flags: gpu::BLOB_FLAG_USE_MAPPABLE,
-            blob_id: 0,
-            size,
-            entries,
-        };
-        let mut w = WireWriter::new();
-        header(gpu::CMD_RESOURCE_CREATE_BLOB, ctx_id).encode(&mut w);
-        blob.encode(&mut w);
-        if let Err(e) = self.command(w.as_bytes(), "RESOURCE_CREATE_BLOB") {
-            forget_view(scattered_view);
-            let _ = self.memory.free(gpa);
-            return Err(e);
-        }
-        if let Err(e) = self.attach_blob(ctx_id, resource_id) {
-            let _ =
-                self.resource_command(gpu::CMD_RESOURCE_UNREF, 0, resource_id, "RESOURCE_UNREF");
-            forget_view(scattered_view);
-            let _ = self.memory.free(gpa);
-            return Err(e);
-        }
-        lock(&self.blobs).insert(
-            resource_id,
-            LocalBlob {
-                gpa,
-                scattered_view,
-            },
-        );
-        Ok(BlobMapping {
-            resource_id,
-            ptr,
-            size,
-        })
+        self.create_placed_blob(ctx_id, size, false)
+    }
+
+    fn create_same_address_blob(
+        &self,
+        ctx_id: u32,
+        size: u64,
+    ) -> Result<BlobMapping, CarrierError> {
+        self.create_placed_blob(ctx_id, size, true)
     }
 
     fn attach_blob(&self, ctx_id: u32, resource_id: u32) -> Result<(), CarrierError> {

@@ -146,6 +146,18 @@ pub trait Carrier: Send + Sync {
     /// Allocates `size` bytes (rounded up to pages) of guest memory as a blob
     /// resource attached to `ctx_id`, mapped in this process.
     fn create_blob(&self, ctx_id: u32, size: u64) -> Result<BlobMapping, CarrierError>;
+    /// [`Carrier::create_blob`] for page-locked memory: the host is asked
+    /// to map the blob for its GPU at the address it has in this process,
+    /// so that kernels reach it by this process's pointer, as with unified
+    /// addressing natively. Where it cannot, the host maps it elsewhere
+    /// (`HostDevicePointer` says where).
+    fn create_same_address_blob(
+        &self,
+        ctx_id: u32,
+        size: u64,
+    ) -> Result<BlobMapping, CarrierError> {
+        self.create_blob(ctx_id, size)
+    }
     /// Attaches an existing blob to another context.
     fn attach_blob(&self, ctx_id: u32, resource_id: u32) -> Result<(), CarrierError>;
     /// Detaches and frees a blob.

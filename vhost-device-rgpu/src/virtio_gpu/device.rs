@@ -170,6 +170,9 @@ impl std::fmt::Display for WorkerKey {
 /// A blob resource: where its pages lie, and the contexts it is attached to.
 struct Resource {
     size: u64,
+    /// Where the guest process maps it, for its worker to map it at the
+    /// same address (0: anywhere).
+    address: u64,
     /// Its pages as runs of guest memory files (what workers map).
     runs: Vec<FileRun>,
     /// Its guest-physical ranges, for the alias check.
@@ -643,6 +646,7 @@ impl GpuDevice {
             id,
             Resource {
                 size: create.size,
+                address: same_address(create.blob_id, create.size),
                 runs,
                 ranges,
                 contexts: BTreeSet::new(),
@@ -863,10 +867,25 @@ fn send_blob(worker: &mut WorkerHandle, files: &GuestFiles, id: u32, resource: &
         &ToWorker::MapBlob {
             resource_id: id,
             size: resource.size,
+            address: resource.address,
         },
         &[],
     );
     worker.blobs_mapped.insert(id);
+}
+
+/// The address a guest process asked its blob to be mapped at in its
+/// worker (a blob's id, in rgpu's context type): page-aligned and inside
+/// the user half of a 47-bit address space, or 0 (anywhere).
+fn same_address(blob_id: u64, size: u64) -> u64 {
+    const USER_END: u64 = 1 << 47;
+    let fits = blob_id.checked_add(size).is_some_and(|end| end <= USER_END);
+    if blob_id.is_multiple_of(PAGE_BYTES) && fits {
+        blob_id
+    } else {
+        debug!("blob id {blob_id:#x} is no place for a blob of {size} bytes; mapped anywhere");
+        0
+    }
 }
 
 /// Guest-physical ranges (start, end) of a blob's entries.

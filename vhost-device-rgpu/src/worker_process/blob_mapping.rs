@@ -79,13 +79,15 @@ unsafe impl Send for BlobMapping {}
 unsafe impl Sync for BlobMapping {}
 
 impl BlobMapping {
-    /// Maps `runs` (`size` bytes in all) of `files` contiguously.
-    /// `mapped_runs` counts the worker's live
-    /// mappings against [`max_mapped_runs`].
+    /// Maps `runs` (`size` bytes in all) of `files` contiguously, at
+    /// `address` if that is not 0 and nothing of this process is there
+    /// (else where the kernel chooses). `mapped_runs` counts the worker's
+    /// live mappings against [`max_mapped_runs`].
     pub fn map(
         files: &HashMap<u32, File>,
         runs: &[FileRun],
         size: u64,
+        address: u64,
         mapped_runs: usize,
         executor: Arc<dyn Executor>,
         counters: Arc<Counters>,
@@ -117,22 +119,7 @@ impl BlobMapping {
                 return Err(MapError::UnknownFile(run.file));
             }
         }
-        // SAFETY: a fresh reservation nobody else uses; PROT_NONE until the
-        // runs are mapped over it.
-        let base = unsafe {
-            libc::mmap(
-                null_mut(),
-                len,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(MapError::Mmap(std::io::Error::last_os_error()));
-        }
-        let base = base.cast::<u8>();
+        let base = reserve(address, len)?;
         let mapping = BlobMapping {
             base,
             len,
@@ -198,6 +185,47 @@ impl BlobMapping {
             .unwrap_or_else(PoisonError::into_inner)
             .push(completion);
     }
+}
+
+/// `len` bytes of address space for a blob's runs: at `address` if that is
+/// not 0 and free, else where the kernel chooses.
+fn reserve(address: u64, len: usize) -> Result<*mut u8, MapError> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    if address != 0 {
+        // SAFETY: NOREPLACE never touches an existing mapping: the call
+        // fails instead (and the range stays PROT_NONE until the runs are
+        // mapped over it).
+        let placed = unsafe {
+            libc::mmap(
+                address as *mut libc::c_void,
+                len,
+                libc::PROT_NONE,
+                flags | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if placed as u64 == address {
+            return Ok(placed.cast());
+        }
+        if placed != libc::MAP_FAILED {
+            // A kernel older than NOREPLACE took it as a hint and placed it
+            // elsewhere: still a fresh reservation of ours.
+            debug!("blob reservation wanted at {address:#x}, placed at {placed:p}");
+            return Ok(placed.cast());
+        }
+        debug!(
+            "blob reservation at {address:#x} (+{len:#x}): {}; placed elsewhere",
+            std::io::Error::last_os_error()
+        );
+    }
+    // SAFETY: a fresh reservation nobody else uses; PROT_NONE until the
+    // runs are mapped over it.
+    let base = unsafe { libc::mmap(null_mut(), len, libc::PROT_NONE, flags, -1, 0) };
+    if base == libc::MAP_FAILED {
+        return Err(MapError::Mmap(std::io::Error::last_os_error()));
+    }
+    Ok(base.cast())
 }
 
 impl DmaRegistration for BlobMapping {

@@ -37,10 +37,13 @@ pub enum ToWorker {
         runs: Vec<FileRun>,
     },
     /// Map the runs sent for `resource_id` (`size` bytes in all) and
-    /// register them for DMA.
+    /// register them for DMA; at `address` if that is not 0 and still free
+    /// (the guest process's own address of the blob: kernels then reach it
+    /// by the guest's pointer).
     MapBlob {
         resource_id: u32,
         size: u64,
+        address: u64,
     },
     CreateSession {
         ctx_id: u32,
@@ -105,8 +108,12 @@ impl ToWorker {
                     w.u32(run.file).u64(run.offset).u64(run.len);
                 }
             }
-            ToWorker::MapBlob { resource_id, size } => {
-                w.u8(MAP_BLOB).u32(*resource_id).u64(*size);
+            ToWorker::MapBlob {
+                resource_id,
+                size,
+                address,
+            } => {
+                w.u8(MAP_BLOB).u32(*resource_id).u64(*size).u64(*address);
             }
             ToWorker::CreateSession { ctx_id, name } => {
                 let name = name.as_bytes();
@@ -172,6 +179,7 @@ impl ToWorker {
             MAP_BLOB => ToWorker::MapBlob {
                 resource_id: r.u32()?,
                 size: r.u64()?,
+                address: r.u64()?,
             },
             CREATE_SESSION => ToWorker::CreateSession {
                 ctx_id: r.u32()?,
@@ -260,6 +268,7 @@ mod tests {
             ToWorker::MapBlob {
                 resource_id: 9,
                 size: 0x6000,
+                address: 0x7f00_1234_5000,
             },
             ToWorker::CreateSession {
                 ctx_id: 4,

@@ -155,7 +155,11 @@ impl Worker {
                     pending.extend(runs);
                 }
             }
-            ToWorker::MapBlob { resource_id, size } => self.map_blob(resource_id, size),
+            ToWorker::MapBlob {
+                resource_id,
+                size,
+                address,
+            } => self.map_blob(resource_id, size, address),
             ToWorker::CreateSession { ctx_id, name } => self.create_session(ctx_id, name),
             ToWorker::Attach {
                 ctx_id,
@@ -234,7 +238,7 @@ impl Worker {
         self.blobs.values().map(|b| b.mapping.runs()).sum()
     }
 
-    fn map_blob(&mut self, resource_id: u32, size: u64) {
+    fn map_blob(&mut self, resource_id: u32, size: u64, address: u64) {
         let runs = self.runs.remove(&resource_id).unwrap_or_default();
         // The files came for this blob: once it is mapped (or not), they go,
         // so this process holds no more guest memory than its blobs.
@@ -247,6 +251,7 @@ impl Worker {
             &files,
             &runs,
             size,
+            address,
             self.mapped_runs(),
             Arc::clone(&self.executor),
             Arc::clone(&self.counters),
