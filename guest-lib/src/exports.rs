@@ -12,8 +12,8 @@ use crate::abi::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule
 use crate::api::context::CtxCreateParams;
 use crate::api::copy_2d::Memcpy2D;
 use crate::api::graph::{
-    CUgraph, CUgraphExec, CUgraphNode, EdgeData, ExecUpdateResultInfo, KernelNodeParams,
-    KernelNodeParamsV1, MemAllocNodeParams, Memcpy3D, MemsetNodeParams,
+    CUgraph, CUgraphExec, CUgraphNode, EdgeData, ExecUpdateResultInfo, GraphNodeParams,
+    KernelNodeParams, KernelNodeParamsV1, MemAllocNodeParams, Memcpy3D, MemsetNodeParams,
 };
 use crate::api::ipc::IpcHandle;
 use crate::api::launch::LaunchConfig;
@@ -246,6 +246,10 @@ rgpu_shim::exported_api! {
     fn cuGraphDestroy(hgraph: CUgraph) => graph::destroy;
     fn cuGraphCreate(phgraph: *mut CUgraph, flags: c_uint) => graph::create;
     fn cuGraphClone(phgraph_clone: *mut CUgraph, original_graph: CUgraph) => graph::clone;
+    fn cuGraphAddNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, node_params: *mut GraphNodeParams) => graph::add_node_generic;
+    fn cuGraphAddNode_v2(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, dependency_data: *const EdgeData, num_dependencies: usize, node_params: *mut GraphNodeParams) => graph::add_node_generic_v2;
+    fn cuGraphNodeSetParams(hnode: CUgraphNode, node_params: *mut GraphNodeParams) => graph::node_set_params_generic;
+    fn cuGraphExecNodeSetParams(hexec: CUgraphExec, hnode: CUgraphNode, node_params: *mut GraphNodeParams) => graph::exec_node_set_params_generic;
     fn cuGraphAddEmptyNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize) => graph::add_empty_node;
     fn cuGraphAddKernelNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, node_params: *const KernelNodeParamsV1) => graph::add_kernel_node_v1;
     fn cuGraphAddKernelNode_v2(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, node_params: *const KernelNodeParams) => graph::add_kernel_node;

@@ -133,6 +133,31 @@ typedef struct {
     void *userData;
 } HostNodeParams;
 
+/* CUgraphNodeParams: a type, then the node's parameters in a union. */
+typedef struct {
+    int type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        KernelNodeParams kernel;
+        struct {
+            int flags, reserved;
+            CUcontext copyCtx;
+            Memcpy3D copyParams;
+        } memcpy;
+        struct {
+            MemsetNodeParams params;
+            CUcontext ctx;
+        } memset;
+        struct {
+            void (*fn)(void *);
+            void *userData;
+            unsigned syncMode;
+        } host;
+    } u;
+    long long reserved2;
+} GraphNodeParams;
+
 #define UPDATE_SUCCESS 0
 #define UPDATE_TOPOLOGY_CHANGED 2
 #define UPDATE_NODE_TYPE_CHANGED 3
@@ -190,6 +215,11 @@ CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps, Edge
                                        size_t *count);
 CUresult cuGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode *deps, size_t *count);
 CUresult cuGraphDestroy(CUgraph graph);
+CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t n,
+                        GraphNodeParams *params);
+CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                           const EdgeData *edges, size_t n, GraphNodeParams *params);
+CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, GraphNodeParams *params);
 
 #define N 4096u
 
@@ -581,6 +611,57 @@ int main(int argc, char **argv) {
         CHECK_CU_FAILS(cuGraphInstantiateWithFlags(&never, other, 0));
     } else {
         CHECK_CU(cuGraphDestroy(other));
+    }
+
+    /* The generic node API (XLA's command buffers): memset -> kernel (with
+     * plain edge data) -> memcpy, then new kernel arguments in the
+     * executable graph. */
+    {
+        CUgraph generic = NULL;
+        CUgraphExec generic_exec = NULL;
+        CUgraphNode g_memset = NULL, g_kernel = NULL, g_copy = NULL, g_host = NULL;
+        GraphNodeParams params;
+        EdgeData plain = {0, 0, 0, {0}};
+        unsigned generic_base = 7000, updated_base = 8000;
+        void *generic_args[] = {&d_index, &generic_base, &count};
+        void *updated_args[] = {&d_index, &updated_base, &count};
+        CHECK_CU(cuMemsetD32(d_copy, 0, N));
+        CHECK_CU(cuGraphCreate(&generic, 0));
+        memset(&params, 0, sizeof params);
+        params.type = NODE_TYPE_MEMSET;
+        params.u.memset.params = memset32(d_index, 0x33333333u);
+        params.u.memset.ctx = ctx;
+        CHECK_CU(cuGraphAddNode(&g_memset, generic, NULL, 0, &params));
+        memset(&params, 0, sizeof params);
+        params.type = NODE_TYPE_KERNEL;
+        params.u.kernel = fill_index_node(fill_index, generic_args);
+        CHECK_CU(cuGraphAddNode_v2(&g_kernel, generic, &g_memset, &plain, 1, &params));
+        memset(&params, 0, sizeof params);
+        params.type = NODE_TYPE_MEMCPY;
+        params.u.memcpy.copyCtx = ctx;
+        params.u.memcpy.copyParams = copy_dtod(d_copy, d_index, N * 4);
+        CHECK_CU(cuGraphAddNode(&g_copy, generic, &g_kernel, 1, &params));
+        CHECK_CU(cuGraphNodeGetType(g_copy, &type));
+        CHECK_EQ_INT(type, NODE_TYPE_MEMCPY);
+        CHECK_CU(cuGraphInstantiateWithFlags(&generic_exec, generic, 0));
+        CHECK_CU(cuGraphLaunch(generic_exec, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(mismatches(d_copy, generic_base, 0), 0);
+        memset(&params, 0, sizeof params);
+        params.type = NODE_TYPE_KERNEL;
+        params.u.kernel = fill_index_node(fill_index, updated_args);
+        CHECK_CU(cuGraphExecNodeSetParams(generic_exec, g_kernel, &params));
+        CHECK_CU(cuGraphLaunch(generic_exec, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(mismatches(d_copy, updated_base, 0), 0);
+        if (through_rgpu) {
+            memset(&params, 0, sizeof params);
+            params.type = 3; /* a host node */
+            params.u.host.fn = host_fn;
+            CHECK_RC(cuGraphAddNode(&g_host, generic, NULL, 0, &params), CUDA_ERROR_NOT_SUPPORTED);
+        }
+        CHECK_CU(cuGraphExecDestroy(generic_exec));
+        CHECK_CU(cuGraphDestroy(generic));
     }
 
     CHECK_CU(cuGraphExecDestroy(clone_exec));

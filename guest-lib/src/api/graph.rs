@@ -27,6 +27,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
+use std::ptr::null_mut;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -157,7 +158,7 @@ pub struct EdgeData {
     bytes: [u8; 8],
 }
 
-/// `CUDA_MEMSET_NODE_PARAMS`.
+/// `CUDA_MEMSET_NODE_PARAMS` (`_v2` adds a context after it).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct MemsetNodeParams {
@@ -1616,5 +1617,148 @@ pub(crate) fn status_of(capture: Option<u64>) -> c_int {
     match capture {
         Some(_) => CAPTURE_STATUS_ACTIVE,
         None => CAPTURE_STATUS_NONE,
+    }
+}
+
+/// `CUgraphNodeParams`: a node's type, then the parameters its
+/// `cuGraphAdd*Node` takes, in a 232-byte union (256 bytes in all).
+#[repr(C)]
+pub struct GraphNodeParams {
+    node_type: c_int,
+    reserved0: [c_int; 3],
+    params: [u64; 29],
+    reserved2: i64,
+}
+
+/// `CUDA_MEMCPY_NODE_PARAMS`: flags, a reserved word and the copy's
+/// context come before its `CUDA_MEMCPY3D`.
+const MEMCPY_NODE_COPY_OFFSET: usize = 16;
+
+/// The union of `params` as the struct of its node type.
+fn union_of<T>(params: *mut GraphNodeParams) -> *mut T {
+    // SAFETY: only an address computation inside the caller's struct,
+    // whose union starts at byte 16 (`params` was checked non-NULL).
+    unsafe { params.cast::<u8>().add(16).cast::<T>() }
+}
+
+/// A node type the generic calls do not take (yet): logged once per type.
+fn unsupported_node_type(call: &str, node_type: c_int) -> u32 {
+    static LOGGED: std::sync::Mutex<Vec<c_int>> = std::sync::Mutex::new(Vec::new());
+    let first = LOGGED.lock().is_ok_and(|mut logged| {
+        let first = !logged.contains(&node_type);
+        if first {
+            logged.push(node_type);
+        }
+        first
+    });
+    if first {
+        log::warn!("rgpu: {call} of a node of type {node_type} is not supported");
+    }
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuGraphAddNode`: the generic form of every `cuGraphAdd*Node`.
+pub(crate) fn add_node_generic(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    params: *mut GraphNodeParams,
+) -> Result<(), u32> {
+    if params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable CUgraphNodeParams.
+    let node_type = unsafe { (*params).node_type };
+    match node_type {
+        NODE_KERNEL => add_kernel_node(out, graph, dependencies, count, union_of(params)),
+        NODE_MEMCPY => {
+            // SAFETY: the union holds a CUDA_MEMCPY_NODE_PARAMS.
+            let copy = unsafe { union_of::<u8>(params).add(MEMCPY_NODE_COPY_OFFSET) };
+            add_memcpy_node(out, graph, dependencies, count, copy.cast(), null_mut())
+        }
+        NODE_MEMSET => add_memset_node(
+            out,
+            graph,
+            dependencies,
+            count,
+            union_of(params),
+            null_mut(),
+        ),
+        NODE_GRAPH => {
+            // SAFETY: the union holds a CUDA_CHILD_GRAPH_NODE_PARAMS.
+            let child = unsafe { union_of::<CUgraph>(params).read() };
+            add_child_graph_node(out, graph, dependencies, count, child)
+        }
+        NODE_EMPTY => add_empty_node(out, graph, dependencies, count),
+        NODE_WAIT_EVENT | NODE_EVENT_RECORD => {
+            // SAFETY: the union holds a CUDA_EVENT_*_NODE_PARAMS.
+            let event = unsafe { union_of::<CUevent>(params).read() };
+            add_event_node(out, graph, dependencies, count, event, node_type)
+        }
+        NODE_MEM_ALLOC => add_mem_alloc_node(out, graph, dependencies, count, union_of(params)),
+        NODE_MEM_FREE => {
+            // SAFETY: the union holds a CUDA_MEM_FREE_NODE_PARAMS.
+            let dptr = unsafe { union_of::<CUdeviceptr>(params).read() };
+            add_mem_free_node(out, graph, dependencies, count, dptr)
+        }
+        _ => Err(unsupported_node_type("cuGraphAddNode", node_type)),
+    }
+}
+
+/// `cuGraphAddNode_v2`: with edge data, which must describe plain
+/// dependencies (all zero); programmatic edges are not supported.
+pub(crate) fn add_node_generic_v2(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    edges: *const EdgeData,
+    count: usize,
+    params: *mut GraphNodeParams,
+) -> Result<(), u32> {
+    if !edges.is_null() && count > 0 {
+        if count > MAX_NODE_DEPENDENCIES {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-NULL; the API contract makes it `count` entries.
+        let edges = unsafe { std::slice::from_raw_parts(edges, count) };
+        if edges.iter().any(|e| e.bytes != [0; 8]) {
+            log::warn!("rgpu: cuGraphAddNode_v2 with programmatic edges is not supported");
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+    }
+    add_node_generic(out, graph, dependencies, count, params)
+}
+
+/// `cuGraphNodeSetParams`: kernel and memset nodes.
+pub(crate) fn node_set_params_generic(
+    node: CUgraphNode,
+    params: *mut GraphNodeParams,
+) -> Result<(), u32> {
+    if params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable CUgraphNodeParams.
+    match unsafe { (*params).node_type } {
+        NODE_KERNEL => kernel_node_set_params(node, union_of(params)),
+        NODE_MEMSET => memset_node_set_params(node, union_of(params)),
+        other => Err(unsupported_node_type("cuGraphNodeSetParams", other)),
+    }
+}
+
+/// `cuGraphExecNodeSetParams`: kernel and memset nodes.
+pub(crate) fn exec_node_set_params_generic(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: *mut GraphNodeParams,
+) -> Result<(), u32> {
+    if params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable CUgraphNodeParams.
+    match unsafe { (*params).node_type } {
+        NODE_KERNEL => exec_kernel_node_set_params(exec, node, union_of(params)),
+        NODE_MEMSET => exec_memset_node_set_params(exec, node, union_of(params), null_mut()),
+        other => Err(unsupported_node_type("cuGraphExecNodeSetParams", other)),
     }
 }
