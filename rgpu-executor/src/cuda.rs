@@ -1553,6 +1553,41 @@ impl ContextExecutor for CudaContext {
         })
     }
 
+    fn stream_begin_capture_to_graph(
+        &mut self,
+        stream: StreamRef,
+        graph: u64,
+        dependencies: &[u64],
+        mode: u32,
+    ) -> CuResult<()> {
+        use sys::CUstreamCaptureMode_enum as Mode;
+        let mode = match mode {
+            0 => Mode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            1 => Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            2 => Mode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        let stream = self.stream(stream)?;
+        let graph = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let deps = dependencies
+            .iter()
+            .map(|d| self.graph_nodes.get(d).map(|(_, node)| *node))
+            .collect::<Option<Vec<_>>>()
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: a live stream and graph of this context, `deps.len()`
+        // live nodes of it, no edge data (plain dependencies), a valid mode.
+        check("cuStreamBeginCaptureToGraph", unsafe {
+            sys::cuStreamBeginCaptureToGraph(
+                stream,
+                graph,
+                deps.as_ptr(),
+                std::ptr::null(),
+                deps.len(),
+                mode,
+            )
+        })
+    }
+
     fn stream_end_capture(&mut self, stream: StreamRef) -> CuResult<u64> {
         let stream = self.stream(stream)?;
         let mut graph: sys::CUgraph = null_mut();
@@ -1560,6 +1595,10 @@ impl ContextExecutor for CudaContext {
         check("cuStreamEndCapture", unsafe {
             sys::cuStreamEndCapture(stream, &mut graph)
         })?;
+        // A capture into an existing graph ends in that graph.
+        if let Some((handle, _)) = self.graphs.iter().find(|(_, g)| **g == graph) {
+            return Ok(*handle);
+        }
         let handle = self.new_handle();
         self.graphs.insert(handle, graph);
         Ok(handle)

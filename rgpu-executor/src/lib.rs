@@ -409,6 +409,17 @@ pub trait ContextExecutor {
     fn stream_begin_capture(&mut self, _stream: StreamRef, _mode: u32) -> CuResult<()> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
+    /// `stream` records what it is given into `graph`, after its nodes
+    /// `dependencies`, until `stream_end_capture` (which answers `graph`).
+    fn stream_begin_capture_to_graph(
+        &mut self,
+        _stream: StreamRef,
+        _graph: u64,
+        _dependencies: &[u64],
+        _mode: u32,
+    ) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
     /// Ends a capture: the graph recorded.
     fn stream_end_capture(&mut self, _stream: StreamRef) -> CuResult<u64> {
         Err(CUDA_ERROR_NOT_SUPPORTED)

@@ -559,6 +559,11 @@ pub struct SimContext {
     reservations: BTreeMap<u64, u64>,
     /// Streams being captured (by [`stream_key`]) and what they recorded.
     capturing: HashMap<u64, Vec<GraphOp>>,
+    /// Captures into an existing graph (by [`stream_key`]): the graph and
+    /// the nodes the first captured one depends on.
+    capture_targets: HashMap<u64, (u64, Vec<u64>)>,
+    /// Captures a query invalidated (by [`stream_key`]).
+    invalidated_captures: HashSet<u64>,
     /// Graphs: their nodes in the order they were added (a node depends
     /// only on nodes added before it, so this order is a valid one to run
     /// them in).
@@ -692,6 +697,8 @@ impl SimContext {
             physical: HashMap::new(),
             reservations: BTreeMap::new(),
             capturing: HashMap::new(),
+            capture_targets: HashMap::new(),
+            invalidated_captures: HashSet::new(),
             graphs: HashMap::new(),
             graph_execs: HashMap::new(),
             graph_allocations: HashMap::new(),
@@ -1705,8 +1712,14 @@ impl ContextExecutor for SimContext {
         Ok(())
     }
 
+    /// As the driver: a query of a capturing stream is refused and
+    /// invalidates the capture (its end then fails).
     fn stream_query(&mut self, stream: StreamRef) -> CuResult<()> {
         self.check_stream(stream)?;
+        if self.capturing.contains_key(&stream_key(stream)) {
+            self.invalidated_captures.insert(stream_key(stream));
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
         self.idle()
     }
 
@@ -1974,21 +1987,57 @@ impl ContextExecutor for SimContext {
         Ok(())
     }
 
+    fn stream_begin_capture_to_graph(
+        &mut self,
+        stream: StreamRef,
+        graph: u64,
+        dependencies: &[u64],
+        mode: u32,
+    ) -> CuResult<()> {
+        let nodes = self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if !dependencies
+            .iter()
+            .all(|d| nodes.iter().any(|n| n.handle == *d))
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        self.stream_begin_capture(stream, mode)?;
+        self.capture_targets
+            .insert(stream_key(stream), (graph, dependencies.to_vec()));
+        Ok(())
+    }
+
     fn stream_end_capture(&mut self, stream: StreamRef) -> CuResult<u64> {
         self.check_stream(stream)?;
         let ops = self
             .capturing
             .remove(&stream_key(stream))
             .ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
-        // One stream's work: a chain, each node after the one before.
+        let target = self.capture_targets.remove(&stream_key(stream));
+        if self.invalidated_captures.remove(&stream_key(stream)) {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        }
+        // One stream's work: a chain, each node after the one before (the
+        // first after the capture's dependencies, into an existing graph).
         let mut nodes: Vec<SimNode> = Vec::with_capacity(ops.len());
         for op in ops {
-            let dependencies = nodes.last().map(|n| vec![n.handle]).unwrap_or_default();
+            let dependencies = match nodes.last() {
+                Some(n) => vec![n.handle],
+                None => target.as_ref().map(|(_, d)| d.clone()).unwrap_or_default(),
+            };
             nodes.push(SimNode {
                 handle: self.new_handle(),
                 dependencies,
                 op,
             });
+        }
+        if let Some((graph, _)) = target {
+            let existing = self
+                .graphs
+                .get_mut(&graph)
+                .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            existing.extend(nodes);
+            return Ok(graph);
         }
         let handle = self.new_handle();
         self.graphs.insert(handle, nodes);

@@ -909,8 +909,12 @@ commands! {
     /// `cuStreamBeginCapture_v2`: the host's stream records instead of
     /// running until `StreamEndCapture`.
     StreamBeginCapture = 0x0405 { stream: u32, mode: u32 };
-    /// Ends the capture; the graph gets guest handle `graph`.
+    /// Ends the capture; the graph gets guest handle `graph` (a capture
+    /// into an existing graph ends in that graph, and `graph` is unused).
     StreamEndCapture = 0x0406 { stream: u32, graph: u32 };
+    /// `cuStreamBeginCaptureToGraph`: the stream's work is recorded into
+    /// existing graph `graph`, after its nodes `dependencies`.
+    StreamBeginCaptureToGraph = 0x0407 { stream: u32, mode: u32, graph: u32, dependencies: Vec<u32> };
     EventCreate = 0x0500 { event: u32, flags: u32 };
     EventDestroy = 0x0501 { event: u32 };
     EventRecord = 0x0502 { event: u32, stream: u32 };

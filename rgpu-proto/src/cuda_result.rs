@@ -28,6 +28,7 @@ pub const CUDA_ERROR_NOT_PERMITTED: u32 = 800;
 pub const CUDA_ERROR_NOT_SUPPORTED: u32 = 801;
 pub const CUDA_ERROR_ILLEGAL_STATE: u32 = 401;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: u32 = 900;
+pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: u32 = 901;
 pub const CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: u32 = 910;
 pub const CUDA_ERROR_INVALID_CLUSTER_SIZE: u32 = 912;
 pub const CUDA_ERROR_UNKNOWN: u32 = 999;
@@ -55,6 +56,11 @@ pub const KNOWN_RESULTS: &[(u32, &str, &str)] = &[
         CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
         "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
         "operation not permitted when stream is capturing",
+    ),
+    (
+        CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+        "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+        "the stream capture was invalidated by an earlier error in it",
     ),
     (
         CUDA_ERROR_INVALID_VALUE,

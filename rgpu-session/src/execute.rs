@@ -1063,11 +1063,46 @@ impl Worker {
                 ctx.stream_begin_capture(stream, CAPTURE_MODE_RELAXED)
                     .map(empty)
             }
+            Command::StreamBeginCaptureToGraph {
+                stream,
+                mode,
+                graph,
+                dependencies,
+            } => {
+                let stream = handles.stream(*stream)?;
+                if *mode > CAPTURE_MODE_RELAXED {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                let created_graph = handles.graph(*graph)?;
+                let deps = handles.dependencies(*graph, dependencies)?;
+                // Relaxed, as StreamBeginCapture says why.
+                ctx.stream_begin_capture_to_graph(
+                    stream,
+                    created_graph,
+                    &deps,
+                    CAPTURE_MODE_RELAXED,
+                )
+                .map(empty)
+            }
             Command::StreamEndCapture { stream, graph } => {
                 let stream = handles.stream(*stream)?;
                 // The capture ends whatever happens to its graph: the
                 // stream runs its work again.
                 let created = ctx.stream_end_capture(stream)?;
+                // Into an existing graph: it now holds the driver's nodes
+                // too, counted as the driver counts them.
+                let target = handles
+                    .graphs
+                    .iter()
+                    .find(|(_, g)| **g == created)
+                    .map(|(guest, _)| *guest);
+                if let Some(target) = target {
+                    let count = ctx.graph_node_count(created).unwrap_or(0);
+                    let contents = handles.graph_contents.entry(target).or_default();
+                    contents.captured = true;
+                    contents.weight = contents.weight.max(count as usize);
+                    return Ok(Vec::new());
+                }
                 let kept = check_new(&handles.graphs, *graph)
                     .and_then(|()| check_room(handles.graphs.len(), limits.graphs));
                 if let Err(code) = kept {
@@ -1337,24 +1372,26 @@ impl Worker {
                 child,
             } => {
                 let created_child = handles.graph(*child)?;
-                // The node holds a copy of the child: counted. A captured
-                // graph's size is the driver's, so it is no child here.
+                // The node holds a copy of the child: counted (a captured
+                // graph as the driver counts its nodes; captures hold no
+                // memory nodes here, stream-ordered memory being the
+                // guest's).
                 let contents = handles
                     .graph_contents
                     .get(child)
                     .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-                if contents.captured {
-                    warn_limited!(
-                        "ctx {ctx_id}: a captured graph as a child graph node is not supported"
-                    );
-                    return Err(CUDA_ERROR_NOT_SUPPORTED);
-                }
                 // As the driver (CUDA 13 answers NOT_SUPPORTED): no memory
                 // nodes in a child graph.
                 if contents.memory_nodes {
                     return Err(CUDA_ERROR_NOT_SUPPORTED);
                 }
-                let weight = contents.weight.saturating_add(1);
+                let counted = if contents.captured {
+                    let driver_count = ctx.graph_node_count(created_child)?;
+                    contents.weight.max(driver_count as usize)
+                } else {
+                    contents.weight
+                };
+                let weight = counted.saturating_add(1);
                 add_graph_node(
                     ctx,
                     handles,

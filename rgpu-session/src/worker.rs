@@ -662,7 +662,11 @@ impl Worker {
                             self.usage.end_wait();
                         }
                         match (&decoded.command, &result) {
-                            (Command::StreamBeginCapture { .. }, Ok(_)) => self.captures += 1,
+                            (
+                                Command::StreamBeginCapture { .. }
+                                | Command::StreamBeginCaptureToGraph { .. },
+                                Ok(_),
+                            ) => self.captures += 1,
                             (Command::StreamEndCapture { .. }, _) => {
                                 self.captures = self.captures.saturating_sub(1);
                             }

@@ -220,6 +220,9 @@ CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *dep
 CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                            const EdgeData *edges, size_t n, GraphNodeParams *params);
 CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, GraphNodeParams *params);
+CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode *deps,
+                                     const EdgeData *edges, size_t n, int mode);
+CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);
 
 #define N 4096u
 
@@ -654,6 +657,31 @@ int main(int argc, char **argv) {
         CHECK_CU(cuGraphLaunch(generic_exec, stream));
         CHECK_CU(cuStreamSynchronize(stream));
         CHECK_EQ_INT(mismatches(d_copy, updated_base, 0), 0);
+        /* A programmatic edge (type 1, from the programmatic port) between
+         * two kernels writing different buffers, as XLA adds them. */
+        {
+            CUgraph pdl = NULL;
+            CUgraphExec pdl_exec = NULL;
+            CUgraphNode first = NULL, second = NULL;
+            EdgeData programmatic = {1, 0, 1, {0}};
+            unsigned first_base = 9000, second_base = 9500;
+            void *first_args[] = {&d_index, &first_base, &count};
+            void *second_args[] = {&d_copy, &second_base, &count};
+            CHECK_CU(cuGraphCreate(&pdl, 0));
+            memset(&params, 0, sizeof params);
+            params.type = NODE_TYPE_KERNEL;
+            params.u.kernel = fill_index_node(fill_index, first_args);
+            CHECK_CU(cuGraphAddNode_v2(&first, pdl, NULL, NULL, 0, &params));
+            params.u.kernel = fill_index_node(fill_index, second_args);
+            CHECK_CU(cuGraphAddNode_v2(&second, pdl, &first, &programmatic, 1, &params));
+            CHECK_CU(cuGraphInstantiateWithFlags(&pdl_exec, pdl, 0));
+            CHECK_CU(cuGraphLaunch(pdl_exec, stream));
+            CHECK_CU(cuStreamSynchronize(stream));
+            CHECK_EQ_INT(mismatches(d_index, first_base, 0), 0);
+            CHECK_EQ_INT(mismatches(d_copy, second_base, 0), 0);
+            CHECK_CU(cuGraphExecDestroy(pdl_exec));
+            CHECK_CU(cuGraphDestroy(pdl));
+        }
         if (through_rgpu) {
             memset(&params, 0, sizeof params);
             params.type = 3; /* a host node */
@@ -662,6 +690,48 @@ int main(int argc, char **argv) {
         }
         CHECK_CU(cuGraphExecDestroy(generic_exec));
         CHECK_CU(cuGraphDestroy(generic));
+    }
+
+    /* Capture into an existing graph (XLA traces library calls into its
+     * command buffers so): a memset node, then a captured kernel and copy
+     * after it; the capture ends in the same graph, which then serves as
+     * a child graph node of another. */
+    {
+        CUgraph traced = NULL, ended = NULL, parent = NULL;
+        CUgraphExec traced_exec = NULL, parent_exec = NULL;
+        CUgraphNode t_memset = NULL, p_child = NULL;
+        unsigned traced_base = 11000;
+        void *traced_args[] = {&d_index, &traced_base, &count};
+        MemsetNodeParams clear_copy = memset32(d_copy, 0);
+        size_t held = 0;
+        CHECK_CU(cuMemsetD32(d_copy, 0x5a5a5a5au, N));
+        CHECK_CU(cuGraphCreate(&traced, 0));
+        CHECK_CU(cuGraphAddMemsetNode(&t_memset, traced, NULL, 0, &clear_copy, ctx));
+        CHECK_CU(cuStreamBeginCaptureToGraph(stream, traced, &t_memset, NULL, 1,
+                                             2 /* relaxed */));
+        CHECK_CU(cuLaunchKernel(fill_index, N / 128, 1, 1, 128, 1, 1, 0, stream, traced_args, NULL));
+        CHECK_CU(cuMemcpyDtoDAsync(d_copy, d_index, N * 4, stream));
+        CHECK_CU(cuStreamEndCapture(stream, &ended));
+        CHECK_TRUE(ended == traced);
+        CHECK_CU(cuGraphGetNodes(traced, NULL, &held));
+        CHECK_EQ_INT((int)held, 3);
+        /* Recorded, not run. */
+        CHECK_EQ_INT(mismatches(d_copy, 0x5a5a5a5au, 1), 0);
+        CHECK_CU(cuGraphInstantiateWithFlags(&traced_exec, traced, 0));
+        CHECK_CU(cuGraphLaunch(traced_exec, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(mismatches(d_copy, traced_base, 0), 0);
+        CHECK_CU(cuMemsetD32(d_copy, 0, N));
+        CHECK_CU(cuGraphCreate(&parent, 0));
+        CHECK_CU(cuGraphAddChildGraphNode(&p_child, parent, NULL, 0, traced));
+        CHECK_CU(cuGraphInstantiateWithFlags(&parent_exec, parent, 0));
+        CHECK_CU(cuGraphLaunch(parent_exec, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(mismatches(d_copy, traced_base, 0), 0);
+        CHECK_CU(cuGraphExecDestroy(parent_exec));
+        CHECK_CU(cuGraphExecDestroy(traced_exec));
+        CHECK_CU(cuGraphDestroy(parent));
+        CHECK_CU(cuGraphDestroy(traced));
     }
 
     CHECK_CU(cuGraphExecDestroy(clone_exec));

@@ -158,6 +158,16 @@ pub struct EdgeData {
     bytes: [u8; 8],
 }
 
+impl EdgeData {
+    /// A plain edge, or a programmatic one (`from_port` default,
+    /// programmatic or launch order; `type` programmatic): either is
+    /// honoured by a plain dependency, which orders at least as much.
+    fn orders_no_less_as_plain(&self) -> bool {
+        let [from_port, to_port, kind, ..] = self.bytes;
+        from_port <= 2 && to_port == 0 && kind <= 1
+    }
+}
+
 /// `CUDA_MEMSET_NODE_PARAMS` (`_v2` adds a context after it).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -213,9 +223,9 @@ pub(crate) struct Graph {
     handle: u32,
     /// Its nodes (their registry handles) in the order they were added.
     nodes: Mutex<Vec<usize>>,
-    /// Made by stream capture (or cloned from such a graph): its nodes are
-    /// the host driver's, not known here.
-    captured: bool,
+    /// Made by stream capture, captured into, or cloned from such a graph:
+    /// (some of) its nodes are the host driver's, not known here.
+    captured: std::sync::atomic::AtomicBool,
 }
 
 impl Graph {
@@ -224,8 +234,12 @@ impl Graph {
             context,
             handle,
             nodes: Mutex::new(Vec::new()),
-            captured,
+            captured: std::sync::atomic::AtomicBool::new(captured),
         }
+    }
+
+    fn captured(&self) -> bool {
+        self.captured.load(Ordering::Acquire)
     }
 
     fn nodes(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
@@ -363,6 +377,9 @@ struct Capture {
     /// Began it (`cuStreamBeginCapture`), else joined it by waiting on an
     /// event recorded in it.
     origin: bool,
+    /// Began by `cuStreamBeginCaptureToGraph`: the graph (registry handle)
+    /// it records into.
+    into: Option<usize>,
 }
 
 static CAPTURES: Mutex<Option<Captures>> = Mutex::new(None);
@@ -412,14 +429,27 @@ pub(crate) fn note_stream_wait(context: &Context, stream: u32, event: u32) {
             return;
         };
         if c.streams.values().any(|s| s.id == id && s.origin) {
-            c.streams
-                .entry((context.id, stream))
-                .or_insert(Capture { id, origin: false });
+            c.streams.entry((context.id, stream)).or_insert(Capture {
+                id,
+                origin: false,
+                into: None,
+            });
         }
     });
 }
 
 fn begin_on(stream: CUstream, mode: c_int, per_thread: bool) -> Result<(), u32> {
+    begin_capture_of(stream, mode, per_thread, None)
+}
+
+/// Begins a capture of `stream`, into an existing graph with `into`:
+/// the graph, its registry handle, and the dependencies' guest handles.
+fn begin_capture_of(
+    stream: CUstream,
+    mode: c_int,
+    per_thread: bool,
+    into: Option<(&Graph, usize, Vec<u32>)>,
+) -> Result<(), u32> {
     if !(MODE_GLOBAL..=MODE_RELAXED).contains(&mode) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -427,17 +457,68 @@ fn begin_on(stream: CUstream, mode: c_int, per_thread: bool) -> Result<(), u32> 
     if capture_of(&ctx, handle).is_some() {
         return Err(CUDA_ERROR_ILLEGAL_STATE);
     }
-    ctx.call(&Command::StreamBeginCapture {
-        stream: handle,
-        mode: mode as u32,
-    })?;
+    let target = match into {
+        None => {
+            ctx.call(&Command::StreamBeginCapture {
+                stream: handle,
+                mode: mode as u32,
+            })?;
+            None
+        }
+        Some((graph, key, dependencies)) => {
+            same_context(&ctx, &graph.context)?;
+            ctx.call(&Command::StreamBeginCaptureToGraph {
+                stream: handle,
+                mode: mode as u32,
+                graph: graph.handle,
+                dependencies,
+            })?;
+            Some(key)
+        }
+    };
     let id = NEXT_CAPTURE_ID.fetch_add(1, Ordering::Relaxed);
     captures(|c| {
-        c.streams
-            .insert((ctx.id, handle), Capture { id, origin: true })
+        c.streams.insert(
+            (ctx.id, handle),
+            Capture {
+                id,
+                origin: true,
+                into: target,
+            },
+        )
     });
     ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
     Ok(())
+}
+
+/// `cuStreamBeginCaptureToGraph`: the stream's work is recorded into
+/// `graph` after `dependencies` (plain or programmatic edges, the latter
+/// as plain dependencies, as `cuGraphAddNode_v2` takes them).
+pub(crate) fn begin_capture_to_graph(
+    stream: CUstream,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    edges: *const EdgeData,
+    count: usize,
+    mode: c_int,
+) -> Result<(), u32> {
+    let target = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if !edges.is_null() && count > 0 {
+        if count > MAX_NODE_DEPENDENCIES {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-NULL; the API contract makes it `count` entries.
+        let edges = unsafe { std::slice::from_raw_parts(edges, count) };
+        if !edges.iter().all(EdgeData::orders_no_less_as_plain) {
+            log::warn!("rgpu: cuStreamBeginCaptureToGraph: edges other than plain and programmatic ones are not supported");
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+    }
+    let deps = dependency_handles(&target.context, dependencies, count)?
+        .into_iter()
+        .map(|(_, handle)| handle)
+        .collect();
+    begin_capture_of(stream, mode, false, Some((&target, graph as usize, deps)))
 }
 
 pub(crate) fn begin_capture(stream: CUstream) -> Result<(), u32> {
@@ -473,6 +554,17 @@ fn end_on(stream: CUstream, graph: *mut CUgraph, per_thread: bool) -> Result<(),
             c.events.retain(|_, id| *id != capture.id);
         });
         ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
+    }
+    if let Some(key) = capture.into {
+        // Into an existing graph: the capture ends in it.
+        ctx.call(&Command::StreamEndCapture {
+            stream: handle,
+            graph: 0,
+        })?;
+        if let Some(target) = GRAPHS.get(key as CUgraph) {
+            target.captured.store(true, Ordering::Release);
+        }
+        return write_out(graph, key as CUgraph);
     }
     let graph_handle = ctx.new_handle()?;
     ctx.call(&Command::StreamEndCapture {
@@ -611,7 +703,7 @@ pub(crate) fn clone(clone: *mut CUgraph, original: CUgraph) -> Result<(), u32> {
         original: original.handle,
         first_node,
     })?;
-    let graph = Arc::new(Graph::new(ctx.clone(), handle, original.captured));
+    let graph = Arc::new(Graph::new(ctx.clone(), handle, original.captured()));
     {
         let mut nodes = graph.nodes();
         // Original registry handle -> the copy's: a node depends only on
@@ -998,8 +1090,7 @@ pub(crate) fn add_event_wait_node(
     add_event_node(out, graph, dependencies, count, event, NODE_WAIT_EVENT)
 }
 
-/// `cuGraphAddChildGraphNode`: the node holds a copy of `child` (built
-/// node by node: the host refuses a captured graph as a child).
+/// `cuGraphAddChildGraphNode`: the node holds a copy of `child`.
 pub(crate) fn add_child_graph_node(
     out: *mut CUgraphNode,
     graph: CUgraph,
@@ -1166,7 +1257,7 @@ pub(crate) fn get_nodes(
     if count.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if graph.captured {
+    if graph.captured() {
         // The driver made its nodes on the host: their number is asked
         // there (PyTorch checks that a capture recorded any); naming them
         // here is not supported.
@@ -1706,8 +1797,12 @@ pub(crate) fn add_node_generic(
     }
 }
 
-/// `cuGraphAddNode_v2`: with edge data, which must describe plain
-/// dependencies (all zero); programmatic edges are not supported.
+/// `cuGraphAddNode_v2`: with edge data. A programmatic edge (XLA's
+/// command buffers add them between kernels) lets the dependent kernel
+/// start before the one it depends on has finished, up to its
+/// `cudaGridDependencySynchronize`; it is added as a full dependency,
+/// which orders strictly more (the wait then returns at once): the same
+/// results, without the overlap. Other edge kinds are not supported.
 pub(crate) fn add_node_generic_v2(
     out: *mut CUgraphNode,
     graph: CUgraph,
@@ -1722,9 +1817,18 @@ pub(crate) fn add_node_generic_v2(
         }
         // SAFETY: non-NULL; the API contract makes it `count` entries.
         let edges = unsafe { std::slice::from_raw_parts(edges, count) };
-        if edges.iter().any(|e| e.bytes != [0; 8]) {
-            log::warn!("rgpu: cuGraphAddNode_v2 with programmatic edges is not supported");
+        if !edges.iter().all(EdgeData::orders_no_less_as_plain) {
+            log::warn!("rgpu: cuGraphAddNode_v2: edges other than plain and programmatic ones are not supported");
             return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        if edges.iter().any(|e| e.bytes != [0; 8]) {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                log::info!(
+                    "rgpu: programmatic graph edges are added as full dependencies (same \
+                     results, no overlap of dependent kernels)"
+                );
+            });
         }
     }
     add_node_generic(out, graph, dependencies, count, params)
