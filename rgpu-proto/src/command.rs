@@ -848,6 +848,12 @@ commands! {
     /// SUBMIT_3D that carries this, if any, signals once the host has
     /// executed them.
     Doorbell = 0x0002 { until: u64 };
+    /// The next blob of `size` bytes this context attaches is mapped in its
+    /// worker at `address`, the guest process's own address of it, when
+    /// that range is free there (SUBMIT_3D only; the drm carrier's way to
+    /// say what the local carrier puts in the blob id, which Linux's
+    /// driver keeps at zero for guest blobs).
+    PlaceNextBlob = 0x0003 { address: u64, size: u64 };
     CtxSynchronize = 0x0100;
     CtxGetLimit = 0x0101 { limit: u32 };
     CtxSetLimit = 0x0102 { limit: u32, value: u64 };

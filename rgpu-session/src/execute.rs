@@ -505,6 +505,7 @@ impl Worker {
             Command::Padding
             | Command::BindChannel { .. }
             | Command::Doorbell { .. }
+            | Command::PlaceNextBlob { .. }
             | Command::DeviceStatus { .. } => Err(CUDA_ERROR_INVALID_VALUE),
             Command::CtxSynchronize => ctx.synchronize().map(empty),
             Command::CtxGetLimit { limit } => ctx.get_limit(*limit).map(|v| u64_payload(&[v])),

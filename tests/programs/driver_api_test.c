@@ -456,6 +456,33 @@ static int step_errors(int bogus_handles) {
     return 0;
 }
 
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags);
+
+/* Page-locked memory under unified addressing: its pointer is itself a
+ * device address, which memsets and copies may name (XLA relies on it),
+ * in local mode and in a VM. Not over the network carrier, whose
+ * page-locked memory the host's GPU does not see. */
+static int step_unified_pinned(void) {
+    enum { WORDS = 1024 };
+    uint32_t *h = NULL, back[16], expected[16];
+    CUdeviceptr dh = 0;
+    unsigned wrong = 0;
+    if (getenv("RGPU_SERVER")) return 0;
+    REQUIRE_CU(cuMemAllocHost((void **)&h, WORDS * 4));
+    CHECK_CU(cuMemHostGetDevicePointer_v2(&dh, h, 0));
+    CHECK_TRUE(dh == (CUdeviceptr)(uintptr_t)h);
+    for (unsigned i = 0; i < WORDS; i++) h[i] = i;
+    CHECK_CU(cuMemsetD32((CUdeviceptr)(uintptr_t)(h + 16), 0xABCD1234u, 16));
+    CHECK_CU(cuCtxSynchronize());
+    for (unsigned i = 0; i < 16; i++) expected[i] = 0xABCD1234u;
+    CHECK_CU(cuMemcpyDtoH(back, (CUdeviceptr)(uintptr_t)(h + 16), sizeof back));
+    CHECK_WORDS(back, expected, 16);
+    for (unsigned i = 0; i < WORDS; i++) wrong += h[i] != (i >= 16 && i < 32 ? 0xABCD1234u : i);
+    CHECK_TRUE(wrong == 0);
+    REQUIRE_CU(cuMemFreeHost(h));
+    return 0;
+}
+
 static int run_iteration(const struct kernels *k, const struct options *o, unsigned iteration) {
     int status = 0;
     status |= step_memset();
@@ -464,6 +491,7 @@ static int run_iteration(const struct kernels *k, const struct options *o, unsig
     status |= step_streams(k, iteration);
     status |= step_big_copy(o->big_mb, iteration);
     if (o->bulk_pinned_mb > 0) status |= step_bulk_pinned(k, o->bulk_pinned_mb, iteration);
+    status |= step_unified_pinned();
     status |= step_errors(o->bogus_handles);
     return status;
 }

@@ -40,9 +40,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use rgpu_proto::batch::encode_batch;
 use rgpu_proto::capset::Capset;
 use rgpu_proto::process_group::tagged_debug_name;
-use rgpu_proto::{CAPSET_ID_RGPU, PROTOCOL_VERSION};
+use rgpu_proto::{Command, CAPSET_ID_RGPU, PROTOCOL_VERSION};
 
 use super::{BlobMapping, Carrier, CarrierError, FenceToken};
 use crate::process_tag::process_tag;
@@ -645,6 +646,9 @@ pub struct DrmCarrier {
     next_fence: AtomicU64,
     spin: Duration,
     fence_timeout: Option<Duration>,
+    /// Held while a blob is created: a `PlaceNextBlob` and its blob come
+    /// one right after the other.
+    creating: Mutex<()>,
 }
 
 impl DrmCarrier {
@@ -694,6 +698,7 @@ impl DrmCarrier {
             next_fence: AtomicU64::new(1),
             spin: super::local::spin_from_env(),
             fence_timeout: fence_timeout_from_env(),
+            creating: Mutex::new(()),
         })
     }
 
@@ -712,6 +717,143 @@ impl DrmCarrier {
             .get(&ctx_id)
             .cloned()
             .ok_or(CarrierError::UnknownContext(ctx_id))
+    }
+
+    /// [`Carrier::create_blob`]; with `same_address`, the host is asked to
+    /// map the blob for its GPU where this process maps it, so kernels
+    /// reach it by this process's pointer as with unified addressing
+    /// natively. Linux's driver refuses a blob id for guest blobs, so a
+    /// `PlaceNextBlob` submission says the address just before the blob is
+    /// created (and attached); creations hold `creating` so that no other
+    /// blob comes between.
+    fn create_placed_blob(
+        &self,
+        ctx_id: u32,
+        size: u64,
+        same_address: bool,
+    ) -> Result<BlobMapping, CarrierError> {
+        let ctx = self.context(ctx_id)?;
+        let fd = ctx.fd.as_raw_fd();
+        let rounded = size
+            .max(1)
+            .checked_next_multiple_of(page_size())
+            .filter(|s| usize::try_from(*s).is_ok())
+            .ok_or(CarrierError::OutOfMemory(size))?;
+        let _creating = lock(&self.creating);
+        // The address first: the host learns it just before the blob.
+        let reservation = if same_address {
+            Some(reserve(rounded as usize).map_err(|_| CarrierError::OutOfMemory(size))?)
+        } else {
+            None
+        };
+        let release = |reservation: Option<*mut libc::c_void>| {
+            if let Some(at) = reservation {
+                // SAFETY: our own reservation, which nothing maps over now.
+                unsafe { libc::munmap(at, rounded as usize) };
+            }
+        };
+        if let Some(at) = reservation {
+            let place = Command::PlaceNextBlob {
+                address: at as u64,
+                size: rounded,
+            };
+            if let Err(e) = self.submit(ctx_id, &encode_batch(&[(0, place)]), false) {
+                release(reservation);
+                return Err(e);
+            }
+        }
+        let mut create = uapi::VirtgpuResourceCreateBlob {
+            blob_mem: uapi::VIRTGPU_BLOB_MEM_GUEST,
+            blob_flags: uapi::VIRTGPU_BLOB_FLAG_USE_MAPPABLE,
+            size: rounded,
+            ..Default::default()
+        };
+        // SAFETY: no command buffer (cmd_size 0): the structure holds no
+        // addresses.
+        let created = unsafe {
+            ioctl(
+                fd,
+                &uapi::DRM_IOCTL_VIRTGPU_RESOURCE_CREATE_BLOB,
+                &mut create,
+            )
+        }
+        .map_err(|e| match &e {
+            CarrierError::Ioctl { source, .. } if source.raw_os_error() == Some(libc::ENOMEM) => {
+                CarrierError::OutOfMemory(size)
+            }
+            _ => e,
+        });
+        if let Err(e) = created {
+            release(reservation);
+            return Err(e);
+        }
+        let handle = create.bo_handle;
+        let resource_id = create.res_handle;
+        let mapped = (|| {
+            let mut map = uapi::VirtgpuMap {
+                handle,
+                ..Default::default()
+            };
+            // SAFETY: the structure holds no addresses.
+            unsafe { ioctl(fd, &uapi::DRM_IOCTL_VIRTGPU_MAP, &mut map)? };
+            let offset = libc::off_t::try_from(map.offset).map_err(|_| CarrierError::Ioctl {
+                ioctl: uapi::DRM_IOCTL_VIRTGPU_MAP.name,
+                source: io::Error::from_raw_os_error(libc::EOVERFLOW),
+            })?;
+            let (at, fixed) = match reservation {
+                Some(at) => (at, libc::MAP_FIXED),
+                None => (std::ptr::null_mut(), 0),
+            };
+            // SAFETY: a fresh shared mapping, either where the kernel chooses
+            // or over this process's own reservation for it; nothing else
+            // in this process refers to that range.
+            let ptr = unsafe {
+                libc::mmap(
+                    at,
+                    rounded as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | fixed,
+                    fd,
+                    offset,
+                )
+            };
+            if ptr == libc::MAP_FAILED {
+                let source = io::Error::last_os_error();
+                return Err(if source.raw_os_error() == Some(libc::ENOMEM) {
+                    CarrierError::OutOfMemory(size)
+                } else {
+                    CarrierError::Ioctl {
+                        ioctl: "mmap of the blob",
+                        source,
+                    }
+                });
+            }
+            Ok(ptr.cast::<u8>())
+        })();
+        let ptr = match mapped {
+            Ok(ptr) => ptr,
+            Err(e) => {
+                if let Err(close) = Self::gem_close(fd, handle) {
+                    log::warn!("blob {resource_id}: {close}");
+                }
+                release(reservation);
+                return Err(e);
+            }
+        };
+        lock(&self.blobs).insert(
+            resource_id,
+            Blob {
+                addr: ptr as usize,
+                len: rounded as usize,
+                handles: vec![Handle { ctx_id, handle }],
+            },
+        );
+        log::debug!("blob {resource_id}: {rounded} bytes in context {ctx_id}");
+        Ok(BlobMapping {
+            resource_id,
+            ptr,
+            size: rounded,
+        })
     }
 
     fn gem_close(fd: RawFd, handle: u32) -> Result<(), CarrierError> {
@@ -762,6 +904,26 @@ fn read_capset(fd: RawFd) -> Result<Capset, CarrierError> {
         });
     }
     Ok(capset)
+}
+
+/// `len` bytes of address space, reserved (no memory) for a blob to be
+/// mapped over.
+fn reserve(len: usize) -> io::Result<*mut libc::c_void> {
+    // SAFETY: a fresh anonymous reservation nobody else uses.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if at == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(at)
 }
 
 /// The debug name as the kernel takes it: no NULs, at most 63 bytes.
@@ -837,95 +999,15 @@ impl Carrier for DrmCarrier {
     }
 
     fn create_blob(&self, ctx_id: u32, size: u64) -> Result<BlobMapping, CarrierError> {
-        let ctx = self.context(ctx_id)?;
-        let fd = ctx.fd.as_raw_fd();
-        let rounded = size
-            .max(1)
-            .checked_next_multiple_of(page_size())
-            .filter(|s| usize::try_from(*s).is_ok())
-            .ok_or(CarrierError::OutOfMemory(size))?;
-        let mut create = uapi::VirtgpuResourceCreateBlob {
-            blob_mem: uapi::VIRTGPU_BLOB_MEM_GUEST,
-            blob_flags: uapi::VIRTGPU_BLOB_FLAG_USE_MAPPABLE,
-            size: rounded,
-            ..Default::default()
-        };
-        // SAFETY: no command buffer (cmd_size 0): the structure holds no
-        // addresses.
-        unsafe {
-            ioctl(
-                fd,
-                &uapi::DRM_IOCTL_VIRTGPU_RESOURCE_CREATE_BLOB,
-                &mut create,
-            )
-        }
-        .map_err(|e| match &e {
-            CarrierError::Ioctl { source, .. } if source.raw_os_error() == Some(libc::ENOMEM) => {
-                CarrierError::OutOfMemory(size)
-            }
-            _ => e,
-        })?;
-        let handle = create.bo_handle;
-        let resource_id = create.res_handle;
-        let mapped = (|| {
-            let mut map = uapi::VirtgpuMap {
-                handle,
-                ..Default::default()
-            };
-            // SAFETY: the structure holds no addresses.
-            unsafe { ioctl(fd, &uapi::DRM_IOCTL_VIRTGPU_MAP, &mut map)? };
-            let offset = libc::off_t::try_from(map.offset).map_err(|_| CarrierError::Ioctl {
-                ioctl: uapi::DRM_IOCTL_VIRTGPU_MAP.name,
-                source: io::Error::from_raw_os_error(libc::EOVERFLOW),
-            })?;
-            // SAFETY: a fresh shared mapping chosen by the kernel; nothing
-            // else in this process refers to that range yet.
-            let ptr = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    rounded as usize,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    fd,
-                    offset,
-                )
-            };
-            if ptr == libc::MAP_FAILED {
-                let source = io::Error::last_os_error();
-                return Err(if source.raw_os_error() == Some(libc::ENOMEM) {
-                    CarrierError::OutOfMemory(size)
-                } else {
-                    CarrierError::Ioctl {
-                        ioctl: "mmap of the blob",
-                        source,
-                    }
-                });
-            }
-            Ok(ptr.cast::<u8>())
-        })();
-        let ptr = match mapped {
-            Ok(ptr) => ptr,
-            Err(e) => {
-                if let Err(close) = Self::gem_close(fd, handle) {
-                    log::warn!("blob {resource_id}: {close}");
-                }
-                return Err(e);
-            }
-        };
-        lock(&self.blobs).insert(
-            resource_id,
-            Blob {
-                addr: ptr as usize,
-                len: rounded as usize,
-                handles: vec![Handle { ctx_id, handle }],
-            },
-        );
-        log::debug!("blob {resource_id}: {rounded} bytes in context {ctx_id}");
-        Ok(BlobMapping {
-            resource_id,
-            ptr,
-            size: rounded,
-        })
+        self.create_placed_blob(ctx_id, size, false)
+    }
+
+    fn create_same_address_blob(
+        &self,
+        ctx_id: u32,
+        size: u64,
+    ) -> Result<BlobMapping, CarrierError> {
+        self.create_placed_blob(ctx_id, size, true)
     }
 
     fn attach_blob(&self, ctx_id: u32, resource_id: u32) -> Result<(), CarrierError> {

@@ -150,8 +150,7 @@ pub trait Carrier: Send + Sync {
     /// to map the blob for its GPU at the address it has in this process,
     /// so that kernels reach it by this process's pointer, as with unified
     /// addressing natively. Where it cannot, the host maps it elsewhere
-    /// (`HostDevicePointer` says where). The drm carrier cannot ask yet:
-    /// Linux's virtio-gpu driver refuses a blob id for guest blobs.
+    /// (`HostDevicePointer` says where).
     fn create_same_address_blob(
         &self,
         ctx_id: u32,

@@ -149,6 +149,8 @@ fn allowed(command: &Command) -> bool {
         command,
         Command::BindChannel { .. }
             | Command::Doorbell { .. }
+            | Command::PlaceNextBlob { .. }
+            | Command::HostDevicePointer { .. }
             | Command::MemcpyHtoD { .. }
             | Command::MemcpyDtoH { .. }
             | Command::ModuleLoad { .. }

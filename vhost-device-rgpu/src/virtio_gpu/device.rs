@@ -20,7 +20,7 @@ use rgpu_proto::capset::{Capset, DeviceInfo};
 use rgpu_proto::process_group::parse_debug_name;
 use rgpu_proto::virtio_gpu::*;
 use rgpu_proto::wire::{DecodeError, WireReader, WireWriter};
-use rgpu_proto::{CAPSET_ID_RGPU, PROTOCOL_VERSION};
+use rgpu_proto::{Command, CAPSET_ID_RGPU, PROTOCOL_VERSION};
 use rgpu_session::{AtomicGuestMemory, Completion, Counters, GuestMemory, MemoryBudget};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
@@ -227,6 +227,9 @@ pub struct GpuDevice {
     /// Blob entries of all live blobs.
     blob_entries: usize,
     files: GuestFiles,
+    /// Each context's `PlaceNextBlob`: where its next blob of that size is
+    /// mapped in its worker, (address, size).
+    placements: HashMap<u32, (u64, u64)>,
 }
 
 impl GpuDevice {
@@ -243,6 +246,7 @@ impl GpuDevice {
             guest_ranges: BTreeMap::new(),
             blob_entries: 0,
             files: GuestFiles::default(),
+            placements: HashMap::new(),
         }
     }
 
@@ -545,6 +549,7 @@ impl GpuDevice {
         let ctx_id = hdr.ctx_id;
         let (key, _) = self.worker_of(ctx_id)?;
         self.contexts.remove(&ctx_id);
+        self.placements.remove(&ctx_id);
         let countdown = deferred(vring, chain, hdr);
         // The session's end lets go of its blobs; blobs no other context of
         // the worker uses are unmapped there.
@@ -737,6 +742,13 @@ impl GpuDevice {
             return Ok(Outcome::Respond(RESP_OK_NODATA, Vec::new()));
         }
         if !worker.blobs_mapped.contains(&id) {
+            // The context said where its next blob of this size goes (a
+            // guest kernel keeps blob ids of guest blobs at zero).
+            if let Some((address, size)) = self.placements.remove(&ctx_id) {
+                if resource.address == 0 && size == resource.size {
+                    resource.address = same_address(address, size);
+                }
+            }
             send_blob(worker, &self.files, id, resource);
         }
         worker.send(
@@ -792,7 +804,23 @@ impl GpuDevice {
         let (_, worker) = self.worker_of(hdr.ctx_id)?;
         let payload = request::submit_payload(body)
             .map_err(|e| RequestError::InvalidParameter(format!("SUBMIT_3D size: {e}")))?;
-        decode_batch(payload).map_err(|e| RequestError::InvalidParameter(format!("batch: {e}")))?;
+        let commands = decode_batch(payload)
+            .map_err(|e| RequestError::InvalidParameter(format!("batch: {e}")))?;
+        // Where the next blob goes: this process's business, not the
+        // worker's; alone in its submission.
+        let placement = commands.iter().find_map(|c| match c.command {
+            Command::PlaceNextBlob { address, size } => Some((address, size)),
+            _ => None,
+        });
+        if let Some(placement) = placement {
+            if commands.len() != 1 {
+                return Err(RequestError::InvalidParameter(
+                    "PlaceNextBlob shares its submission".into(),
+                ));
+            }
+            self.placements.insert(hdr.ctx_id, placement);
+            return Ok(Outcome::Respond(RESP_OK_NODATA, Vec::new()));
+        }
         if payload.len() > MAX_SUBMIT_PAYLOAD {
             return Err(RequestError::InvalidParameter(format!(
                 "SUBMIT_3D of {} bytes (at most {MAX_SUBMIT_PAYLOAD})",
