@@ -129,6 +129,14 @@ rgpu_shim::exported_api! {
     fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) => memory_pool::get_attribute;
     fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) => memory_pool::trim_to;
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => stream_ordered::free_async_ptsz;
+    fn cuStreamWriteValue32(stream: CUstream, address: CUdeviceptr, value: c_uint, flags: c_uint) => stream_ordered::write_value32;
+    fn cuStreamWriteValue32_v2(stream: CUstream, address: CUdeviceptr, value: c_uint, flags: c_uint) => stream_ordered::write_value32;
+    fn cuStreamWriteValue64(stream: CUstream, address: CUdeviceptr, value: u64, flags: c_uint) => stream_ordered::write_value64;
+    fn cuStreamWriteValue64_v2(stream: CUstream, address: CUdeviceptr, value: u64, flags: c_uint) => stream_ordered::write_value64;
+    fn cuStreamWaitValue32(stream: CUstream, address: CUdeviceptr, value: c_uint, flags: c_uint) => stream_ordered::wait_value32;
+    fn cuStreamWaitValue32_v2(stream: CUstream, address: CUdeviceptr, value: c_uint, flags: c_uint) => stream_ordered::wait_value32;
+    fn cuStreamWaitValue64(stream: CUstream, address: CUdeviceptr, value: u64, flags: c_uint) => stream_ordered::wait_value64;
+    fn cuStreamWaitValue64_v2(stream: CUstream, address: CUdeviceptr, value: u64, flags: c_uint) => stream_ordered::wait_value64;
     fn cuLaunchHostFunc(stream: CUstream, function: HostFn, user_data: *mut c_void) => stream_ordered::launch_host_func;
     fn cuLaunchHostFunc_ptsz(stream: CUstream, function: HostFn, user_data: *mut c_void) => stream_ordered::launch_host_func_ptsz;
     fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, count: usize) => memory::htod_sync;

@@ -18,6 +18,7 @@ mod context_storage;
 mod device_ranges;
 pub mod device_status;
 mod entry;
+mod host_functions;
 pub mod exports;
 pub mod image;
 pub mod params;

@@ -1588,6 +1588,45 @@ impl ContextExecutor for CudaContext {
         })
     }
 
+    fn stream_write_value(
+        &mut self,
+        stream: StreamRef,
+        address: u64,
+        value: u64,
+        width: u32,
+        flags: u32,
+    ) -> CuResult<()> {
+        let stream = self.stream(stream)?;
+        // SAFETY: a live stream of this context; the session checked that
+        // `address` holds `width` bytes of this process's memory.
+        check("cuStreamWriteValue", unsafe {
+            if width == 8 {
+                sys::cuStreamWriteValue64_v2(stream, address, value, flags)
+            } else {
+                sys::cuStreamWriteValue32_v2(stream, address, value as u32, flags)
+            }
+        })
+    }
+
+    fn stream_wait_value(
+        &mut self,
+        stream: StreamRef,
+        address: u64,
+        value: u64,
+        width: u32,
+        flags: u32,
+    ) -> CuResult<()> {
+        let stream = self.stream(stream)?;
+        // SAFETY: as for stream_write_value; the GPU waits, not this thread.
+        check("cuStreamWaitValue", unsafe {
+            if width == 8 {
+                sys::cuStreamWaitValue64_v2(stream, address, value, flags)
+            } else {
+                sys::cuStreamWaitValue32_v2(stream, address, value as u32, flags)
+            }
+        })
+    }
+
     fn stream_end_capture(&mut self, stream: StreamRef) -> CuResult<u64> {
         let stream = self.stream(stream)?;
         let mut graph: sys::CUgraph = null_mut();

@@ -420,6 +420,28 @@ pub trait ContextExecutor {
     ) -> CuResult<()> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
+    /// `cuStreamWriteValue32/64` (`width` 4 or 8, checked by the caller).
+    fn stream_write_value(
+        &mut self,
+        _stream: StreamRef,
+        _address: u64,
+        _value: u64,
+        _width: u32,
+        _flags: u32,
+    ) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuStreamWaitValue32/64` (`width` 4 or 8, checked by the caller).
+    fn stream_wait_value(
+        &mut self,
+        _stream: StreamRef,
+        _address: u64,
+        _value: u64,
+        _width: u32,
+        _flags: u32,
+    ) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
     /// Ends a capture: the graph recorded.
     fn stream_end_capture(&mut self, _stream: StreamRef) -> CuResult<u64> {
         Err(CUDA_ERROR_NOT_SUPPORTED)

@@ -94,6 +94,8 @@ const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
 const CU_EVENT_INTERPROCESS: u32 = 0x4;
 /// How the fixture's IPC handles start: a memory handle's, an event's.
 pub const SIM_IPC_MEM_MAGIC: &[u8; 16] = b"rgpu-sim-ipc-mem";
+/// How long the sim's `stream_wait_value` polls before giving up.
+const SIM_WAIT_VALUE_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
 /// The first word of the sim's tensor maps ("rgputmap").
 const SIM_TENSOR_MAP_MAGIC: u64 = u64::from_le_bytes(*b"rgputmap");
 pub const SIM_IPC_EVENT_MAGIC: &[u8; 16] = b"rgpu-sim-ipc-evt";
@@ -636,6 +638,19 @@ enum GraphOp {
     /// memory is there all along: replaying them does nothing).
     MemAlloc(u64),
     MemFree(u64),
+    /// A stream memory operation (captured `cuStreamWrite/WaitValue`).
+    WriteValue {
+        address: u64,
+        value: u64,
+        width: u32,
+        flags: u32,
+    },
+    WaitValue {
+        address: u64,
+        value: u64,
+        width: u32,
+        flags: u32,
+    },
 }
 
 impl GraphOp {
@@ -911,9 +926,46 @@ impl SimContext {
                 GraphOp::EventWait(event) => self.stream_wait_event(stream, *event, 0)?,
                 GraphOp::Child(ops) => self.replay(ops, stream)?,
                 GraphOp::MemAlloc(_) | GraphOp::MemFree(_) => {}
+                GraphOp::WriteValue {
+                    address,
+                    value,
+                    width,
+                    flags,
+                } => self.stream_write_value(stream, *address, *value, *width, *flags)?,
+                GraphOp::WaitValue {
+                    address,
+                    value,
+                    width,
+                    flags,
+                } => self.stream_wait_value(stream, *address, *value, *width, *flags)?,
             }
         }
         Ok(())
+    }
+
+    /// The `width`-byte word at `address` (reachable memory), read or
+    /// written volatilely.
+    fn value_at(&self, address: u64, width: u32, write: Option<u64>) -> CuResult<u64> {
+        let reachable = lock_reachable(&self.reachable);
+        let at = self.reach(&reachable, address, width.into())?;
+        // SAFETY: `reach` checked `width` bytes at `at` inside a live block
+        // or registered memory, kept while `reachable` is held; the guest
+        // may touch the same word, so every access is volatile.
+        unsafe {
+            if width == 8 {
+                let word = at.cast::<u64>();
+                if let Some(value) = write {
+                    word.write_volatile(value);
+                }
+                Ok(word.read_volatile())
+            } else {
+                let word = at.cast::<u32>();
+                if let Some(value) = write {
+                    word.write_volatile(value as u32);
+                }
+                Ok(word.read_volatile().into())
+            }
+        }
     }
 
     /// What a node of a built graph does, checked as the driver checks it
@@ -2005,6 +2057,71 @@ impl ContextExecutor for SimContext {
         self.capture_targets
             .insert(stream_key(stream), (graph, dependencies.to_vec()));
         Ok(())
+    }
+
+    fn stream_write_value(
+        &mut self,
+        stream: StreamRef,
+        address: u64,
+        value: u64,
+        width: u32,
+        flags: u32,
+    ) -> CuResult<()> {
+        self.check_stream(stream)?;
+        if let Some(ops) = self.capturing.get_mut(&stream_key(stream)) {
+            ops.push(GraphOp::WriteValue {
+                address,
+                value,
+                width,
+                flags,
+            });
+            return Ok(());
+        }
+        self.value_at(address, width, Some(value)).map(|_| ())
+    }
+
+    /// The sim runs a stream's work at once, so a wait polls the word here
+    /// (someone else, a guest thread, sets it), for at most
+    /// [`SIM_WAIT_VALUE_LIMIT`]: the driver would wait for ever.
+    fn stream_wait_value(
+        &mut self,
+        stream: StreamRef,
+        address: u64,
+        value: u64,
+        width: u32,
+        flags: u32,
+    ) -> CuResult<()> {
+        self.check_stream(stream)?;
+        if let Some(ops) = self.capturing.get_mut(&stream_key(stream)) {
+            ops.push(GraphOp::WaitValue {
+                address,
+                value,
+                width,
+                flags,
+            });
+            return Ok(());
+        }
+        let mask = if width == 8 { u64::MAX } else { u64::from(u32::MAX) };
+        let value = value & mask;
+        let met = |word: u64| match flags & 0x3 {
+            // GEQ: cyclic, as the driver compares.
+            0 if width == 8 => (word.wrapping_sub(value) as i64) >= 0,
+            0 => ((word as u32).wrapping_sub(value as u32) as i32) >= 0,
+            1 => word == value,
+            2 => word & value != 0,
+            _ => !(word | value) & mask != 0,
+        };
+        let deadline = std::time::Instant::now() + SIM_WAIT_VALUE_LIMIT;
+        loop {
+            if met(self.value_at(address, width, None)?) {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                warn!("sim: a stream waited {SIM_WAIT_VALUE_LIMIT:?} for the word at {address:#x}");
+                return Err(CUDA_ERROR_LAUNCH_TIMEOUT);
+            }
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
     }
 
     fn stream_end_capture(&mut self, stream: StreamRef) -> CuResult<u64> {

@@ -921,6 +921,13 @@ commands! {
     /// `cuStreamBeginCaptureToGraph`: the stream's work is recorded into
     /// existing graph `graph`, after its nodes `dependencies`.
     StreamBeginCaptureToGraph = 0x0407 { stream: u32, mode: u32, graph: u32, dependencies: Vec<u32> };
+    /// `cuStreamWriteValue32/64`: once its earlier work is done, the stream
+    /// writes the low `width` (4 or 8) bytes of `value` at device address
+    /// `address`.
+    StreamWriteValue = 0x0408 { stream: u32, width: u32, address: u64, value: u64, flags: u32 };
+    /// `cuStreamWaitValue32/64`: the stream waits until the `width`-byte
+    /// word at `address` meets `flags`' condition against `value`.
+    StreamWaitValue = 0x0409 { stream: u32, width: u32, address: u64, value: u64, flags: u32 };
     EventCreate = 0x0500 { event: u32, flags: u32 };
     EventDestroy = 0x0501 { event: u32 };
     EventRecord = 0x0502 { event: u32, stream: u32 };

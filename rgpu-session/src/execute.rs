@@ -1085,6 +1085,32 @@ impl Worker {
                 )
                 .map(empty)
             }
+            Command::StreamWriteValue {
+                stream,
+                width,
+                address,
+                value,
+                flags,
+            }
+            | Command::StreamWaitValue {
+                stream,
+                width,
+                address,
+                value,
+                flags,
+            } => {
+                let stream = handles.stream(*stream)?;
+                if !matches!(width, 4 | 8) || !address.is_multiple_of(u64::from(*width)) {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                check_device_range(tenant, ctx_id, "stream memory operation", *address, (*width).into())?;
+                if matches!(command, Command::StreamWriteValue { .. }) {
+                    ctx.stream_write_value(stream, *address, *value, *width, *flags)
+                } else {
+                    ctx.stream_wait_value(stream, *address, *value, *width, *flags)
+                }
+                .map(empty)
+            }
             Command::StreamEndCapture { stream, graph } => {
                 let stream = handles.stream(*stream)?;
                 // The capture ends whatever happens to its graph: the

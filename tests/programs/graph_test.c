@@ -9,7 +9,9 @@
  * their old contents); end capture (NONE again), instantiate, launch three
  * times: the index buffer holds base + i and the floats were doubled
  * three times; the same graph launched on another stream works too;
- * destroyed, it cannot be launched.
+ * destroyed, it cannot be launched. A host function captured into a graph
+ * runs once per replay, in order with the work around it, and so do host
+ * functions queued directly.
  *
  * Prints "graph_test: N checks passed" (exit 0) or every failed check
  * (exit 1). */
@@ -39,12 +41,26 @@ CUresult cuGraphGetNodes(CUgraph graph, void **nodes, size_t *count);
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #endif
 CUresult cuLaunchHostFunc(CUstream stream, void (*fn)(void *), void *data);
+CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, unsigned value, unsigned flags);
+CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, unsigned value, unsigned flags);
 
 #define N 4096u
 #define CAPTURE_MODE_THREAD_LOCAL 1
 
-/* A host function that counts its calls. */
-static void count_call(void *data) { ++*(int *)data; }
+/* A host function that counts its calls, notes the first page-locked
+ * word (written by the stream before it) and writes the second (which the
+ * stream copies after it). */
+struct ordered {
+    volatile unsigned *words;
+    unsigned first_word;
+    int calls;
+};
+static void look_then_write(void *data) {
+    struct ordered *o = data;
+    o->calls++;
+    o->first_word = o->words[0];
+    o->words[1] = 777;
+}
 
 int main(int argc, char **argv) {
     const char *ptx_path = argc == 3 && !strcmp(argv[1], "--ptx") ? argv[2] : NULL;
@@ -155,18 +171,62 @@ int main(int argc, char **argv) {
         CHECK_CU(cuEventDestroy(joined));
     }
 
-    /* A host function queued during a capture: natively a host node;
-     * through rgpu refused, and either way the capture goes on. */
+    /* A host function queued during a capture is part of the graph: not
+     * run while capturing, run once per replay, in order (it sees the
+     * memset before it; the copy after it sees what it wrote). */
     {
-        int calls = 0;
+        struct ordered seen = {NULL, 0, 0};
         CUgraph host_graph = NULL;
+        CUgraphExec host_exec = NULL;
+        CUdeviceptr d_word = 0;
+        unsigned got = 0;
+        REQUIRE_CU(cuMemAllocHost((void **)&seen.words, 8));
+        REQUIRE_CU(cuMemAlloc(&d_word, 4));
+        seen.words[0] = seen.words[1] = 0;
         CHECK_CU(cuStreamBeginCapture_v2(other, CAPTURE_MODE_THREAD_LOCAL));
-        CUresult queued = cuLaunchHostFunc(other, count_call, &calls);
-        printf("cuLaunchHostFunc during a capture: rc %d\n", (int)queued);
-        CHECK_TRUE(queued == CUDA_SUCCESS || queued == CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_CU(cuMemsetD32Async((CUdeviceptr)(uintptr_t)seen.words, 1234, 1, other));
+        CHECK_CU(cuLaunchHostFunc(other, look_then_write, &seen));
+        CHECK_CU(cuMemcpyDtoDAsync(d_word, (CUdeviceptr)(uintptr_t)(seen.words + 1), 4, other));
         CHECK_CU(cuStreamEndCapture(other, &host_graph));
-        CHECK_EQ_INT(calls, 0);
+        CHECK_EQ_INT(seen.calls, 0);
+        CHECK_CU(cuGraphInstantiateWithFlags(&host_exec, host_graph, 0));
+        for (int i = 0; i < 3; i++) CHECK_CU(cuGraphLaunch(host_exec, other));
+        CHECK_CU(cuStreamSynchronize(other));
+        CHECK_EQ_INT(seen.calls, 3);
+        CHECK_EQ_INT((int)seen.first_word, 1234);
+        CHECK_CU(cuMemcpyDtoH(&got, d_word, 4));
+        CHECK_EQ_INT((int)got, 777);
+        CHECK_CU(cuGraphExecDestroy(host_exec));
         CHECK_CU(cuGraphDestroy(host_graph));
+
+        /* Directly on a stream, a few in a row: each after the work before
+         * it, each before the work after it. */
+        seen.calls = 0;
+        seen.first_word = 0;
+        for (int i = 0; i < 4; i++) {
+            seen.words[1] = 0;
+            CHECK_CU(cuMemsetD32Async((CUdeviceptr)(uintptr_t)seen.words, 4321u + i, 1, stream));
+            CHECK_CU(cuLaunchHostFunc(stream, look_then_write, &seen));
+            CHECK_CU(cuMemcpyDtoDAsync(d_word, (CUdeviceptr)(uintptr_t)(seen.words + 1), 4,
+                                       stream));
+            CHECK_CU(cuStreamSynchronize(stream));
+            CHECK_EQ_INT((int)seen.first_word, (int)(4321u + i));
+            got = 0;
+            CHECK_CU(cuMemcpyDtoH(&got, d_word, 4));
+            CHECK_EQ_INT((int)got, 777);
+        }
+        CHECK_EQ_INT(seen.calls, 4);
+
+        /* Stream memory operations on device memory: a write, then a wait
+         * that the write satisfies (CU_STREAM_WAIT_VALUE_EQ). */
+        got = 0;
+        CHECK_CU(cuStreamWriteValue32_v2(stream, d_word, 99, 0));
+        CHECK_CU(cuStreamWaitValue32_v2(stream, d_word, 99, 0x1));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_CU(cuMemcpyDtoH(&got, d_word, 4));
+        CHECK_EQ_INT((int)got, 99);
+        CHECK_CU(cuMemFree(d_word));
+        CHECK_CU(cuMemFreeHost((void *)(uintptr_t)seen.words));
     }
     CHECK_CU_FAILS(cuGraphLaunch(exec, stream));
     CHECK_CU(cuStreamDestroy(stream));

@@ -111,20 +111,34 @@ pub(crate) fn alloc_host(pp: *mut *mut c_void, size: usize) -> Result<(), u32> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let ctx = current()?;
+    let (ptr, _) = alloc_page_locked(&ctx, size)?;
+    write_out(pp, ptr.cast())
+}
+
+/// `size` bytes of page-locked memory of `ctx`: its address, and the device
+/// address kernels and stream operations reach it at (`None` where the
+/// host's GPU does not see it: the network carrier).
+pub(crate) fn alloc_page_locked(
+    ctx: &std::sync::Arc<Context>,
+    size: usize,
+) -> Result<(*mut u8, Option<u64>), u32> {
     let owner = pinned::Owner {
         ctx_id: ctx.ctx_id(),
         device: ctx.device,
         space: ctx.space,
-        context: std::sync::Arc::as_ptr(&ctx) as usize,
+        context: std::sync::Arc::as_ptr(ctx) as usize,
     };
     let carrier = driver()?.carrier(ctx.space)?;
     let ptr = pinned::alloc(carrier.as_ref(), owner, crate::state::new_id(), size as u64)?;
+    let mut device_address = None;
     // With unified addressing, kernels, copies and memsets reach
     // page-locked memory by its host pointer (XLA relies on it). The host
     // maps the blob for its GPU at this very address where it can: asking
     // where registers it now, as the driver pins at allocation.
     if carrier.remote().is_none() {
-        match map_for_kernels(&ctx, ptr.cast(), size) {
+        let mapped = map_for_kernels(ctx, ptr.cast(), size);
+        device_address = mapped.ok();
+        match mapped {
             Ok(device) if device == ptr as u64 => {}
             Ok(device) => log::info!(
                 "rgpu: page-locked memory at {ptr:p} is mapped for kernels at {device:#x}, not at \
@@ -136,7 +150,7 @@ pub(crate) fn alloc_host(pp: *mut *mut c_void, size: usize) -> Result<(), u32> {
             ),
         }
     }
-    write_out(pp, ptr.cast())
+    Ok((ptr, device_address))
 }
 
 /// Asks the host where kernels reach page-locked memory at `p` (`len`

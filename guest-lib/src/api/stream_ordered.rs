@@ -2,11 +2,14 @@
 //! (`cuMemAllocAsync`/`cuMemFreeAsync`, served by ordinary allocations from
 //! the device's current pool (`api::memory_pool`), which are valid at once
 //! and freed in order with the channel's commands) and
-//! host functions (`cuLaunchHostFunc`: the stream is drained, then the
-//! function runs on the calling thread, so it still sees all work queued
-//! before it and nothing queued after it runs first).
+//! host functions (`cuLaunchHostFunc`: in stream order on a runner thread,
+//! through gates the stream's memory operations raise and wait on, see
+//! `crate::host_functions`; where the host's GPU cannot reach page-locked
+//! memory, the stream is drained and the function runs on the calling
+//! thread, so it still sees all work queued before it and nothing queued
+//! after it runs first).
 
-use std::ffi::c_void;
+use std::ffi::{c_uint, c_void};
 
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::Command;
@@ -14,6 +17,7 @@ use rgpu_proto::Command;
 use crate::abi::{CUdeviceptr, CUstream};
 use crate::api::memory::free;
 use crate::api::memory_pool;
+use crate::device_ranges::{self, Location};
 use crate::state::resolve_stream;
 
 /// `CUhostFn`.
@@ -62,13 +66,20 @@ fn launch_host_func_on(
     user_data: *mut c_void,
     per_thread: bool,
 ) -> Result<(), u32> {
-    let function = function.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let function = crate::host_functions::checked(function)?;
     let (ctx, handle) = resolve_stream(stream, per_thread)?;
-    if crate::api::graph::capture_of(&ctx, handle).is_some() {
-        // Natively a host node of the graph; here the function runs after
-        // a synchronize, which a capturing stream refuses (and the refusal
-        // would end the capture): refused before the host is asked.
-        log::warn!("rgpu: cuLaunchHostFunc on a capturing stream (a host node) is not supported");
+    let captured = crate::api::graph::capture_of(&ctx, handle).is_some();
+    if crate::host_functions::launch(&ctx, handle, function, user_data, captured)? {
+        return Ok(());
+    }
+    if captured {
+        // Natively a host node of the graph; without a gate the function
+        // would run after a synchronize, which a capturing stream refuses
+        // (and the refusal would end the capture): refused first.
+        log::warn!(
+            "rgpu: cuLaunchHostFunc on a capturing stream is not supported where the host's GPU \
+             cannot reach page-locked memory"
+        );
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
     ctx.call(&Command::StreamSynchronize { stream: handle })?;
@@ -92,4 +103,82 @@ pub(crate) fn launch_host_func_ptsz(
     user_data: *mut c_void,
 ) -> Result<(), u32> {
     launch_host_func_on(stream, function, user_data, true)
+}
+
+/// `cuStreamWriteValue*` / `cuStreamWaitValue*`: a stream memory operation
+/// on `width` bytes at `address`, which must be device memory of this
+/// process (an allocation, or page-locked memory by its device address).
+fn memory_operation(
+    stream: CUstream,
+    address: CUdeviceptr,
+    value: u64,
+    width: u32,
+    flags: c_uint,
+    wait: bool,
+) -> Result<(), u32> {
+    let (ctx, handle) = resolve_stream(stream, false)?;
+    if !address.is_multiple_of(u64::from(width)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    match device_ranges::locate(ctx.space, [(address, u64::from(width))])? {
+        [Location::Here] => {}
+        _ => {
+            log::debug!("rgpu: stream memory operation at {address:#x}: not this process's memory");
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    let command = if wait {
+        Command::StreamWaitValue {
+            stream: handle,
+            width,
+            address,
+            value,
+            flags,
+        }
+    } else {
+        Command::StreamWriteValue {
+            stream: handle,
+            width,
+            address,
+            value,
+            flags,
+        }
+    };
+    ctx.send(&command)
+}
+
+pub(crate) fn write_value32(
+    stream: CUstream,
+    address: CUdeviceptr,
+    value: c_uint,
+    flags: c_uint,
+) -> Result<(), u32> {
+    memory_operation(stream, address, value.into(), 4, flags, false)
+}
+
+pub(crate) fn write_value64(
+    stream: CUstream,
+    address: CUdeviceptr,
+    value: u64,
+    flags: c_uint,
+) -> Result<(), u32> {
+    memory_operation(stream, address, value, 8, flags, false)
+}
+
+pub(crate) fn wait_value32(
+    stream: CUstream,
+    address: CUdeviceptr,
+    value: c_uint,
+    flags: c_uint,
+) -> Result<(), u32> {
+    memory_operation(stream, address, value.into(), 4, flags, true)
+}
+
+pub(crate) fn wait_value64(
+    stream: CUstream,
+    address: CUdeviceptr,
+    value: u64,
+    flags: c_uint,
+) -> Result<(), u32> {
+    memory_operation(stream, address, value, 8, flags, true)
 }

@@ -1,0 +1,258 @@
+//! Host functions (`cuLaunchHostFunc`) run in this process, in stream
+//! order, without holding up the calling thread: each call gets a gate, two
+//! words of page-locked memory that the host's GPU reaches by their address
+//! (unified addressing). The stream is given three memory operations:
+//! write `request = 1`, wait until `done == 1`, write `done = 0`. A runner
+//! thread watches the armed gates; when the GPU raises a request it clears
+//! it, runs the function and sets `done`, and the stream goes on. The
+//! stream waits on the GPU, so nothing else of the process stalls. A call
+//! on a capturing stream records the three operations in the graph; its
+//! gate stays armed, and every replay runs the function.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use rgpu_proto::cuda_result::*;
+use rgpu_proto::Command;
+
+use crate::api::memory::alloc_page_locked;
+use crate::state::Context;
+
+/// `CUhostFn`, checked non-NULL.
+pub(crate) type HostFunction = unsafe extern "C" fn(*mut c_void);
+
+/// Bytes of one page of gates, and of one gate (its two words padded).
+const PAGE_BYTES: usize = 4096;
+const GATE_BYTES: usize = 16;
+/// Pages of gates one context may hold (16384 gates).
+const MAX_PAGES_PER_CONTEXT: usize = 64;
+/// `CU_STREAM_WAIT_VALUE_EQ`.
+const WAIT_EQUAL: u32 = 0x1;
+
+/// One gate: where this process and the host's GPU see it.
+#[derive(Debug, Clone, Copy)]
+struct Gate {
+    /// The `request` word; `done` follows it.
+    host: usize,
+    device: u64,
+}
+
+impl Gate {
+    fn request(&self) -> &AtomicU32 {
+        // SAFETY: `host` is a 16-byte slot of a page-locked page that is
+        // never freed (`Pools` keeps its pages for the process's life); an
+        // AtomicU32 may alias memory that the GPU writes too.
+        unsafe { &*(self.host as *const AtomicU32) }
+    }
+
+    fn done(&self) -> &AtomicU32 {
+        // SAFETY: as for `request`, four bytes further in the same slot.
+        unsafe { &*((self.host + 4) as *const AtomicU32) }
+    }
+}
+
+/// Free gates, by context (`Context::id`); pages are kept for the
+/// process's life, so an armed gate's memory never goes away.
+#[derive(Default)]
+struct Pools {
+    free: HashMap<u64, Vec<Gate>>,
+    pages: HashMap<u64, usize>,
+}
+
+static POOLS: Mutex<Option<Pools>> = Mutex::new(None);
+
+/// A free gate of `ctx`, a new page of them if none is left; `None` where
+/// the host's GPU cannot reach page-locked memory (the network carrier)
+/// or the context has its most pages.
+fn take_gate(ctx: &Arc<Context>) -> Option<Gate> {
+    let mut guard = POOLS.lock().unwrap_or_else(PoisonError::into_inner);
+    let pools = guard.get_or_insert_with(Pools::default);
+    if let Some(gate) = pools.free.get_mut(&ctx.id).and_then(Vec::pop) {
+        return Some(gate);
+    }
+    let pages = pools.pages.entry(ctx.id).or_default();
+    if *pages >= MAX_PAGES_PER_CONTEXT {
+        return None;
+    }
+    let (host, device) = match alloc_page_locked(ctx, PAGE_BYTES) {
+        Ok((host, Some(device))) => (host as usize, device),
+        Ok((host, None)) => {
+            log::debug!("rgpu: host functions: the host's GPU cannot reach {host:p}");
+            return None;
+        }
+        Err(code) => {
+            log::debug!("rgpu: host functions: no page of gates (error {code})");
+            return None;
+        }
+    };
+    *pages += 1;
+    let free = pools.free.entry(ctx.id).or_default();
+    free.extend((1..PAGE_BYTES / GATE_BYTES).map(|i| Gate {
+        host: host + i * GATE_BYTES,
+        device: device + (i * GATE_BYTES) as u64,
+    }));
+    Some(Gate { host, device })
+}
+
+fn give_back(context: u64, gate: Gate) {
+    let mut guard = POOLS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(pools) = guard.as_mut() {
+        pools.free.entry(context).or_default().push(gate);
+    }
+}
+
+/// A gate the runner watches.
+struct Armed {
+    gate: Gate,
+    function: HostFunction,
+    data: usize,
+    /// A direct call's gate goes back to its context's pool once run (and
+    /// the GPU reset it); a captured one stays armed.
+    once: Option<u64>,
+}
+
+struct Runner {
+    armed: Mutex<Vec<Armed>>,
+    wake: Condvar,
+}
+
+fn runner() -> &'static Runner {
+    static RUNNER: OnceLock<&'static Runner> = OnceLock::new();
+    RUNNER.get_or_init(|| {
+        let runner: &'static Runner = Box::leak(Box::new(Runner {
+            armed: Mutex::new(Vec::new()),
+            wake: Condvar::new(),
+        }));
+        let started = std::thread::Builder::new()
+            .name("rgpu-host-fn".into())
+            .spawn(move || run(runner));
+        if let Err(e) = started {
+            log::error!("rgpu: the host-function thread did not start: {e}");
+        }
+        runner
+    })
+}
+
+/// The runner thread: runs the functions whose gates the GPU raised, in
+/// the order it finds them; polls while any gate is armed (briefly
+/// spinning after a hit, then every 20 µs), sleeps while none is.
+fn run(runner: &'static Runner) {
+    // Run gates whose `done` the GPU has not reset yet.
+    let mut draining: Vec<(u64, Gate)> = Vec::new();
+    let mut quiet_rounds = 0u32;
+    loop {
+        let raised: Vec<(Gate, HostFunction, usize, Option<u64>)> = {
+            let mut armed = runner.armed.lock().unwrap_or_else(PoisonError::into_inner);
+            while armed.is_empty() && draining.is_empty() {
+                armed = runner
+                    .wake
+                    .wait(armed)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            let mut raised = Vec::new();
+            armed.retain(|a| {
+                if a.gate.request().load(Ordering::Acquire) != 1 {
+                    return true;
+                }
+                raised.push((a.gate, a.function, a.data, a.once));
+                a.once.is_none()
+            });
+            raised
+        };
+        for (gate, function, data, once) in &raised {
+            gate.request().store(0, Ordering::Release);
+            // SAFETY: the application's host function and argument, run
+            // once per time the stream reached it, as the driver runs it.
+            unsafe { function(*data as *mut c_void) };
+            gate.done().store(1, Ordering::Release);
+            if let Some(context) = once {
+                draining.push((*context, *gate));
+            }
+        }
+        draining.retain(|(context, gate)| {
+            let reset = gate.done().load(Ordering::Acquire) == 0;
+            if reset {
+                give_back(*context, *gate);
+            }
+            !reset
+        });
+        if raised.is_empty() {
+            quiet_rounds = quiet_rounds.saturating_add(1);
+            if quiet_rounds > 64 {
+                std::thread::sleep(Duration::from_micros(20));
+            } else {
+                std::thread::yield_now();
+            }
+        } else {
+            quiet_rounds = 0;
+        }
+    }
+}
+
+/// Queues `function(data)` on stream `stream` of `ctx` through a gate;
+/// `captured` keeps the gate armed for the graph's replays. `Ok(false)`
+/// when no gate can be had (the caller falls back).
+pub(crate) fn launch(
+    ctx: &Arc<Context>,
+    stream: u32,
+    function: HostFunction,
+    data: *mut c_void,
+    captured: bool,
+) -> Result<bool, u32> {
+    let Some(gate) = take_gate(ctx) else {
+        return Ok(false);
+    };
+    gate.request().store(0, Ordering::Release);
+    gate.done().store(0, Ordering::Release);
+    let runner = runner();
+    runner
+        .armed
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(Armed {
+            gate,
+            function,
+            data: data as usize,
+            once: (!captured).then_some(ctx.id),
+        });
+    runner.wake.notify_one();
+    let write = |address: u64, value: u64| Command::StreamWriteValue {
+        stream,
+        width: 4,
+        address,
+        value,
+        flags: 0,
+    };
+    let done = gate.device + 4;
+    let sent = ctx
+        .send(&write(gate.device, 1))
+        .and_then(|()| {
+            ctx.send(&Command::StreamWaitValue {
+                stream,
+                width: 4,
+                address: done,
+                value: 1,
+                flags: WAIT_EQUAL,
+            })
+        })
+        .and_then(|()| ctx.send(&write(done, 0)));
+    if let Err(code) = sent {
+        // Nothing reached the stream (a transport failure): the gate is
+        // dropped, not reused.
+        runner
+            .armed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|a| a.gate.host != gate.host);
+        return Err(code);
+    }
+    Ok(true)
+}
+
+/// `CUDA_ERROR_INVALID_VALUE` for a NULL function.
+pub(crate) fn checked(function: Option<HostFunction>) -> Result<HostFunction, u32> {
+    function.ok_or(CUDA_ERROR_INVALID_VALUE)
+}
