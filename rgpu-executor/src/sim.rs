@@ -2101,7 +2101,11 @@ impl ContextExecutor for SimContext {
             });
             return Ok(());
         }
-        let mask = if width == 8 { u64::MAX } else { u64::from(u32::MAX) };
+        let mask = if width == 8 {
+            u64::MAX
+        } else {
+            u64::from(u32::MAX)
+        };
         let value = value & mask;
         let met = |word: u64| match flags & 0x3 {
             // GEQ: cyclic, as the driver compares.

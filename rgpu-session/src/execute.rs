@@ -1103,7 +1103,13 @@ impl Worker {
                 if !matches!(width, 4 | 8) || !address.is_multiple_of(u64::from(*width)) {
                     return Err(CUDA_ERROR_INVALID_VALUE);
                 }
-                check_device_range(tenant, ctx_id, "stream memory operation", *address, (*width).into())?;
+                check_device_range(
+                    tenant,
+                    ctx_id,
+                    "stream memory operation",
+                    *address,
+                    (*width).into(),
+                )?;
                 if matches!(command, Command::StreamWriteValue { .. }) {
                     ctx.stream_write_value(stream, *address, *value, *width, *flags)
                 } else {
