@@ -13,7 +13,8 @@ use crate::api::context::CtxCreateParams;
 use crate::api::copy_2d::Memcpy2D;
 use crate::api::graph::{
     CUgraph, CUgraphExec, CUgraphNode, EdgeData, ExecUpdateResultInfo, GraphNodeParams,
-    KernelNodeParams, KernelNodeParamsV1, MemAllocNodeParams, Memcpy3D, MemsetNodeParams,
+    HostNodeParams, KernelNodeParams, KernelNodeParamsV1, MemAllocNodeParams, Memcpy3D,
+    MemsetNodeParams,
 };
 use crate::api::ipc::IpcHandle;
 use crate::api::launch::LaunchConfig;
@@ -255,6 +256,7 @@ rgpu_shim::exported_api! {
     fn cuGraphCreate(phgraph: *mut CUgraph, flags: c_uint) => graph::create;
     fn cuGraphClone(phgraph_clone: *mut CUgraph, original_graph: CUgraph) => graph::clone;
     fn cuStreamBeginCaptureToGraph(hstream: CUstream, hgraph: CUgraph, dependencies: *const CUgraphNode, dependency_data: *const EdgeData, num_dependencies: usize, mode: c_int) => graph::begin_capture_to_graph;
+    fn cuGraphAddHostNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, node_params: *const HostNodeParams) => graph::add_host_node;
     fn cuGraphAddNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, node_params: *mut GraphNodeParams) => graph::add_node_generic;
     fn cuGraphAddNode_v2(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, dependency_data: *const EdgeData, num_dependencies: usize, node_params: *mut GraphNodeParams) => graph::add_node_generic_v2;
     fn cuGraphNodeSetParams(hnode: CUgraphNode, node_params: *mut GraphNodeParams) => graph::node_set_params_generic;

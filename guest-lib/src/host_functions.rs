@@ -30,7 +30,7 @@ const GATE_BYTES: usize = 16;
 /// Pages of gates one context may hold (16384 gates).
 const MAX_PAGES_PER_CONTEXT: usize = 64;
 /// `CU_STREAM_WAIT_VALUE_EQ`.
-const WAIT_EQUAL: u32 = 0x1;
+pub(crate) const WAIT_EQUAL: u32 = 0x1;
 
 /// One gate: where this process and the host's GPU see it.
 #[derive(Debug, Clone, Copy)]
@@ -255,4 +255,39 @@ pub(crate) fn launch(
 /// `CUDA_ERROR_INVALID_VALUE` for a NULL function.
 pub(crate) fn checked(function: Option<HostFunction>) -> Result<HostFunction, u32> {
     function.ok_or(CUDA_ERROR_INVALID_VALUE)
+}
+
+/// A gate's device addresses, for a graph's host node.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GateAddresses {
+    pub request: u64,
+    pub done: u64,
+}
+
+/// A gate of `ctx` armed for good with `function(data)` (a graph's host
+/// node runs at every launch); `None` where there is no gate to be had.
+pub(crate) fn arm_for_graph(
+    ctx: &Arc<Context>,
+    function: HostFunction,
+    data: *mut c_void,
+) -> Option<GateAddresses> {
+    let gate = take_gate(ctx)?;
+    gate.request().store(0, Ordering::Release);
+    gate.done().store(0, Ordering::Release);
+    let runner = runner();
+    runner
+        .armed
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(Armed {
+            gate,
+            function,
+            data: data as usize,
+            once: None,
+        });
+    runner.wake.notify_one();
+    Some(GateAddresses {
+        request: gate.device,
+        done: gate.device + 4,
+    })
 }

@@ -110,6 +110,30 @@ type TensorMapReplaceAddressFn = unsafe extern "C" fn(*mut TensorMap, *mut c_voi
 #[repr(C, align(64))]
 struct TensorMap([u8; TENSOR_MAP_BYTES]);
 
+/// One `CUstreamBatchMemOpParams` (a 48-byte union): the operation, the
+/// address, the value, the flags, an unused alias.
+#[repr(C, align(8))]
+struct MemOp([u64; 6]);
+
+impl MemOp {
+    fn new(wait: bool, address: u64, value: u64, width: u32, flags: u32) -> Self {
+        // CU_STREAM_MEM_OP_WAIT_VALUE_32 = 1, WRITE_VALUE_32 = 2,
+        // WAIT_VALUE_64 = 4, WRITE_VALUE_64 = 5.
+        let operation = match (wait, width) {
+            (true, 8) => 4,
+            (true, _) => 1,
+            (false, 8) => 5,
+            (false, _) => 2,
+        };
+        let value = if width == 8 {
+            value
+        } else {
+            value & 0xffff_ffff
+        };
+        MemOp([operation, address, value, u64::from(flags), 0, 0])
+    }
+}
+
 type GraphExecUpdateFn =
     unsafe extern "C" fn(sys::CUgraphExec, sys::CUgraph, *mut ExecUpdateResultInfo) -> u32;
 
@@ -1810,6 +1834,27 @@ impl ContextExecutor for CudaContext {
                 // graph allocation not freed in this graph yet.
                 check("cuGraphAddMemFreeNode", unsafe {
                     sys::cuGraphAddMemFreeNode(out, hgraph, d, n, dptr)
+                })?
+            }
+            GraphNode::MemOp {
+                wait,
+                address,
+                value,
+                width,
+                flags,
+            } => {
+                let mut op = MemOp::new(wait, address, value, width, flags);
+                let p = sys::CUDA_BATCH_MEM_OP_NODE_PARAMS {
+                    ctx: self.ctx,
+                    count: 1,
+                    paramArray: (&mut op as *mut MemOp).cast(),
+                    flags: 0,
+                };
+                // SAFETY: as above; one operation laid out as
+                // CUstreamBatchMemOpParams, read during the call only; the
+                // session checked the word is this process's memory.
+                check("cuGraphAddBatchMemOpNode", unsafe {
+                    sys::cuGraphAddBatchMemOpNode(out, hgraph, d, n, &p)
                 })?
             }
         }

@@ -118,6 +118,15 @@ pub enum GraphNode<'a> {
     Child(u64),
     /// Frees `dptr`, an allocation of a memory-allocation node.
     MemFree(u64),
+    /// A stream memory operation as a node (`width` 4 or 8, checked by the
+    /// caller): a write of `value`, or with `wait` a wait on the word.
+    MemOp {
+        wait: bool,
+        address: u64,
+        value: u64,
+        width: u32,
+        flags: u32,
+    },
 }
 
 /// `CUgraphExecUpdateResult` values the executors answer themselves.

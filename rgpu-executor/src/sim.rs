@@ -1039,6 +1039,31 @@ impl SimContext {
                 }
                 GraphOp::MemFree(dptr)
             }
+            GraphNode::MemOp {
+                wait,
+                address,
+                value,
+                width,
+                flags,
+            } => {
+                // The word must be reachable, as the driver checks it.
+                self.value_at(address, width, None)?;
+                if wait {
+                    GraphOp::WaitValue {
+                        address,
+                        value,
+                        width,
+                        flags,
+                    }
+                } else {
+                    GraphOp::WriteValue {
+                        address,
+                        value,
+                        width,
+                        flags,
+                    }
+                }
+            }
         })
     }
 

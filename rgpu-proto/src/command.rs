@@ -1011,6 +1011,20 @@ commands! {
     /// A memory-free node of `dptr`, an allocation of a memory-allocation
     /// node of the session.
     GraphAddMemFreeNode = 0x0718 { graph: u32, node: u32, dependencies: Vec<u32>, dptr: u64 };
+    /// A memory-operation node (`cuGraphAddBatchMemOpNode` of one
+    /// operation): with `wait` 0, writes the low `width` (4 or 8) bytes of
+    /// `value` at `address`; with 1, waits until the word there meets
+    /// `flags`' condition (`cuStreamWrite/WaitValue` as a node).
+    GraphAddMemOpNode = 0x0719 {
+        graph: u32,
+        node: u32,
+        dependencies: Vec<u32>,
+        wait: u32,
+        width: u32,
+        address: u64,
+        value: u64,
+        flags: u32,
+    };
     /// `cuGraphKernelNodeSetParams_v2` of kernel node `node` (a launch as
     /// `GraphAddKernelNode` carries it).
     GraphKernelNodeSetParams = 0x0720 { node: u32, launch: Launch }

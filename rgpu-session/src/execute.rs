@@ -1488,6 +1488,47 @@ impl Worker {
                 )?;
                 Ok(u64_payload(&[ptr]))
             }
+            Command::GraphAddMemOpNode {
+                graph,
+                node,
+                dependencies,
+                wait,
+                width,
+                address,
+                value,
+                flags,
+            } => {
+                if !matches!(width, 4 | 8)
+                    || *wait > 1
+                    || !address.is_multiple_of(u64::from(*width))
+                {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                check_device_range(
+                    tenant,
+                    ctx_id,
+                    "memory-operation node",
+                    *address,
+                    (*width).into(),
+                )?;
+                add_graph_node(
+                    ctx,
+                    handles,
+                    &limits,
+                    ctx_id,
+                    *graph,
+                    *node,
+                    dependencies,
+                    &GraphNode::MemOp {
+                        wait: *wait == 1,
+                        address: *address,
+                        value: *value,
+                        width: *width,
+                        flags: *flags,
+                    },
+                    1,
+                )
+            }
             Command::GraphAddMemFreeNode {
                 graph,
                 node,

@@ -22,7 +22,8 @@
  * allocation a kernel node fills, a memcpy node copies out and a free node
  * frees, launched twice (parameters read back, node types); a free node
  * of cuMemAlloc memory and a graph with memory nodes as a child are
- * refused (through rgpu, a host node is CUDA_ERROR_NOT_SUPPORTED). A clone, launched after the
+ * refused. Host nodes (cuGraphAddHostNode and cuGraphAddNode) run once
+ * per launch, in order with the nodes around them. A clone, launched after the
  * buffers were cleared, does the same as the graph. Misuse: a node of another
  * graph as a dependency is refused; through rgpu, a destroyed graph takes
  * no node and no instantiation, and a memcpy node from host memory is
@@ -228,7 +229,20 @@ CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);
 
 static CUcontext ctx;
 
-static void host_fn(void *data) { (void)data; }
+/* A host node's function: counts its calls, notes the first page-locked
+ * word (set by the node before it) and writes the second (copied by the
+ * node after it). */
+struct host_seen {
+    volatile unsigned *words;
+    unsigned first_word;
+    int calls;
+};
+static void host_fn(void *data) {
+    struct host_seen *seen = data;
+    seen->calls++;
+    seen->first_word = seen->words[0];
+    seen->words[1] = seen->first_word + 1;
+}
 
 static MemsetNodeParams memset32(CUdeviceptr dst, unsigned value) {
     MemsetNodeParams p = {dst, N * 4, value, 4, N, 1};
@@ -564,12 +578,6 @@ int main(int argc, char **argv) {
            bad_free, mem_child);
     CHECK_EQ_INT(bad_free, CUDA_ERROR_INVALID_VALUE);
     CHECK_EQ_INT(mem_child, CUDA_ERROR_NOT_SUPPORTED);
-    if (through_rgpu) {
-        /* Host nodes are not supported yet (the guest's log names the call). */
-        HostNodeParams host = {host_fn, NULL};
-        CUgraphNode n_host = NULL;
-        CHECK_RC(cuGraphAddHostNode(&n_host, holder, NULL, 0, &host), CUDA_ERROR_NOT_SUPPORTED);
-    }
     CHECK_CU(cuGraphDestroy(holder));
     CHECK_CU(cuGraphExecDestroy(mem_exec));
     CHECK_CU(cuGraphDestroy(mem));
@@ -622,7 +630,7 @@ int main(int argc, char **argv) {
     {
         CUgraph generic = NULL;
         CUgraphExec generic_exec = NULL;
-        CUgraphNode g_memset = NULL, g_kernel = NULL, g_copy = NULL, g_host = NULL;
+        CUgraphNode g_memset = NULL, g_kernel = NULL, g_copy = NULL;
         GraphNodeParams params;
         EdgeData plain = {0, 0, 0, {0}};
         unsigned generic_base = 7000, updated_base = 8000;
@@ -682,14 +690,51 @@ int main(int argc, char **argv) {
             CHECK_CU(cuGraphExecDestroy(pdl_exec));
             CHECK_CU(cuGraphDestroy(pdl));
         }
-        if (through_rgpu) {
-            memset(&params, 0, sizeof params);
-            params.type = 3; /* a host node */
-            params.u.host.fn = host_fn;
-            CHECK_RC(cuGraphAddNode(&g_host, generic, NULL, 0, &params), CUDA_ERROR_NOT_SUPPORTED);
-        }
         CHECK_CU(cuGraphExecDestroy(generic_exec));
         CHECK_CU(cuGraphDestroy(generic));
+    }
+
+    /* Host nodes: memset of a page-locked word -> a host node (by
+     * cuGraphAddHostNode, and one by cuGraphAddNode after it) -> a copy of
+     * the word the last one wrote; launched twice, each host node runs
+     * once per launch, in order. */
+    {
+        struct host_seen seen = {NULL, 0, 0};
+        CUgraph hosts = NULL;
+        CUgraphExec hosts_exec = NULL;
+        CUgraphNode h_set = NULL, h_first = NULL, h_second = NULL, h_copy = NULL;
+        CUdeviceptr d_word = 0;
+        unsigned got = 0;
+        GraphNodeParams params;
+        REQUIRE_CU(cuMemAllocHost((void **)&seen.words, 8));
+        REQUIRE_CU(cuMemAlloc(&d_word, 4));
+        CHECK_CU(cuGraphCreate(&hosts, 0));
+        MemsetNodeParams set_word = {(CUdeviceptr)(uintptr_t)seen.words, 4, 500, 4, 1, 1};
+        CHECK_CU(cuGraphAddMemsetNode(&h_set, hosts, NULL, 0, &set_word, ctx));
+        HostNodeParams host = {host_fn, &seen};
+        CHECK_CU(cuGraphAddHostNode(&h_first, hosts, &h_set, 1, &host));
+        CHECK_CU(cuGraphNodeGetType(h_first, &type));
+        CHECK_EQ_INT(type, 3);
+        memset(&params, 0, sizeof params);
+        params.type = 3;
+        params.u.host.fn = host_fn;
+        params.u.host.userData = &seen;
+        /* The second notes word 0 again and writes word 1 the same. */
+        CHECK_CU(cuGraphAddNode(&h_second, hosts, &h_first, 1, &params));
+        Memcpy3D copy_word = copy_dtod(d_word, (CUdeviceptr)(uintptr_t)(seen.words + 1), 4);
+        CHECK_CU(cuGraphAddMemcpyNode(&h_copy, hosts, &h_second, 1, &copy_word, ctx));
+        CHECK_EQ_INT(seen.calls, 0);
+        CHECK_CU(cuGraphInstantiateWithFlags(&hosts_exec, hosts, 0));
+        for (int i = 0; i < 2; i++) CHECK_CU(cuGraphLaunch(hosts_exec, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(seen.calls, 4);
+        CHECK_EQ_INT((int)seen.first_word, 500);
+        CHECK_CU(cuMemcpyDtoH(&got, d_word, 4));
+        CHECK_EQ_INT((int)got, 501);
+        CHECK_CU(cuGraphExecDestroy(hosts_exec));
+        CHECK_CU(cuGraphDestroy(hosts));
+        CHECK_CU(cuMemFree(d_word));
+        CHECK_CU(cuMemFreeHost((void *)(uintptr_t)seen.words));
     }
 
     /* Capture into an existing graph (XLA traces library calls into its

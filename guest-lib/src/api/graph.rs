@@ -51,6 +51,7 @@ pub(crate) type CUgraphNode = *mut c_void;
 const NODE_KERNEL: c_int = 0;
 const NODE_MEMCPY: c_int = 1;
 const NODE_MEMSET: c_int = 2;
+const NODE_HOST: c_int = 3;
 const NODE_GRAPH: c_int = 4;
 const NODE_EMPTY: c_int = 5;
 const NODE_WAIT_EVENT: c_int = 6;
@@ -695,6 +696,15 @@ pub(crate) fn clone(clone: *mut CUgraph, original: CUgraph) -> Result<(), u32> {
         .iter()
         .map(|n| (*n, NODES.get(*n as *mut c_void)))
         .collect();
+    // A host node is three nodes on the host: the clone's nodes would not
+    // line up with the guest's.
+    if originals
+        .iter()
+        .any(|(_, n)| n.as_ref().is_some_and(|n| n.kind == NODE_HOST))
+    {
+        log::warn!("rgpu: cuGraphClone of a graph with host nodes is not supported");
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
     let count = u32::try_from(originals.len()).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
     let handle = ctx.new_handle()?;
     let first_node = ctx.new_handles(count)?;
@@ -1788,6 +1798,7 @@ pub(crate) fn add_node_generic(
             add_event_node(out, graph, dependencies, count, event, node_type)
         }
         NODE_MEM_ALLOC => add_mem_alloc_node(out, graph, dependencies, count, union_of(params)),
+        NODE_HOST => add_host_node(out, graph, dependencies, count, union_of(params)),
         NODE_MEM_FREE => {
             // SAFETY: the union holds a CUDA_MEM_FREE_NODE_PARAMS.
             let dptr = unsafe { union_of::<CUdeviceptr>(params).read() };
@@ -1865,4 +1876,79 @@ pub(crate) fn exec_node_set_params_generic(
         NODE_MEMSET => exec_memset_node_set_params(exec, node, union_of(params), null_mut()),
         other => Err(unsupported_node_type("cuGraphExecNodeSetParams", other)),
     }
+}
+
+/// `CUDA_HOST_NODE_PARAMS` (`_v2` adds a sync mode after it).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct HostNodeParams {
+    function: Option<crate::host_functions::HostFunction>,
+    data: *mut c_void,
+}
+
+/// `cuGraphAddHostNode`: three memory-operation nodes on the host (raise
+/// the gate's request, wait until it is done, reset it) around a gate that
+/// stays armed, so every launch of the graph runs the function in this
+/// process, in order (see `crate::host_functions`).
+pub(crate) fn add_host_node(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    params: *const HostNodeParams,
+) -> Result<(), u32> {
+    driver()?;
+    if out.is_null() || params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable CUDA_HOST_NODE_PARAMS.
+    let p = unsafe { params.read() };
+    let function = crate::host_functions::checked(p.function)?;
+    let graph = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let ctx = graph.context.clone();
+    let (registered, deps): (Vec<usize>, Vec<u32>) = dependency_handles(&ctx, dependencies, count)?
+        .into_iter()
+        .unzip();
+    let Some(gate) = crate::host_functions::arm_for_graph(&ctx, function, p.data) else {
+        log::warn!(
+            "rgpu: cuGraphAddHostNode is not supported where the host's GPU cannot reach \
+             page-locked memory"
+        );
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    };
+    let (raise, wait, reset) = (ctx.new_handle()?, ctx.new_handle()?, ctx.new_handle()?);
+    let op =
+        |node: u32, dependencies: Vec<u32>, wait: u32, address: u64, value: u64, flags: u32| {
+            Command::GraphAddMemOpNode {
+                graph: graph.handle,
+                node,
+                dependencies,
+                wait,
+                width: 4,
+                address,
+                value,
+                flags,
+            }
+        };
+    ctx.call(&op(raise, deps, 0, gate.request, 1, 0))?;
+    ctx.call(&op(
+        wait,
+        vec![raise],
+        1,
+        gate.done,
+        1,
+        crate::host_functions::WAIT_EQUAL,
+    ))?;
+    ctx.call(&op(reset, vec![wait], 0, gate.done, 0, 0))?;
+    let node = Arc::new(Node {
+        context: ctx,
+        graph: graph.handle,
+        handle: reset,
+        kind: NODE_HOST,
+        dependencies: registered,
+        params: Mutex::new(NodeParams::None),
+    });
+    let key = NODES.insert(node);
+    graph.nodes().push(key as usize);
+    write_out(out, key)
 }
