@@ -192,6 +192,31 @@ fn run(runner: &'static Runner) {
     }
 }
 
+/// Clears `gate` and has the runner watch it for `function(data)`; `once`
+/// (the context) gives it back to its pool after one run.
+fn arm(
+    gate: Gate,
+    function: HostFunction,
+    data: *mut c_void,
+    once: Option<u64>,
+) -> &'static Runner {
+    gate.request().store(0, Ordering::Release);
+    gate.done().store(0, Ordering::Release);
+    let runner = runner();
+    runner
+        .armed
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(Armed {
+            gate,
+            function,
+            data: data as usize,
+            once,
+        });
+    runner.wake.notify_one();
+    runner
+}
+
 /// Queues `function(data)` on stream `stream` of `ctx` through a gate;
 /// `captured` keeps the gate armed for the graph's replays. `Ok(false)`
 /// when no gate can be had (the caller falls back).
@@ -205,20 +230,7 @@ pub(crate) fn launch(
     let Some(gate) = take_gate(ctx) else {
         return Ok(false);
     };
-    gate.request().store(0, Ordering::Release);
-    gate.done().store(0, Ordering::Release);
-    let runner = runner();
-    runner
-        .armed
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(Armed {
-            gate,
-            function,
-            data: data as usize,
-            once: (!captured).then_some(ctx.id),
-        });
-    runner.wake.notify_one();
+    let runner = arm(gate, function, data, (!captured).then_some(ctx.id));
     let write = |address: u64, value: u64| Command::StreamWriteValue {
         stream,
         width: 4,
@@ -272,20 +284,7 @@ pub(crate) fn arm_for_graph(
     data: *mut c_void,
 ) -> Option<GateAddresses> {
     let gate = take_gate(ctx)?;
-    gate.request().store(0, Ordering::Release);
-    gate.done().store(0, Ordering::Release);
-    let runner = runner();
-    runner
-        .armed
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(Armed {
-            gate,
-            function,
-            data: data as usize,
-            once: None,
-        });
-    runner.wake.notify_one();
+    arm(gate, function, data, None);
     Some(GateAddresses {
         request: gate.device,
         done: gate.device + 4,

@@ -169,6 +169,35 @@ impl EdgeData {
     }
 }
 
+/// Checks `count` edges at `edges` (NULL: plain ones) for `call`: plain
+/// and programmatic edges are taken as plain dependencies (XLA adds
+/// programmatic ones between kernels: the same results, without the
+/// overlap; said once), others are `CUDA_ERROR_NOT_SUPPORTED`.
+fn plain_dependencies(call: &str, edges: *const EdgeData, count: usize) -> Result<(), u32> {
+    if edges.is_null() || count == 0 {
+        return Ok(());
+    }
+    if count > MAX_NODE_DEPENDENCIES {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the API contract makes it `count` entries.
+    let edges = unsafe { std::slice::from_raw_parts(edges, count) };
+    if !edges.iter().all(EdgeData::orders_no_less_as_plain) {
+        log::warn!("rgpu: {call}: edges other than plain and programmatic ones are not supported");
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    if edges.iter().any(|e| e.bytes != [0; 8]) {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            log::info!(
+                "rgpu: programmatic graph edges are added as full dependencies (same results, \
+                 no overlap of dependent kernels)"
+            );
+        });
+    }
+    Ok(())
+}
+
 /// `CUDA_MEMSET_NODE_PARAMS` (`_v2` adds a context after it).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -504,17 +533,7 @@ pub(crate) fn begin_capture_to_graph(
     mode: c_int,
 ) -> Result<(), u32> {
     let target = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    if !edges.is_null() && count > 0 {
-        if count > MAX_NODE_DEPENDENCIES {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        // SAFETY: non-NULL; the API contract makes it `count` entries.
-        let edges = unsafe { std::slice::from_raw_parts(edges, count) };
-        if !edges.iter().all(EdgeData::orders_no_less_as_plain) {
-            log::warn!("rgpu: cuStreamBeginCaptureToGraph: edges other than plain and programmatic ones are not supported");
-            return Err(CUDA_ERROR_NOT_SUPPORTED);
-        }
-    }
+    plain_dependencies("cuStreamBeginCaptureToGraph", edges, count)?;
     let deps = dependency_handles(&target.context, dependencies, count)?
         .into_iter()
         .map(|(_, handle)| handle)
@@ -1808,12 +1827,10 @@ pub(crate) fn add_node_generic(
     }
 }
 
-/// `cuGraphAddNode_v2`: with edge data. A programmatic edge (XLA's
-/// command buffers add them between kernels) lets the dependent kernel
-/// start before the one it depends on has finished, up to its
-/// `cudaGridDependencySynchronize`; it is added as a full dependency,
-/// which orders strictly more (the wait then returns at once): the same
-/// results, without the overlap. Other edge kinds are not supported.
+/// `cuGraphAddNode_v2`: with edge data. A programmatic edge lets the
+/// dependent kernel start before the one it depends on has finished, up
+/// to its `cudaGridDependencySynchronize`; as a full dependency it orders
+/// strictly more (the wait then returns at once).
 pub(crate) fn add_node_generic_v2(
     out: *mut CUgraphNode,
     graph: CUgraph,
@@ -1822,26 +1839,7 @@ pub(crate) fn add_node_generic_v2(
     count: usize,
     params: *mut GraphNodeParams,
 ) -> Result<(), u32> {
-    if !edges.is_null() && count > 0 {
-        if count > MAX_NODE_DEPENDENCIES {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        // SAFETY: non-NULL; the API contract makes it `count` entries.
-        let edges = unsafe { std::slice::from_raw_parts(edges, count) };
-        if !edges.iter().all(EdgeData::orders_no_less_as_plain) {
-            log::warn!("rgpu: cuGraphAddNode_v2: edges other than plain and programmatic ones are not supported");
-            return Err(CUDA_ERROR_NOT_SUPPORTED);
-        }
-        if edges.iter().any(|e| e.bytes != [0; 8]) {
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                log::info!(
-                    "rgpu: programmatic graph edges are added as full dependencies (same \
-                     results, no overlap of dependent kernels)"
-                );
-            });
-        }
-    }
+    plain_dependencies("cuGraphAddNode_v2", edges, count)?;
     add_node_generic(out, graph, dependencies, count, params)
 }
 
