@@ -256,6 +256,8 @@ rgpu_shim::exported_api! {
     fn cuGraphCreate(phgraph: *mut CUgraph, flags: c_uint) => graph::create;
     fn cuGraphClone(phgraph_clone: *mut CUgraph, original_graph: CUgraph) => graph::clone;
     fn cuStreamBeginCaptureToGraph(hstream: CUstream, hgraph: CUgraph, dependencies: *const CUgraphNode, dependency_data: *const EdgeData, num_dependencies: usize, mode: c_int) => graph::begin_capture_to_graph;
+    fn cuGraphHostNodeGetParams(hnode: CUgraphNode, node_params: *mut HostNodeParams) => graph::host_node_get_params;
+    fn cuGraphHostNodeSetParams(hnode: CUgraphNode, node_params: *const HostNodeParams) => graph::host_node_set_params;
     fn cuGraphAddHostNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, node_params: *const HostNodeParams) => graph::add_host_node;
     fn cuGraphAddNode(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, node_params: *mut GraphNodeParams) => graph::add_node_generic;
     fn cuGraphAddNode_v2(phgraph_node: *mut CUgraphNode, hgraph: CUgraph, dependencies: *const CUgraphNode, dependency_data: *const EdgeData, num_dependencies: usize, node_params: *mut GraphNodeParams) => graph::add_node_generic_v2;

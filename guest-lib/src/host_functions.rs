@@ -269,11 +269,13 @@ pub(crate) fn checked(function: Option<HostFunction>) -> Result<HostFunction, u3
     function.ok_or(CUDA_ERROR_INVALID_VALUE)
 }
 
-/// A gate's device addresses, for a graph's host node.
+/// A gate's addresses, for a graph's host node: where the GPU reaches its
+/// words, and where this process does (its name among armed gates).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct GateAddresses {
     pub request: u64,
     pub done: u64,
+    pub host: usize,
 }
 
 /// A gate of `ctx` armed for good with `function(data)` (a graph's host
@@ -288,5 +290,16 @@ pub(crate) fn arm_for_graph(
     Some(GateAddresses {
         request: gate.device,
         done: gate.device + 4,
+        host: gate.host,
     })
+}
+
+/// The armed gate at `host` runs `function(data)` from now on.
+pub(crate) fn rearm(host: usize, function: HostFunction, data: *mut c_void) {
+    let runner = runner();
+    let mut armed = runner.armed.lock().unwrap_or_else(PoisonError::into_inner);
+    for a in armed.iter_mut().filter(|a| a.gate.host == host) {
+        a.function = function;
+        a.data = data as usize;
+    }
 }

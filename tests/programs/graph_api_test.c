@@ -211,6 +211,8 @@ CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, MemAllocNodeParams *para
 CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *dptr);
 CUresult cuGraphAddHostNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t n,
                             const HostNodeParams *params);
+CUresult cuGraphHostNodeGetParams(CUgraphNode node, HostNodeParams *params);
+CUresult cuGraphHostNodeSetParams(CUgraphNode node, const HostNodeParams *params);
 CUresult cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *deps, size_t *count);
 CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps, EdgeData *edges,
                                        size_t *count);
@@ -731,6 +733,23 @@ int main(int argc, char **argv) {
         CHECK_EQ_INT((int)seen.first_word, 500);
         CHECK_CU(cuMemcpyDtoH(&got, d_word, 4));
         CHECK_EQ_INT((int)got, 501);
+        /* Parameters read back; a new argument set in the graph, and a new
+         * executable graph made from it runs the function with it. */
+        struct host_seen other = {seen.words, 0, 0};
+        HostNodeParams read_back = {NULL, NULL};
+        CHECK_CU(cuGraphHostNodeGetParams(h_first, &read_back));
+        CHECK_TRUE(read_back.fn == host_fn && read_back.userData == &seen);
+        HostNodeParams moved = {host_fn, &other};
+        CHECK_CU(cuGraphHostNodeSetParams(h_first, &moved));
+        CHECK_CU(cuGraphHostNodeGetParams(h_first, &read_back));
+        CHECK_TRUE(read_back.userData == &other);
+        CHECK_CU(cuGraphExecDestroy(hosts_exec));
+        CHECK_CU(cuGraphInstantiateWithFlags(&hosts_exec, hosts, 0));
+        CHECK_CU(cuGraphLaunch(hosts_exec, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(other.calls, 1);
+        CHECK_EQ_INT(seen.calls, 5);
+        CHECK_EQ_INT((int)other.first_word, 500);
         CHECK_CU(cuGraphExecDestroy(hosts_exec));
         CHECK_CU(cuGraphDestroy(hosts));
         CHECK_CU(cuMemFree(d_word));

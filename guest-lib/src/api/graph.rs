@@ -299,6 +299,13 @@ impl Node {
 #[derive(Clone)]
 enum NodeParams {
     None,
+    /// A host node: its function and argument, and its gate (the request
+    /// word's address in this process).
+    Host {
+        function: crate::host_functions::HostFunction,
+        data: usize,
+        gate: usize,
+    },
     Kernel(Arc<HeldKernelParams>),
     Memset(MemsetNodeParams),
     MemAlloc(Arc<HeldMemAlloc>),
@@ -1944,9 +1951,60 @@ pub(crate) fn add_host_node(
         handle: reset,
         kind: NODE_HOST,
         dependencies: registered,
-        params: Mutex::new(NodeParams::None),
+        params: Mutex::new(NodeParams::Host {
+            function,
+            data: p.data as usize,
+            gate: gate.host,
+        }),
     });
     let key = NODES.insert(node);
     graph.nodes().push(key as usize);
     write_out(out, key)
+}
+
+/// `cuGraphHostNodeGetParams`: the function and argument as last set.
+pub(crate) fn host_node_get_params(
+    node: CUgraphNode,
+    params: *mut HostNodeParams,
+) -> Result<(), u32> {
+    let node = node_of_kind(node, NODE_HOST)?;
+    let NodeParams::Host { function, data, .. } = *node.params() else {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    };
+    write_out(
+        params,
+        HostNodeParams {
+            function: Some(function),
+            data: data as *mut c_void,
+        },
+    )
+}
+
+/// `cuGraphHostNodeSetParams`: the node's gate runs the new function and
+/// argument from its next launch on. The gate serves every executable
+/// graph made from the graph, so this reaches them too (natively only
+/// the graph changes): not what `cuGraphExecHostNodeSetParams` may do,
+/// which stays unsupported.
+pub(crate) fn host_node_set_params(
+    node: CUgraphNode,
+    params: *const HostNodeParams,
+) -> Result<(), u32> {
+    let node = node_of_kind(node, NODE_HOST)?;
+    if params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable CUDA_HOST_NODE_PARAMS.
+    let p = unsafe { params.read() };
+    let function = crate::host_functions::checked(p.function)?;
+    let mut held = node.params();
+    let NodeParams::Host { gate, .. } = *held else {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    };
+    crate::host_functions::rearm(gate, function, p.data);
+    *held = NodeParams::Host {
+        function,
+        data: p.data as usize,
+        gate,
+    };
+    Ok(())
 }
