@@ -34,7 +34,7 @@ use crate::image::{classify, ImageKind};
 use crate::nvml::HostNvml;
 use crate::{
     ptx, ContextExecutor, CuResult, DeviceStatus, ExecUpdate, Executor, ExecutorError, GraphNode,
-    HostRun, LaunchHint, LaunchOptions, StreamRef,
+    HostRun, LaunchHint, LaunchOptions, MemoryOp, StreamRef,
 };
 
 /// Exported by rgpu's guest library so the daemon can tell it apart from
@@ -113,24 +113,24 @@ struct TensorMap([u8; TENSOR_MAP_BYTES]);
 /// One `CUstreamBatchMemOpParams` (a 48-byte union): the operation, the
 /// address, the value, the flags, an unused alias.
 #[repr(C, align(8))]
-struct MemOp([u64; 6]);
+struct BatchMemOp([u64; 6]);
 
-impl MemOp {
-    fn new(wait: bool, address: u64, value: u64, width: u32, flags: u32) -> Self {
+impl BatchMemOp {
+    fn new(op: &MemoryOp) -> Self {
         // CU_STREAM_MEM_OP_WAIT_VALUE_32 = 1, WRITE_VALUE_32 = 2,
         // WAIT_VALUE_64 = 4, WRITE_VALUE_64 = 5.
-        let operation = match (wait, width) {
+        let operation = match (op.wait, op.width) {
             (true, 8) => 4,
             (true, _) => 1,
             (false, 8) => 5,
             (false, _) => 2,
         };
-        let value = if width == 8 {
-            value
+        let value = if op.width == 8 {
+            op.value
         } else {
-            value & 0xffff_ffff
+            op.value & 0xffff_ffff
         };
-        MemOp([operation, address, value, u64::from(flags), 0, 0])
+        BatchMemOp([operation, op.address, value, u64::from(op.flags), 0, 0])
     }
 }
 
@@ -255,6 +255,17 @@ pub fn find_driver_library(candidates: &[String]) -> Result<String, ExecutorErro
     }
     Err(ExecutorError::LibraryNotFound {
         tried: candidates.join(", "),
+    })
+}
+
+/// A `CUstreamCaptureMode` from the guest's integer.
+fn capture_mode(mode: u32) -> CuResult<sys::CUstreamCaptureMode> {
+    use sys::CUstreamCaptureMode_enum as Mode;
+    Ok(match mode {
+        0 => Mode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        1 => Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        2 => Mode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
     })
 }
 
@@ -1563,13 +1574,7 @@ impl ContextExecutor for CudaContext {
     }
 
     fn stream_begin_capture(&mut self, stream: StreamRef, mode: u32) -> CuResult<()> {
-        use sys::CUstreamCaptureMode_enum as Mode;
-        let mode = match mode {
-            0 => Mode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-            1 => Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            2 => Mode::CU_STREAM_CAPTURE_MODE_RELAXED,
-            _ => return Err(CUDA_ERROR_INVALID_VALUE),
-        };
+        let mode = capture_mode(mode)?;
         let stream = self.stream(stream)?;
         // SAFETY: a live stream of this context and a valid mode.
         check("cuStreamBeginCapture_v2", unsafe {
@@ -1584,13 +1589,7 @@ impl ContextExecutor for CudaContext {
         dependencies: &[u64],
         mode: u32,
     ) -> CuResult<()> {
-        use sys::CUstreamCaptureMode_enum as Mode;
-        let mode = match mode {
-            0 => Mode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-            1 => Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            2 => Mode::CU_STREAM_CAPTURE_MODE_RELAXED,
-            _ => return Err(CUDA_ERROR_INVALID_VALUE),
-        };
+        let mode = capture_mode(mode)?;
         let stream = self.stream(stream)?;
         let graph = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let deps = dependencies
@@ -1612,41 +1611,23 @@ impl ContextExecutor for CudaContext {
         })
     }
 
-    fn stream_write_value(
-        &mut self,
-        stream: StreamRef,
-        address: u64,
-        value: u64,
-        width: u32,
-        flags: u32,
-    ) -> CuResult<()> {
+    fn stream_memory_op(&mut self, stream: StreamRef, op: MemoryOp) -> CuResult<()> {
         let stream = self.stream(stream)?;
+        let MemoryOp {
+            address,
+            value,
+            flags,
+            ..
+        } = op;
         // SAFETY: a live stream of this context; the session checked that
-        // `address` holds `width` bytes of this process's memory.
-        check("cuStreamWriteValue", unsafe {
-            if width == 8 {
-                sys::cuStreamWriteValue64_v2(stream, address, value, flags)
-            } else {
-                sys::cuStreamWriteValue32_v2(stream, address, value as u32, flags)
-            }
-        })
-    }
-
-    fn stream_wait_value(
-        &mut self,
-        stream: StreamRef,
-        address: u64,
-        value: u64,
-        width: u32,
-        flags: u32,
-    ) -> CuResult<()> {
-        let stream = self.stream(stream)?;
-        // SAFETY: as for stream_write_value; the GPU waits, not this thread.
-        check("cuStreamWaitValue", unsafe {
-            if width == 8 {
-                sys::cuStreamWaitValue64_v2(stream, address, value, flags)
-            } else {
-                sys::cuStreamWaitValue32_v2(stream, address, value as u32, flags)
+        // `address` holds `width` bytes of this process's memory; a wait
+        // waits on the GPU, not in this thread.
+        check("cuStreamWrite/WaitValue", unsafe {
+            match (op.wait, op.width) {
+                (false, 8) => sys::cuStreamWriteValue64_v2(stream, address, value, flags),
+                (false, _) => sys::cuStreamWriteValue32_v2(stream, address, value as u32, flags),
+                (true, 8) => sys::cuStreamWaitValue64_v2(stream, address, value, flags),
+                (true, _) => sys::cuStreamWaitValue32_v2(stream, address, value as u32, flags),
             }
         })
     }
@@ -1836,18 +1817,12 @@ impl ContextExecutor for CudaContext {
                     sys::cuGraphAddMemFreeNode(out, hgraph, d, n, dptr)
                 })?
             }
-            GraphNode::MemOp {
-                wait,
-                address,
-                value,
-                width,
-                flags,
-            } => {
-                let mut op = MemOp::new(wait, address, value, width, flags);
+            GraphNode::MemOp(ref op) => {
+                let mut op = BatchMemOp::new(op);
                 let p = sys::CUDA_BATCH_MEM_OP_NODE_PARAMS {
                     ctx: self.ctx,
                     count: 1,
-                    paramArray: (&mut op as *mut MemOp).cast(),
+                    paramArray: (&mut op as *mut BatchMemOp).cast(),
                     flags: 0,
                 };
                 // SAFETY: as above; one operation laid out as

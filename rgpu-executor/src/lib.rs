@@ -118,15 +118,20 @@ pub enum GraphNode<'a> {
     Child(u64),
     /// Frees `dptr`, an allocation of a memory-allocation node.
     MemFree(u64),
-    /// A stream memory operation as a node (`width` 4 or 8, checked by the
-    /// caller): a write of `value`, or with `wait` a wait on the word.
-    MemOp {
-        wait: bool,
-        address: u64,
-        value: u64,
-        width: u32,
-        flags: u32,
-    },
+    /// A stream memory operation as a node.
+    MemOp(MemoryOp),
+}
+
+/// A stream memory operation: a write of the low `width` (4 or 8, checked
+/// by the caller) bytes of `value` at `address`, or with `wait` a wait
+/// until the word there meets `flags`' condition against `value`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryOp {
+    pub wait: bool,
+    pub address: u64,
+    pub value: u64,
+    pub width: u32,
+    pub flags: u32,
 }
 
 /// `CUgraphExecUpdateResult` values the executors answer themselves.
@@ -429,26 +434,8 @@ pub trait ContextExecutor {
     ) -> CuResult<()> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
-    /// `cuStreamWriteValue32/64` (`width` 4 or 8, checked by the caller).
-    fn stream_write_value(
-        &mut self,
-        _stream: StreamRef,
-        _address: u64,
-        _value: u64,
-        _width: u32,
-        _flags: u32,
-    ) -> CuResult<()> {
-        Err(CUDA_ERROR_NOT_SUPPORTED)
-    }
-    /// `cuStreamWaitValue32/64` (`width` 4 or 8, checked by the caller).
-    fn stream_wait_value(
-        &mut self,
-        _stream: StreamRef,
-        _address: u64,
-        _value: u64,
-        _width: u32,
-        _flags: u32,
-    ) -> CuResult<()> {
+    /// `cuStreamWriteValue32/64` or `cuStreamWaitValue32/64`.
+    fn stream_memory_op(&mut self, _stream: StreamRef, _op: MemoryOp) -> CuResult<()> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
     /// Ends a capture: the graph recorded.

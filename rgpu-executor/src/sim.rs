@@ -39,7 +39,7 @@ use crate::image::{classify, ImageKind};
 use crate::occupancy::{self, KernelResources};
 use crate::{
     exec_update, ptx, ContextExecutor, CuResult, DeviceStatus, ExecUpdate, Executor, GraphNode,
-    HostRun, LaunchHint, LaunchOptions, StreamRef,
+    HostRun, LaunchHint, LaunchOptions, MemoryOp, StreamRef,
 };
 
 /// What `rgpu_spin` with a duration past the clock's range waits: forever,
@@ -94,7 +94,7 @@ const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
 const CU_EVENT_INTERPROCESS: u32 = 0x4;
 /// How the fixture's IPC handles start: a memory handle's, an event's.
 pub const SIM_IPC_MEM_MAGIC: &[u8; 16] = b"rgpu-sim-ipc-mem";
-/// How long the sim's `stream_wait_value` polls before giving up.
+/// How long a wait of the sim's `stream_memory_op` polls before giving up.
 const SIM_WAIT_VALUE_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
 /// The first word of the sim's tensor maps ("rgputmap").
 const SIM_TENSOR_MAP_MAGIC: u64 = u64::from_le_bytes(*b"rgputmap");
@@ -638,19 +638,9 @@ enum GraphOp {
     /// memory is there all along: replaying them does nothing).
     MemAlloc(u64),
     MemFree(u64),
-    /// A stream memory operation (captured `cuStreamWrite/WaitValue`).
-    WriteValue {
-        address: u64,
-        value: u64,
-        width: u32,
-        flags: u32,
-    },
-    WaitValue {
-        address: u64,
-        value: u64,
-        width: u32,
-        flags: u32,
-    },
+    /// A stream memory operation (captured `cuStreamWrite/WaitValue`, or
+    /// a memory-operation node).
+    MemOp(MemoryOp),
 }
 
 impl GraphOp {
@@ -926,18 +916,7 @@ impl SimContext {
                 GraphOp::EventWait(event) => self.stream_wait_event(stream, *event, 0)?,
                 GraphOp::Child(ops) => self.replay(ops, stream)?,
                 GraphOp::MemAlloc(_) | GraphOp::MemFree(_) => {}
-                GraphOp::WriteValue {
-                    address,
-                    value,
-                    width,
-                    flags,
-                } => self.stream_write_value(stream, *address, *value, *width, *flags)?,
-                GraphOp::WaitValue {
-                    address,
-                    value,
-                    width,
-                    flags,
-                } => self.stream_wait_value(stream, *address, *value, *width, *flags)?,
+                GraphOp::MemOp(op) => self.stream_memory_op(stream, *op)?,
             }
         }
         Ok(())
@@ -1039,30 +1018,10 @@ impl SimContext {
                 }
                 GraphOp::MemFree(dptr)
             }
-            GraphNode::MemOp {
-                wait,
-                address,
-                value,
-                width,
-                flags,
-            } => {
+            GraphNode::MemOp(op) => {
                 // The word must be reachable, as the driver checks it.
-                self.value_at(address, width, None)?;
-                if wait {
-                    GraphOp::WaitValue {
-                        address,
-                        value,
-                        width,
-                        flags,
-                    }
-                } else {
-                    GraphOp::WriteValue {
-                        address,
-                        value,
-                        width,
-                        flags,
-                    }
-                }
+                self.value_at(op.address, op.width, None)?;
+                GraphOp::MemOp(op)
             }
         })
     }
@@ -2084,47 +2043,24 @@ impl ContextExecutor for SimContext {
         Ok(())
     }
 
-    fn stream_write_value(
-        &mut self,
-        stream: StreamRef,
-        address: u64,
-        value: u64,
-        width: u32,
-        flags: u32,
-    ) -> CuResult<()> {
+    /// A write is done at once. The sim runs a stream's work at once, so a
+    /// wait polls the word here (someone else, a guest thread, sets it), for
+    /// at most [`SIM_WAIT_VALUE_LIMIT`]: the driver would wait for ever.
+    fn stream_memory_op(&mut self, stream: StreamRef, op: MemoryOp) -> CuResult<()> {
         self.check_stream(stream)?;
         if let Some(ops) = self.capturing.get_mut(&stream_key(stream)) {
-            ops.push(GraphOp::WriteValue {
-                address,
-                value,
-                width,
-                flags,
-            });
+            ops.push(GraphOp::MemOp(op));
             return Ok(());
         }
-        self.value_at(address, width, Some(value)).map(|_| ())
-    }
-
-    /// The sim runs a stream's work at once, so a wait polls the word here
-    /// (someone else, a guest thread, sets it), for at most
-    /// [`SIM_WAIT_VALUE_LIMIT`]: the driver would wait for ever.
-    fn stream_wait_value(
-        &mut self,
-        stream: StreamRef,
-        address: u64,
-        value: u64,
-        width: u32,
-        flags: u32,
-    ) -> CuResult<()> {
-        self.check_stream(stream)?;
-        if let Some(ops) = self.capturing.get_mut(&stream_key(stream)) {
-            ops.push(GraphOp::WaitValue {
-                address,
-                value,
-                width,
-                flags,
-            });
-            return Ok(());
+        let MemoryOp {
+            wait,
+            address,
+            value,
+            width,
+            flags,
+        } = op;
+        if !wait {
+            return self.value_at(address, width, Some(value)).map(|_| ());
         }
         let mask = if width == 8 {
             u64::MAX

@@ -3,7 +3,8 @@
 //! here, then handed to the executor; the session's limits are kept here.
 
 use rgpu_executor::{
-    exec_update, ContextExecutor, CuResult, Executor, GraphNode, HostRun, LaunchHint, LaunchOptions,
+    exec_update, ContextExecutor, CuResult, Executor, GraphNode, HostRun, LaunchHint,
+    LaunchOptions, MemoryOp,
 };
 use rgpu_proto::command::launch_attribute;
 use rgpu_proto::cuda_result::{
@@ -218,6 +219,15 @@ fn check_device_range(
          process's allocations or globals; refused"
     );
     Err(CUDA_ERROR_INVALID_VALUE)
+}
+
+/// A stream memory operation's word: 4 or 8 bytes, aligned to its width,
+/// in this process's memory.
+fn check_memory_op(tenant: &Tenant, ctx_id: u32, what: &str, op: &MemoryOp) -> CuResult<()> {
+    if !matches!(op.width, 4 | 8) || !op.address.is_multiple_of(u64::from(op.width)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    check_device_range(tenant, ctx_id, what, op.address, op.width.into())
 }
 
 /// Checks a node `node` for graph `graph` after `dependencies` (guest
@@ -1100,22 +1110,15 @@ impl Worker {
                 flags,
             } => {
                 let stream = handles.stream(*stream)?;
-                if !matches!(width, 4 | 8) || !address.is_multiple_of(u64::from(*width)) {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
-                }
-                check_device_range(
-                    tenant,
-                    ctx_id,
-                    "stream memory operation",
-                    *address,
-                    (*width).into(),
-                )?;
-                if matches!(command, Command::StreamWriteValue { .. }) {
-                    ctx.stream_write_value(stream, *address, *value, *width, *flags)
-                } else {
-                    ctx.stream_wait_value(stream, *address, *value, *width, *flags)
-                }
-                .map(empty)
+                let op = MemoryOp {
+                    wait: matches!(command, Command::StreamWaitValue { .. }),
+                    address: *address,
+                    value: *value,
+                    width: *width,
+                    flags: *flags,
+                };
+                check_memory_op(tenant, ctx_id, "stream memory operation", &op)?;
+                ctx.stream_memory_op(stream, op).map(empty)
             }
             Command::StreamEndCapture { stream, graph } => {
                 let stream = handles.stream(*stream)?;
@@ -1498,19 +1501,17 @@ impl Worker {
                 value,
                 flags,
             } => {
-                if !matches!(width, 4 | 8)
-                    || *wait > 1
-                    || !address.is_multiple_of(u64::from(*width))
-                {
+                if *wait > 1 {
                     return Err(CUDA_ERROR_INVALID_VALUE);
                 }
-                check_device_range(
-                    tenant,
-                    ctx_id,
-                    "memory-operation node",
-                    *address,
-                    (*width).into(),
-                )?;
+                let op = MemoryOp {
+                    wait: *wait == 1,
+                    address: *address,
+                    value: *value,
+                    width: *width,
+                    flags: *flags,
+                };
+                check_memory_op(tenant, ctx_id, "memory-operation node", &op)?;
                 add_graph_node(
                     ctx,
                     handles,
@@ -1519,13 +1520,7 @@ impl Worker {
                     *graph,
                     *node,
                     dependencies,
-                    &GraphNode::MemOp {
-                        wait: *wait == 1,
-                        address: *address,
-                        value: *value,
-                        width: *width,
-                        flags: *flags,
-                    },
+                    &GraphNode::MemOp(op),
                     1,
                 )
             }
