@@ -34,6 +34,7 @@ use rgpu_proto::wire::WireWriter;
 use rgpu_proto::{BlobRange, Command, Opcode, PROTOCOL_VERSION};
 
 use crate::carrier::{BlobMapping, Carrier, CarrierError};
+use crate::copy_crew::{with_crew, Crew};
 
 /// The host's answer to a command that asked for one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +68,9 @@ pub struct ChannelConfig {
     pub bounce_size: u64,
     /// How long to poll for a reply or ring space before sleeping on a fence.
     pub spin: Duration,
+    /// Threads a large pageable copy uses, the caller's included
+    /// (`RGPU_COPY_THREADS`).
+    pub copy_threads: usize,
 }
 
 impl Default for ChannelConfig {
@@ -76,6 +80,7 @@ impl Default for ChannelConfig {
             reply_size: REPLY_AREA_SIZE,
             bounce_size: BOUNCE_AREA_SIZE,
             spin: Duration::from_micros(DEFAULT_SPIN_US),
+            copy_threads: 1,
         }
     }
 }
@@ -90,9 +95,13 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 impl ChannelConfig {
-    /// The defaults, with `RGPU_RING_KB` and `RGPU_SPIN_US` applied.
+    /// The defaults, with `RGPU_RING_KB`, `RGPU_SPIN_US` and
+    /// `RGPU_COPY_THREADS` applied.
     pub fn from_env() -> Self {
-        let mut config = Self::default();
+        let mut config = Self {
+            copy_threads: crate::copy_crew::copy_threads_from_env(),
+            ..Self::default()
+        };
         if let Some(kb) = env_u64("RGPU_RING_KB") {
             let size = kb.saturating_mul(1024);
             if size.is_power_of_two()
@@ -190,6 +199,7 @@ pub struct Channel {
     blob: BlobMapping,
     layout: ChannelLayout,
     spin: Duration,
+    copy_threads: usize,
     state: Mutex<State>,
     notes: Mutex<QueryNotes>,
     /// Device printf output kept for whoever relays this channel (the
@@ -224,6 +234,7 @@ impl Channel {
             ctx_id,
             blob,
             spin: config.spin,
+            copy_threads: config.copy_threads,
             state: Mutex::new(State {
                 produced: 0,
                 consumed_seen: 0,
@@ -328,27 +339,30 @@ impl Channel {
         let mut state = self.lock();
         let chunk = self.inline_limit() as usize;
         let count = data.len().div_ceil(chunk);
-        let mut seq = 0;
-        for (i, piece) in data.chunks(chunk).enumerate() {
-            if sync && i + 1 == count {
-                seq = Self::take_seq(&mut state);
+        with_crew(self.copy_threads, data.len(), |crew| {
+            let mut seq = 0;
+            for (i, piece) in data.chunks(chunk).enumerate() {
+                if sync && i + 1 == count {
+                    seq = Self::take_seq(&mut state);
+                }
+                let chunk_dst = dst.wrapping_add((i * chunk) as u64);
+                self.write_inline_with(
+                    &mut state,
+                    piece,
+                    &|src| Command::MemcpyHtoD {
+                        stream,
+                        dst: chunk_dst,
+                        src,
+                    },
+                    seq,
+                    crew,
+                )?;
             }
-            let chunk_dst = dst.wrapping_add((i * chunk) as u64);
-            self.write_inline(
-                &mut state,
-                piece,
-                &|src| Command::MemcpyHtoD {
-                    stream,
-                    dst: chunk_dst,
-                    src,
-                },
-                seq,
-            )?;
-        }
-        if !sync {
-            return Ok(CUDA_SUCCESS);
-        }
-        Ok(self.wait_reply(&mut state, seq)?.result)
+            if !sync {
+                return Ok(CUDA_SUCCESS);
+            }
+            Ok(self.wait_reply(&mut state, seq)?.result)
+        })
     }
 
     /// Copies device memory at `src` into `dst` anywhere in this process
@@ -385,6 +399,7 @@ impl Channel {
         let slot_offset = move |i: usize| bounce_offset + ((i % slots) * piece_size) as u64;
         let mut state = self.lock();
         let total = dst.len();
+        let threads = self.copy_threads;
         // Queues piece `i` into its slot: (its reply sequence, the ring
         // position after it).
         let issue = |state: &mut State, i: usize| -> Result<(u64, u64), CarrierError> {
@@ -407,49 +422,46 @@ impl Channel {
             self.write_command(state, &command, seq)?;
             Ok((seq, state.produced))
         };
-        // Ring positions after the pieces in flight, in order.
-        let mut in_flight = std::collections::VecDeque::with_capacity(slots);
-        let mut reply_seq = 0;
-        for i in 0..slots.min(count) {
-            let (seq, end) = issue(&mut state, i)?;
-            reply_seq = reply_seq.max(seq);
-            in_flight.push_back(end);
-        }
-        for i in 0..count {
-            let end = in_flight.pop_front().unwrap_or(state.produced);
-            if i + 1 == count {
-                let reply =
-                    self.wait_reply_spinning(&mut state, reply_seq, self.spin + expected)?;
-                if reply.result != CUDA_SUCCESS {
-                    return Ok(reply.result);
-                }
-            } else {
-                self.wait_consumed(&state, end, expected)?;
-            }
-            let offset = i * piece_size;
-            let piece = dst
-                .get_mut(offset..(offset + piece_size).min(dst.len()))
-                .ok_or_else(|| CarrierError::Protocol("copy piece out of range".into()))?;
-            // SAFETY: the slot lies inside the bounce area, which lies
-            // inside the blob (validated at bind) and holds `slots` slots of
-            // `piece_size` >= piece.len() bytes; the host finished writing
-            // it (it moved past the command, or replied to it).
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.at(slot_offset(i)),
-                    piece.as_mut_ptr(),
-                    piece.len(),
-                );
-            }
-            // That slot is free again: the host may fill it with a later
-            // piece meanwhile.
-            if i + slots < count {
-                let (seq, end) = issue(&mut state, i + slots)?;
+        let state = &mut *state;
+        with_crew(threads, total, |crew| {
+            // Ring positions after the pieces in flight, in order.
+            let mut in_flight = std::collections::VecDeque::with_capacity(slots);
+            let mut reply_seq = 0;
+            for i in 0..slots.min(count) {
+                let (seq, end) = issue(state, i)?;
                 reply_seq = reply_seq.max(seq);
                 in_flight.push_back(end);
             }
-        }
-        Ok(CUDA_SUCCESS)
+            for i in 0..count {
+                let end = in_flight.pop_front().unwrap_or(state.produced);
+                if i + 1 == count {
+                    let reply = self.wait_reply_spinning(state, reply_seq, self.spin + expected)?;
+                    if reply.result != CUDA_SUCCESS {
+                        return Ok(reply.result);
+                    }
+                } else {
+                    self.wait_consumed(state, end, expected)?;
+                }
+                let offset = i * piece_size;
+                let piece = dst
+                    .get_mut(offset..(offset + piece_size).min(dst.len()))
+                    .ok_or_else(|| CarrierError::Protocol("copy piece out of range".into()))?;
+                // SAFETY: the slot lies inside the bounce area, which lies
+                // inside the blob (validated at bind) and holds `slots` slots of
+                // `piece_size` >= piece.len() bytes; the host finished writing
+                // it (it moved past the command, or replied to it) and writes it
+                // again only after this piece's slot is issued anew, below.
+                unsafe { crew.copy(piece.as_mut_ptr(), self.at(slot_offset(i)), piece.len()) };
+                // That slot is free again: the host may fill it with a later
+                // piece meanwhile.
+                if i + slots < count {
+                    let (seq, end) = issue(state, i + slots)?;
+                    reply_seq = reply_seq.max(seq);
+                    in_flight.push_back(end);
+                }
+            }
+            Ok(CUDA_SUCCESS)
+        })
     }
 
     /// Waits until the host has executed everything before ring position
@@ -712,6 +724,20 @@ impl Channel {
         make_command: &dyn Fn(BlobRange) -> Command,
         seq: u64,
     ) -> Result<(), CarrierError> {
+        with_crew(1, 0, |crew| {
+            self.write_inline_with(state, data, make_command, seq, crew)
+        })
+    }
+
+    /// [`Self::write_inline`], copying the data with `crew`.
+    fn write_inline_with(
+        &self,
+        state: &mut State,
+        data: &[u8],
+        make_command: &dyn Fn(BlobRange) -> Command,
+        seq: u64,
+        crew: &Crew<'_>,
+    ) -> Result<(), CarrierError> {
         let staged = padded(COMMAND_HEADER_SIZE + data.len()) as u64;
         // The encoded size does not depend on the range's values.
         let command_len = make_command(BlobRange::default()).encoded_len() as u64;
@@ -738,7 +764,18 @@ impl Channel {
                 reply_seq: 0,
             },
         );
-        self.write_bytes(pos + COMMAND_HEADER_SIZE as u64, data);
+        let data_pos = pos + COMMAND_HEADER_SIZE as u64;
+        debug_assert!(data_pos + data.len() as u64 <= self.layout.ring_size);
+        // SAFETY: `reserve` returned `pos` with room for the header, the data
+        // and the command before the ring's end, and the host is done with
+        // that space; `data` is the caller's, distinct from the ring.
+        unsafe {
+            crew.copy(
+                self.at(self.layout.ring_offset + data_pos),
+                data.as_ptr(),
+                data.len(),
+            );
+        }
         self.write_bytes(pos + staged, &command);
         state.produced += staged + command_len;
         self.note(&made, state.produced);

@@ -6,6 +6,7 @@ pub mod carrier;
 pub mod channel;
 pub mod console;
 pub mod context_channel;
+pub mod copy_crew;
 pub mod guest_memory;
 pub mod process_tag;
 pub mod remote_channel;

@@ -31,6 +31,7 @@ const CHANNEL: ChannelConfig = ChannelConfig {
     reply_size: rgpu_proto::channel::MIN_REPLY_SIZE,
     bounce_size: 0,
     spin: Duration::from_micros(50),
+    copy_threads: 1,
 };
 
 /// An initialised NVML: the capset and the channel to the host.

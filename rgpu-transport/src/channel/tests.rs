@@ -23,7 +23,7 @@ use super::{expected_duration, Channel, ChannelConfig, MAX_EXPECTED_SPIN};
 use crate::carrier::{BlobMapping, Carrier, CarrierError, FenceToken};
 use crate::guest_memory::GuestMemory;
 
-const DEVICE_BYTES: usize = 4 << 20;
+const DEVICE_BYTES: usize = 16 << 20;
 
 #[derive(Default)]
 struct HostState {
@@ -493,6 +493,7 @@ fn config(ring_size: u64, bounce_size: u64, spin: Duration) -> ChannelConfig {
         reply_size: 4096,
         bounce_size,
         spin,
+        copy_threads: 1,
     }
 }
 
@@ -765,6 +766,46 @@ fn long_tail_padding_is_one_decodable_piece() {
     // The tail: 65544 + 16 bytes, as one padding (Padding bodies may be as
     // long as a ring); then the staged data.
     assert_eq!(state.padding_bytes, vec![65544, 65536]);
+}
+
+#[test]
+fn large_copies_split_among_copy_threads_arrive_intact() {
+    let host = FakeHost::new(Duration::ZERO, Duration::from_micros(20));
+    // The default ring and bounce area: 2 MiB chunks and slots, each copied
+    // by four threads.
+    let channel = open(
+        &host,
+        ChannelConfig {
+            copy_threads: 4,
+            ..config(8 << 20, 8 << 20, Duration::from_micros(50))
+        },
+    );
+    let data = pattern((12 << 20) + 4099, 11);
+    assert_eq!(
+        channel.copy_to_device(0, 0x3000, &data, true).unwrap(),
+        CUDA_SUCCESS
+    );
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(
+        channel.copy_from_device(0, &mut back, 0x3000).unwrap(),
+        CUDA_SUCCESS
+    );
+    assert!(back == data, "data read back differs");
+    let state = host.state();
+    assert!(state.violations.is_empty(), "{:?}", state.violations);
+    let copies = |htod: bool| {
+        state
+            .executed
+            .iter()
+            .filter(|(c, _)| match c {
+                Command::MemcpyHtoD { .. } => htod,
+                Command::MemcpyDtoH { .. } => !htod,
+                _ => false,
+            })
+            .count()
+    };
+    // 2 MiB pieces both ways.
+    assert_eq!((copies(true), copies(false)), (7, 7));
 }
 
 #[test]
