@@ -108,6 +108,13 @@ impl RangeMap {
         self.ranges.insert(start, Range { len, owner });
     }
 
+    /// Whether `[ptr, ptr + len)` lies inside one page-locked range.
+    pub fn is_page_locked(&self, ptr: u64, len: u64) -> bool {
+        self.find_range(ptr).is_some_and(|(start, range)| {
+            matches!(range.owner, Owner::PageLocked { .. }) && len <= range.len - (ptr - start)
+        })
+    }
+
     /// Forgets the allocation starting at `start` (`cuMemFree`); a global
     /// there stays.
     pub fn remove_allocation(&mut self, start: u64) {
@@ -191,6 +198,14 @@ pub(crate) fn remove_page_locked(space: usize, start: u64) {
     if let Some(map) = write().get_mut(space) {
         map.remove_page_locked(start);
     }
+}
+
+/// Whether `[ptr, ptr + len)` of `space` is page-locked memory of this
+/// process (whose address is a device address too).
+pub(crate) fn is_page_locked(space: usize, ptr: u64, len: u64) -> bool {
+    read()
+        .get(space)
+        .is_some_and(|map| map.is_page_locked(ptr, len))
 }
 
 /// The globals of an unloaded module.

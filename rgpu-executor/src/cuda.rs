@@ -34,7 +34,7 @@ use crate::image::{classify, ImageKind};
 use crate::nvml::HostNvml;
 use crate::{
     ptx, ContextExecutor, CuResult, DeviceStatus, ExecUpdate, Executor, ExecutorError, GraphNode,
-    HostRun, LaunchHint, LaunchOptions, MemoryOp, StreamRef,
+    HostRun, LaunchHint, LaunchOptions, MemoryOp, PitchedSide, StreamRef,
 };
 
 /// Exported by rgpu's guest library so the daemon can tell it apart from
@@ -1752,8 +1752,20 @@ impl ContextExecutor for CudaContext {
                     sys::cuGraphAddMemsetNode(out, hgraph, d, n, &p, self.ctx)
                 })?
             }
-            GraphNode::CopyDtoD { dst, src, size } => {
+            GraphNode::Copy(copy) => {
                 let device = sys::CUmemorytype_enum::CU_MEMORYTYPE_DEVICE;
+                let size = |v: u64| usize::try_from(v).map_err(|_| CUDA_ERROR_INVALID_VALUE);
+                // One row needs no pitch (and a long one would pass the
+                // device's largest pitch).
+                let one_row = copy.height <= 1 && copy.depth <= 1;
+                let pitch = |side: &PitchedSide| match one_row {
+                    true => Ok(0),
+                    false => size(side.pitch),
+                };
+                let rows = |side: &PitchedSide| match copy.depth <= 1 {
+                    true => Ok(0),
+                    false => size(side.rows),
+                };
                 // Spelled out: its memory-type enums have no zero value, so
                 // an all-zero CUDA_MEMCPY3D is not a valid Rust value.
                 let p = sys::CUDA_MEMCPY3D {
@@ -1763,27 +1775,28 @@ impl ContextExecutor for CudaContext {
                     srcLOD: 0,
                     srcMemoryType: device,
                     srcHost: std::ptr::null(),
-                    srcDevice: src,
+                    srcDevice: copy.src.address,
                     srcArray: null_mut(),
                     reserved0: null_mut(),
-                    srcPitch: 0,
-                    srcHeight: 0,
+                    srcPitch: pitch(&copy.src)?,
+                    srcHeight: rows(&copy.src)?,
                     dstXInBytes: 0,
                     dstY: 0,
                     dstZ: 0,
                     dstLOD: 0,
                     dstMemoryType: device,
                     dstHost: null_mut(),
-                    dstDevice: dst,
+                    dstDevice: copy.dst.address,
                     dstArray: null_mut(),
                     reserved1: null_mut(),
-                    dstPitch: 0,
-                    dstHeight: 0,
-                    WidthInBytes: usize::try_from(size).map_err(|_| CUDA_ERROR_INVALID_VALUE)?,
-                    Height: 1,
-                    Depth: 1,
+                    dstPitch: pitch(&copy.dst)?,
+                    dstHeight: rows(&copy.dst)?,
+                    WidthInBytes: size(copy.width)?,
+                    Height: size(copy.height)?,
+                    Depth: size(copy.depth)?,
                 };
-                // SAFETY: as above; device to device only.
+                // SAFETY: as above; device to device only (page-locked
+                // memory by its device address).
                 check("cuGraphAddMemcpyNode", unsafe {
                     sys::cuGraphAddMemcpyNode(out, hgraph, d, n, &p, self.ctx)
                 })?

@@ -38,8 +38,8 @@ use rgpu_proto::reply::FunctionInfo;
 use crate::image::{classify, ImageKind};
 use crate::occupancy::{self, KernelResources};
 use crate::{
-    exec_update, ptx, ContextExecutor, CuResult, DeviceStatus, ExecUpdate, Executor, GraphNode,
-    HostRun, LaunchHint, LaunchOptions, MemoryOp, StreamRef,
+    exec_update, ptx, ContextExecutor, Copy3D, CuResult, DeviceStatus, ExecUpdate, Executor,
+    GraphNode, HostRun, LaunchHint, LaunchOptions, MemoryOp, PitchedSide, StreamRef,
 };
 
 /// What `rgpu_spin` with a duration past the clock's range waits: forever,
@@ -624,11 +624,7 @@ enum GraphOp {
         rows: u64,
         pitch: u64,
     },
-    CopyDtoD {
-        dst: u64,
-        src: u64,
-        size: u64,
-    },
+    Copy(Copy3D),
     Empty,
     EventRecord(u64),
     EventWait(u64),
@@ -908,8 +904,15 @@ impl SimContext {
                         self.memset(stream, at, *value, *element_size, *count)?;
                     }
                 }
-                GraphOp::CopyDtoD { dst, src, size } => {
-                    self.memcpy_dtod(stream, *dst, *src, *size)?
+                GraphOp::Copy(copy) => {
+                    for slice in 0..copy.depth {
+                        for row in 0..copy.height {
+                            let at = |side: &PitchedSide| {
+                                side.row_start(row, slice).ok_or(CUDA_ERROR_INVALID_VALUE)
+                            };
+                            self.memcpy_dtod(stream, at(&copy.dst)?, at(&copy.src)?, copy.width)?;
+                        }
+                    }
                 }
                 GraphOp::Empty => {}
                 GraphOp::EventRecord(event) => self.event_record(*event, stream)?,
@@ -995,7 +998,15 @@ impl SimContext {
                     pitch,
                 }
             }
-            GraphNode::CopyDtoD { dst, src, size } => GraphOp::CopyDtoD { dst, src, size },
+            GraphNode::Copy(copy) => {
+                // As the driver: every byte of both sides reachable.
+                for side in [&copy.dst, &copy.src] {
+                    let span = copy.span(side).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                    let reachable = lock_reachable(&self.reachable);
+                    self.reach(&reachable, side.address, span)?;
+                }
+                GraphOp::Copy(copy)
+            }
             GraphNode::EventRecord(event) => {
                 self.event(event)?;
                 GraphOp::EventRecord(event)
@@ -1355,7 +1366,7 @@ impl ContextExecutor for SimContext {
     fn memcpy_dtod(&mut self, stream: StreamRef, dst: u64, src: u64, size: u64) -> CuResult<()> {
         self.check_stream(stream)?;
         if let Some(ops) = self.capturing.get_mut(&stream_key(stream)) {
-            ops.push(GraphOp::CopyDtoD { dst, src, size });
+            ops.push(GraphOp::Copy(Copy3D::linear(dst, src, size)));
             return Ok(());
         }
         if size == 0 {

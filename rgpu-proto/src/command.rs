@@ -991,7 +991,8 @@ commands! {
         pitch: u64,
     }
         check memset_node_element_size;
-    /// A memcpy node copying `size` bytes between device memory.
+    /// A memcpy node copying `size` bytes between device memory
+    /// (page-locked memory included: its address is a device address).
     GraphAddMemcpyNode = 0x0713 {
         graph: u32,
         node: u32,
@@ -1024,6 +1025,24 @@ commands! {
         address: u64,
         value: u64,
         flags: u32,
+    };
+    /// A memcpy node of `depth` slices of `height` rows of `width` bytes
+    /// between device memory (page-locked memory included): on each side,
+    /// rows `*_pitch` bytes apart and slices `*_height` rows apart, from
+    /// the first byte at `dst` and `src`.
+    GraphAddMemcpy3DNode = 0x071a {
+        graph: u32,
+        node: u32,
+        dependencies: Vec<u32>,
+        dst: u64,
+        dst_pitch: u64,
+        dst_height: u64,
+        src: u64,
+        src_pitch: u64,
+        src_height: u64,
+        width: u64,
+        height: u64,
+        depth: u64,
     };
     /// `cuGraphKernelNodeSetParams_v2` of kernel node `node` (a launch as
     /// `GraphAddKernelNode` carries it).

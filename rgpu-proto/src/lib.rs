@@ -31,7 +31,7 @@ pub use wire::DecodeError;
 /// version 4 gave `LaunchKernelEx` the launch attributes it carries.
 /// Commands added to the table without changing another (the `Ipc*`
 /// commands, the graph-building `GraphCreate`, `GraphClone` and
-/// `GraphAdd*Node` (memory-allocation and free nodes too), the node-parameter `Graph*NodeSetParams`,
+/// `GraphAdd*Node` (memory-allocation and free nodes, pitched memcpy nodes too), the node-parameter `Graph*NodeSetParams`,
 /// `GraphExecUpdate` and `GraphUpload`, the tensor-map commands,
 /// `StreamBeginCaptureToGraph`, `PlaceNextBlob` and the stream memory
 /// operations) keep the version: a daemon that does not know one answers it

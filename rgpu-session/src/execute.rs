@@ -3,8 +3,8 @@
 //! here, then handed to the executor; the session's limits are kept here.
 
 use rgpu_executor::{
-    exec_update, ContextExecutor, CuResult, Executor, GraphNode, HostRun, LaunchHint,
-    LaunchOptions, MemoryOp,
+    exec_update, ContextExecutor, Copy3D, CuResult, Executor, GraphNode, HostRun, LaunchHint,
+    LaunchOptions, MemoryOp, PitchedSide,
 };
 use rgpu_proto::command::launch_attribute;
 use rgpu_proto::cuda_result::{
@@ -1346,11 +1346,58 @@ impl Worker {
                 // As a device-to-device copy.
                 check_device_range(tenant, ctx_id, "a memcpy node's src", *src, *size)?;
                 check_device_range(tenant, ctx_id, "a memcpy node's dst", *dst, *size)?;
-                let spec = GraphNode::CopyDtoD {
-                    dst: *dst,
-                    src: *src,
-                    size: *size,
+                let spec = GraphNode::Copy(Copy3D::linear(*dst, *src, *size));
+                add_graph_node(
+                    ctx,
+                    handles,
+                    &limits,
+                    ctx_id,
+                    *graph,
+                    *node,
+                    dependencies,
+                    &spec,
+                    1,
+                )
+            }
+            Command::GraphAddMemcpy3DNode {
+                graph,
+                node,
+                dependencies,
+                dst,
+                dst_pitch,
+                dst_height,
+                src,
+                src_pitch,
+                src_height,
+                width,
+                height,
+                depth,
+            } => {
+                let side = |address: &u64, pitch: &u64, rows: &u64| PitchedSide {
+                    address: *address,
+                    pitch: *pitch,
+                    rows: *rows,
                 };
+                let copy = Copy3D {
+                    dst: side(dst, dst_pitch, dst_height),
+                    src: side(src, src_pitch, src_height),
+                    width: *width,
+                    height: *height,
+                    depth: *depth,
+                };
+                if !copy.is_well_formed() {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                // Every byte from a side's first to its last lies in one
+                // range of the process's own (rows between are its too).
+                for (what, side) in [
+                    ("a memcpy node's src", &copy.src),
+                    ("a memcpy node's dst", &copy.dst),
+                ] {
+                    let span = copy.span(side).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                    check_device_range(tenant, ctx_id, what, side.address, span)?;
+                }
+                let spec = GraphNode::Copy(copy);
                 add_graph_node(
                     ctx,
                     handles,

@@ -23,11 +23,14 @@
  * frees, launched twice (parameters read back, node types); a free node
  * of cuMemAlloc memory and a graph with memory nodes as a child are
  * refused. Host nodes (cuGraphAddHostNode and cuGraphAddNode) run once
- * per launch, in order with the nodes around them. A clone, launched after the
+ * per launch, in order with the nodes around them. Memcpy nodes between
+ * page-locked host memory and the device, a 2D copy between pitches with
+ * unified addresses and a 3D copy of two slices, every byte checked; a
+ * pitch below the width refused. A clone, launched after the
  * buffers were cleared, does the same as the graph. Misuse: a node of another
  * graph as a dependency is refused; through rgpu, a destroyed graph takes
- * no node and no instantiation, and a memcpy node from host memory is
- * CUDA_ERROR_NOT_SUPPORTED, a handle that is no node is refused, and a
+ * no node and no instantiation, and a memcpy node from pageable host
+ * memory is CUDA_ERROR_NOT_SUPPORTED, a handle that is no node is refused, and a
  * memset node set to memory of no allocation too, and a graph
  * allocation's memory once its graph is gone; last, a kernel node whose pointer argument is
  * no memory of this process makes the graph's launch fail as a launch of
@@ -165,6 +168,7 @@ typedef struct {
 
 #define MEMORYTYPE_HOST 1
 #define MEMORYTYPE_DEVICE 2
+#define MEMORYTYPE_UNIFIED 4
 #define NODE_TYPE_KERNEL 0
 #define NODE_TYPE_MEMCPY 1
 #define NODE_TYPE_MEMSET 2
@@ -754,6 +758,93 @@ int main(int argc, char **argv) {
         CHECK_CU(cuGraphDestroy(hosts));
         CHECK_CU(cuMemFree(d_word));
         CHECK_CU(cuMemFreeHost((void *)(uintptr_t)seen.words));
+    }
+
+    /* Memcpy nodes beyond 1D device to device: page-locked host memory to
+     * the device and back (host memory type), a 2D copy of a 3x16-byte
+     * block between pitches 64 and 32 (unified addresses), and a 3D copy
+     * of two slices of two rows; launched once, every byte checked, the
+     * bytes between rows left alone. */
+    {
+        enum { BYTES = 256 };
+        CUgraph copies = NULL;
+        CUgraphExec copies_exec = NULL;
+        CUgraphNode c_in = NULL, c_2d = NULL, c_3d = NULL, c_out = NULL;
+        unsigned char *pinned_in = NULL, *pinned_out = NULL;
+        CUdeviceptr d_src = 0, d_dst = 0;
+        unsigned char want[BYTES];
+        REQUIRE_CU(cuMemAllocHost((void **)&pinned_in, BYTES));
+        REQUIRE_CU(cuMemAllocHost((void **)&pinned_out, BYTES));
+        REQUIRE_CU(cuMemAlloc(&d_src, BYTES));
+        REQUIRE_CU(cuMemAlloc(&d_dst, BYTES));
+        for (int i = 0; i < BYTES; i++) pinned_in[i] = (unsigned char)(i * 7 + 1);
+        memset(pinned_out, 0xee, BYTES);
+        CHECK_CU(cuMemsetD8(d_dst, 0xcc, BYTES));
+        CHECK_CU(cuGraphCreate(&copies, 0));
+        /* page-locked host -> d_src (256 bytes) */
+        Memcpy3D in = copy_dtod(d_src, 0, BYTES);
+        in.srcMemoryType = MEMORYTYPE_HOST;
+        in.srcHost = pinned_in;
+        CHECK_CU(cuGraphAddMemcpyNode(&c_in, copies, NULL, 0, &in, ctx));
+        /* 2D: rows 1..3 of d_src (pitch 64), from byte 8, 16 wide -> d_dst
+         * rows 0..2 (pitch 32) from byte 4; unified addresses. */
+        Memcpy3D two = copy_dtod(d_dst, d_src, 16);
+        two.srcMemoryType = two.dstMemoryType = MEMORYTYPE_UNIFIED;
+        two.srcXInBytes = 8;
+        two.srcY = 1;
+        two.srcPitch = 64;
+        two.dstXInBytes = 4;
+        two.dstPitch = 32;
+        two.Height = 3;
+        CHECK_CU(cuGraphAddMemcpyNode(&c_2d, copies, &c_in, 1, &two, ctx));
+        /* 3D: 2 slices of 2 rows (slice height 4 rows of pitch 16 on the
+         * source, 2 rows of pitch 8 on the destination) of 8 bytes, from
+         * d_src+128 to d_dst+128+4... the destination's slices abut. */
+        Memcpy3D three = copy_dtod(d_dst + 128, d_src + 128, 8);
+        three.srcPitch = 16;
+        three.srcHeight = 4;
+        three.dstPitch = 8;
+        three.dstHeight = 2;
+        three.Height = 2;
+        three.Depth = 2;
+        CHECK_CU(cuGraphAddMemcpyNode(&c_3d, copies, &c_2d, 1, &three, ctx));
+        /* d_dst -> page-locked host */
+        Memcpy3D out = copy_dtod(0, d_dst, BYTES);
+        out.dstMemoryType = MEMORYTYPE_HOST;
+        out.dstHost = pinned_out;
+        CHECK_CU(cuGraphAddMemcpyNode(&c_out, copies, &c_3d, 1, &out, ctx));
+        CHECK_CU(cuGraphInstantiateWithFlags(&copies_exec, copies, 0));
+        CHECK_CU(cuGraphLaunch(copies_exec, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        memset(want, 0xcc, BYTES);
+        for (int r = 0; r < 3; r++)
+            for (int b = 0; b < 16; b++) want[r * 32 + 4 + b] = pinned_in[(r + 1) * 64 + 8 + b];
+        for (int z = 0; z < 2; z++)
+            for (int r = 0; r < 2; r++)
+                for (int b = 0; b < 8; b++)
+                    want[128 + (z * 2 + r) * 8 + b] = pinned_in[128 + (z * 4 + r) * 16 + b];
+        int wrong = 0;
+        for (int i = 0; i < BYTES; i++) wrong += pinned_out[i] != want[i];
+        CHECK_EQ_INT(wrong, 0);
+        /* A destination pitch below the width is refused. */
+        CUgraphNode c_bad = NULL;
+        Memcpy3D narrow = two;
+        narrow.dstPitch = 8;
+        CHECK_CU_FAILS(cuGraphAddMemcpyNode(&c_bad, copies, NULL, 0, &narrow, ctx));
+        if (through_rgpu) {
+            /* Pageable host memory does not reach the host's GPU. */
+            static unsigned char pageable[BYTES];
+            Memcpy3D from_pageable = in;
+            from_pageable.srcHost = pageable;
+            CHECK_RC(cuGraphAddMemcpyNode(&c_bad, copies, NULL, 0, &from_pageable, ctx),
+                     CUDA_ERROR_NOT_SUPPORTED);
+        }
+        CHECK_CU(cuGraphExecDestroy(copies_exec));
+        CHECK_CU(cuGraphDestroy(copies));
+        CHECK_CU(cuMemFree(d_src));
+        CHECK_CU(cuMemFree(d_dst));
+        CHECK_CU(cuMemFreeHost(pinned_in));
+        CHECK_CU(cuMemFreeHost(pinned_out));
     }
 
     /* Capture into an existing graph (XLA traces library calls into its

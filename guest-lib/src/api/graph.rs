@@ -40,6 +40,7 @@ use rgpu_proto::reply::{decode_u64s, FunctionInfo};
 use crate::abi::{write_optional, write_out, CUdeviceptr, CUevent, CUfunction, CUstream};
 use crate::api::context::same_context;
 use crate::api::library::function_or_kernel;
+use crate::device_ranges;
 use crate::params::marshal;
 use crate::state::{current, driver, resolve_stream, Context, Registry};
 
@@ -70,8 +71,12 @@ const ACCESS_READ_WRITE: c_uint = 3;
 /// device is all that means anything).
 const MAX_ACCESS_DESCS: usize = 64;
 
-/// `CU_MEMORYTYPE_DEVICE`, the only kind a memcpy node may copy between.
+/// `CU_MEMORYTYPE_*` of a memcpy node's sides: host memory (page-locked
+/// only: its address is a device address), device memory and unified
+/// addresses; arrays are not offered.
+const MEMORYTYPE_HOST: c_uint = 1;
 const MEMORYTYPE_DEVICE: c_uint = 2;
+const MEMORYTYPE_UNIFIED: c_uint = 4;
 
 /// `CUDA_KERNEL_NODE_PARAMS` (`_v2`; v1 is its first nine fields).
 #[repr(C)]
@@ -1001,8 +1006,72 @@ pub(crate) fn add_memset_node(
     .map(|_| ())
 }
 
-/// `cuGraphAddMemcpyNode`: one-dimensional copies between device memory.
-/// Host memory, arrays and 2D/3D shapes are not supported yet.
+/// One side of a memcpy node as the host copies it: its first byte's
+/// device address, its pitch and its rows per slice.
+#[derive(Clone, Copy)]
+struct CopySide {
+    address: u64,
+    pitch: u64,
+    rows: u64,
+}
+
+/// Where one side of `CUDA_MEMCPY3D` starts, as a device address: device
+/// memory and unified addresses as they are, host memory only when it is
+/// page-locked memory of this process (the host's worker maps it at the
+/// same address, registered with the GPU).
+#[allow(clippy::too_many_arguments)]
+fn copy_side(
+    ctx: &Context,
+    memory_type: c_uint,
+    host: usize,
+    device: CUdeviceptr,
+    [x, y, z]: [usize; 3],
+    pitch: usize,
+    rows: usize,
+    extent: impl Fn(u64, u64) -> Option<u64>,
+) -> Result<CopySide, u32> {
+    let base = match memory_type {
+        MEMORYTYPE_HOST => host as u64,
+        MEMORYTYPE_DEVICE | MEMORYTYPE_UNIFIED => device,
+        _ => {
+            log::warn!(
+                "rgpu: cuGraphAddMemcpyNode: memory type {memory_type} (arrays) is not supported"
+            );
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+    };
+    let (pitch, rows) = (pitch as u64, rows as u64);
+    let address = (z as u64)
+        .checked_mul(rows)
+        .and_then(|r| r.checked_add(y as u64))
+        .and_then(|r| r.checked_mul(pitch))
+        .and_then(|o| o.checked_add(x as u64))
+        .and_then(|o| o.checked_add(base))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if base == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if memory_type == MEMORYTYPE_HOST {
+        let span = extent(pitch, rows).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if !device_ranges::is_page_locked(ctx.space, address, span) {
+            log::warn!(
+                "rgpu: cuGraphAddMemcpyNode: host memory {address:#x}+{span:#x} is not \
+                 page-locked memory of this process; only page-locked host memory reaches \
+                 the host's GPU"
+            );
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+    }
+    Ok(CopySide {
+        address,
+        pitch,
+        rows,
+    })
+}
+
+/// `cuGraphAddMemcpyNode`: 1D, 2D and 3D copies between device memory and
+/// page-locked host memory (unified addresses too). Arrays and pageable
+/// host memory are not supported.
 pub(crate) fn add_memcpy_node(
     out: *mut CUgraphNode,
     graph: CUgraph,
@@ -1016,33 +1085,20 @@ pub(crate) fn add_memcpy_node(
     }
     // SAFETY: non-NULL; the caller passes a readable CUDA_MEMCPY3D.
     let p = unsafe { &*params };
-    let one_dimensional = p.height <= 1
-        && p.depth <= 1
-        && p.src_y == 0
-        && p.src_z == 0
-        && p.dst_y == 0
-        && p.dst_z == 0
-        && p.src_lod == 0
-        && p.dst_lod == 0;
-    if p.src_memory_type != MEMORYTYPE_DEVICE
-        || p.dst_memory_type != MEMORYTYPE_DEVICE
-        || !one_dimensional
-    {
-        log::warn!(
-            "rgpu: cuGraphAddMemcpyNode: only 1D device-to-device copies are supported \
-             (memory types {} -> {}, {}x{}x{})",
-            p.src_memory_type,
-            p.dst_memory_type,
-            p.width_in_bytes,
-            p.height,
-            p.depth
-        );
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
-    }
-    let src = p.src_device.checked_add(p.src_x_in_bytes as u64);
-    let dst = p.dst_device.checked_add(p.dst_x_in_bytes as u64);
-    let (Some(src), Some(dst)) = (src, dst) else {
+    if p.src_lod != 0 || p.dst_lod != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (width, height, depth) = (p.width_in_bytes as u64, p.height as u64, p.depth as u64);
+    // A CUDA_MEMCPY3D asks for at least one row of one slice.
+    let (height, depth) = (height.max(1), depth.max(1));
+    // From a side's first byte to its last (the last row ends `width`
+    // bytes after it starts).
+    let extent = |pitch: u64, rows: u64| {
+        (depth - 1)
+            .checked_mul(rows)?
+            .checked_add(height - 1)?
+            .checked_mul(pitch)?
+            .checked_add(width)
     };
     add_node(
         out,
@@ -1050,18 +1106,53 @@ pub(crate) fn add_memcpy_node(
         dependencies,
         count,
         NODE_MEMCPY,
-        |_, graph, node, dependencies| {
-            Ok((
+        |ctx, graph, node, dependencies| {
+            let src = copy_side(
+                ctx,
+                p.src_memory_type,
+                p.src_host as usize,
+                p.src_device,
+                [p.src_x_in_bytes, p.src_y, p.src_z],
+                p.src_pitch,
+                p.src_height,
+                extent,
+            )?;
+            let dst = copy_side(
+                ctx,
+                p.dst_memory_type,
+                p.dst_host as usize,
+                p.dst_device,
+                [p.dst_x_in_bytes, p.dst_y, p.dst_z],
+                p.dst_pitch,
+                p.dst_height,
+                extent,
+            )?;
+            let command = if height == 1 && depth == 1 {
                 Command::GraphAddMemcpyNode {
                     graph,
                     node,
                     dependencies,
-                    dst,
-                    src,
-                    size: p.width_in_bytes as u64,
-                },
-                NodeParams::None,
-            ))
+                    dst: dst.address,
+                    src: src.address,
+                    size: width,
+                }
+            } else {
+                Command::GraphAddMemcpy3DNode {
+                    graph,
+                    node,
+                    dependencies,
+                    dst: dst.address,
+                    dst_pitch: dst.pitch,
+                    dst_height: dst.rows,
+                    src: src.address,
+                    src_pitch: src.pitch,
+                    src_height: src.rows,
+                    width,
+                    height,
+                    depth,
+                }
+            };
+            Ok((command, NodeParams::None))
         },
     )
     .map(|_| ())
