@@ -239,6 +239,8 @@ rgpu_shim::exported_api! {
     fn cuMemGetAccess(flags: *mut c_ulonglong, location: *const MemLocation, ptr: CUdeviceptr) => vmm::get_access;
     fn cuMemRetainAllocationHandle(handle: *mut c_ulonglong, addr: *mut c_void) => vmm::retain_allocation_handle;
     fn cuMemGetAllocationPropertiesFromHandle(prop: *mut AllocationProp, handle: c_ulonglong) => vmm::get_properties_from_handle;
+    fn cuMemExportToShareableHandle(shareable_handle: *mut c_void, handle: c_ulonglong, handle_type: c_uint, flags: c_ulonglong) => vmm::export_to_shareable_handle;
+    fn cuMemImportFromShareableHandle(handle: *mut c_ulonglong, os_handle: *mut c_void, handle_type: c_uint) => vmm::import_from_shareable_handle;
     fn cuStreamBeginCapture(hstream: CUstream) => graph::begin_capture;
     fn cuStreamBeginCapture_ptsz(hstream: CUstream) => graph::begin_capture_ptsz;
     fn cuStreamBeginCapture_v2(hstream: CUstream, mode: c_int) => graph::begin_capture_v2;

@@ -15,6 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_void, CString};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::{null_mut, without_provenance_mut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -50,6 +51,9 @@ const CU_MEMHOSTREGISTER_PORTABLE: u32 = 0x01;
 const CU_MEMHOSTREGISTER_DEVICEMAP: u32 = 0x02;
 /// `CU_STREAM_PER_THREAD`.
 const STREAM_PER_THREAD_HANDLE: usize = 0x2;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+const POSIX_FD_HANDLE: sys::CUmemAllocationHandleType =
+    sys::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 /// `CU_LAUNCH_PARAM_BUFFER_POINTER`, `_BUFFER_SIZE`, `_END`.
 const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
 const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
@@ -1482,7 +1486,12 @@ impl ContextExecutor for CudaContext {
 
     fn mem_create(&mut self, size: u64) -> CuResult<u64> {
         let size = usize::try_from(size).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-        let prop = self.pinned_device_memory();
+        // Any allocation may be exported later (the guest refuses an export
+        // its allocation did not ask for, as the driver does).
+        let prop = sys::CUmemAllocationProp {
+            requestedHandleTypes: POSIX_FD_HANDLE,
+            ..self.pinned_device_memory()
+        };
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer and property struct; the driver checks
         // the size against the granularity.
@@ -1501,6 +1510,38 @@ impl ContextExecutor for CudaContext {
         check("cuMemRelease", unsafe { sys::cuMemRelease(physical) })?;
         self.physical.remove(&handle);
         Ok(())
+    }
+
+    fn mem_export_fd(&mut self, handle: u64) -> CuResult<OwnedFd> {
+        let physical = *self.physical.get(&handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let mut fd: c_int = -1;
+        // SAFETY: a live physical allocation of this context; the driver
+        // writes one int (a new descriptor) for this handle type.
+        check("cuMemExportToShareableHandle", unsafe {
+            sys::cuMemExportToShareableHandle((&raw mut fd).cast(), physical, POSIX_FD_HANDLE, 0)
+        })?;
+        if fd < 0 {
+            return Err(CUDA_ERROR_UNKNOWN);
+        }
+        // SAFETY: the driver created this descriptor for us to own.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn mem_import_fd(&mut self, fd: BorrowedFd<'_>) -> CuResult<u64> {
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: valid out-pointer; for this handle type the driver takes
+        // the descriptor's number as the pointer's value and does not keep
+        // the descriptor.
+        check("cuMemImportFromShareableHandle", unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                without_provenance_mut(fd.as_raw_fd() as usize),
+                POSIX_FD_HANDLE,
+            )
+        })?;
+        let key = self.new_handle();
+        self.physical.insert(key, handle);
+        Ok(key)
     }
 
     fn mem_address_reserve(&mut self, size: u64, alignment: u64, address: u64) -> CuResult<u64> {

@@ -471,6 +471,16 @@ pub trait ContextExecutor {
     fn mem_release(&mut self, _handle: u64) -> CuResult<()> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
+    /// Physical allocation `handle` as a POSIX file descriptor another
+    /// process may import (`cuMemExportToShareableHandle`).
+    fn mem_export_fd(&mut self, _handle: u64) -> CuResult<std::os::fd::OwnedFd> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// What another process exported as `fd`, as a physical allocation of
+    /// this context (`cuMemImportFromShareableHandle`): its handle.
+    fn mem_import_fd(&mut self, _fd: std::os::fd::BorrowedFd<'_>) -> CuResult<u64> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
     /// A range of device addresses, mapped to nothing yet.
     fn mem_address_reserve(&mut self, _size: u64, _alignment: u64, _address: u64) -> CuResult<u64> {
         Err(CUDA_ERROR_NOT_SUPPORTED)

@@ -21,6 +21,7 @@
 
 use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -408,7 +409,17 @@ impl Executor for SimExecutor {
 /// so an impossible size is an out-of-memory error rather than an abort.
 struct HostBlock {
     ptr: NonNull<u8>,
-    layout: Layout,
+    backing: Backing,
+}
+
+enum Backing {
+    Heap(Layout),
+    /// A memfd's pages, mapped shared: what a physical allocation is, so
+    /// that another process may import it (`mem_export_fd`).
+    Shared {
+        len: usize,
+        fd: OwnedFd,
+    },
 }
 
 impl HostBlock {
@@ -418,15 +429,62 @@ impl HostBlock {
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         Some(Self {
             ptr: NonNull::new(ptr)?,
-            layout,
+            backing: Backing::Heap(layout),
+        })
+    }
+
+    /// `len` zeroed bytes of a new memfd.
+    fn shared(len: u64) -> Option<Self> {
+        // SAFETY: a NUL-terminated name and known flags.
+        let raw = unsafe { libc::memfd_create(c"rgpu-sim-physical".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return None;
+        }
+        // SAFETY: just created, ours to own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: a descriptor of ours; a new memfd grows with zeros.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), i64::try_from(len).ok()?) } != 0 {
+            return None;
+        }
+        Self::map_shared(fd, len)
+    }
+
+    /// Maps `len` bytes of memfd `fd` (another process's export).
+    fn map_shared(fd: OwnedFd, len: u64) -> Option<Self> {
+        let len = usize::try_from(len).ok().filter(|l| *l > 0)?;
+        // SAFETY: a fresh shared mapping of a descriptor we own, placed by
+        // the kernel.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        Some(Self {
+            ptr: NonNull::new(ptr.cast())?,
+            backing: Backing::Shared { len, fd },
         })
     }
 }
 
 impl Drop for HostBlock {
     fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with this very layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        match &self.backing {
+            // SAFETY: allocated in `zeroed` with this very layout.
+            Backing::Heap(layout) => unsafe { std::alloc::dealloc(self.ptr.as_ptr(), *layout) },
+            // SAFETY: mapped in `map_shared` with this length; nothing
+            // refers to it once the block goes.
+            Backing::Shared { len, .. } => unsafe {
+                libc::munmap(self.ptr.as_ptr().cast(), *len);
+            },
+        }
     }
 }
 
@@ -558,6 +616,9 @@ pub struct SimContext {
     /// Virtual memory: physical allocations by handle (block, size,
     /// charged), and reserved ranges (address -> size).
     physical: HashMap<u64, (Rc<HostBlock>, u64)>,
+    /// Physical allocations imported from another process: its device
+    /// memory, not this one's.
+    imported: HashSet<u64>,
     reservations: BTreeMap<u64, u64>,
     /// Streams being captured (by [`stream_key`]) and what they recorded.
     capturing: HashMap<u64, Vec<GraphOp>>,
@@ -696,6 +757,7 @@ impl SimContext {
             printf_buffer: Vec::new(),
             busy_until: None,
             physical: HashMap::new(),
+            imported: HashSet::new(),
             reservations: BTreeMap::new(),
             capturing: HashMap::new(),
             capture_targets: HashMap::new(),
@@ -1902,7 +1964,7 @@ impl ContextExecutor for SimContext {
                 used.checked_add(size).filter(|n| *n <= SIM_TOTAL_MEM)
             })
             .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
-        let Some(block) = HostBlock::zeroed(size) else {
+        let Some(block) = HostBlock::shared(size) else {
             self.used.fetch_sub(size, Ordering::SeqCst);
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         };
@@ -1912,11 +1974,42 @@ impl ContextExecutor for SimContext {
         Ok(handle)
     }
 
+    fn mem_export_fd(&mut self, handle: u64) -> CuResult<OwnedFd> {
+        let (block, _) = self.physical.get(&handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        match &block.backing {
+            Backing::Shared { fd, .. } => fd.try_clone().map_err(|_| CUDA_ERROR_OUT_OF_MEMORY),
+            Backing::Heap(_) => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    fn mem_import_fd(&mut self, fd: BorrowedFd<'_>) -> CuResult<u64> {
+        let fd = fd
+            .try_clone_to_owned()
+            .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        // As the driver's descriptor, the memfd says how large it is.
+        let size = std::fs::File::from(fd.try_clone().map_err(|_| CUDA_ERROR_INVALID_VALUE)?)
+            .metadata()
+            .map_err(|_| CUDA_ERROR_INVALID_VALUE)?
+            .len();
+        if size == 0 || !size.is_multiple_of(VMM_GRANULARITY) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let block = HostBlock::map_shared(fd, size).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        // The exporter's device memory: not this process's to count.
+        let handle = self.new_handle();
+        self.physical.insert(handle, (Rc::new(block), size));
+        self.imported.insert(handle);
+        Ok(handle)
+    }
+
     fn mem_release(&mut self, handle: u64) -> CuResult<()> {
         let (_, size) = self
             .physical
             .remove(&handle)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if self.imported.remove(&handle) {
+            return Ok(());
+        }
         // Its mappings keep the memory (the block) until they go, as the
         // driver's do; the device memory is given back now.
         self.used.fetch_sub(size, Ordering::SeqCst);

@@ -954,6 +954,14 @@ commands! {
     /// `cuMemSetAccess` for the session's device (`flags`: 1 read, 3
     /// read-write).
     MemSetAccess = 0x0807 { address: u64, size: u64, flags: u32 };
+    /// `cuMemExportToShareableHandle` of physical allocation `handle` as a
+    /// POSIX file descriptor; answers the token (32 bytes) the tenant's
+    /// registry keeps the host driver's descriptor under.
+    MemExportShareable = 0x0808 { handle: u32 };
+    /// `cuMemImportFromShareableHandle` of what a process of the tenant
+    /// exported under `token`, as physical allocation `handle`; answers
+    /// its size (`u64`).
+    MemImportShareable = 0x0809 { handle: u32, token: [u8; 32] };
     /// `cuGraphInstantiateWithFlags`: executable graph `exec` of `graph`.
     GraphInstantiate = 0x0700 { graph: u32, exec: u32, flags: u64 };
     GraphLaunch = 0x0701 { exec: u32, stream: u32 };

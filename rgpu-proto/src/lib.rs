@@ -33,8 +33,8 @@ pub use wire::DecodeError;
 /// commands, the graph-building `GraphCreate`, `GraphClone` and
 /// `GraphAdd*Node` (memory-allocation and free nodes, pitched memcpy nodes too), the node-parameter `Graph*NodeSetParams`,
 /// `GraphExecUpdate` and `GraphUpload`, the tensor-map commands,
-/// `StreamBeginCaptureToGraph`, `PlaceNextBlob` and the stream memory
-/// operations) keep the version: a daemon that does not know one answers it
+/// `StreamBeginCaptureToGraph`, `PlaceNextBlob`, the stream memory
+/// operations and the shareable-handle `Mem{Export,Import}Shareable`) keep the version: a daemon that does not know one answers it
 /// `CUDA_ERROR_INVALID_VALUE` as an undecodable command, and the call fails.
 pub const PROTOCOL_VERSION: u32 = 4;
 

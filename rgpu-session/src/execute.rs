@@ -2,6 +2,8 @@
 //! handles, blob ranges and device pointers are checked and translated
 //! here, then handed to the executor; the session's limits are kept here.
 
+use std::os::fd::AsFd;
+
 use rgpu_executor::{
     exec_update, ContextExecutor, Copy3D, CuResult, Executor, GraphNode, HostRun, LaunchHint,
     LaunchOptions, MemoryOp, PitchedSide,
@@ -31,6 +33,7 @@ use crate::handles::{
 use crate::ipc::{event_key, IpcKind};
 use crate::limits::{check_room, SessionLimits, LIMIT_ERROR};
 use crate::module_cache::image_hash;
+use crate::shareable::physical_key;
 use crate::tenant::Usage;
 use crate::worker::{Attached, DeviceContext, Worker};
 use crate::{clamp_to_budget, warn_limited, Counters, Tenant};
@@ -395,6 +398,9 @@ fn forget_physical(
     handle: u32,
 ) {
     if let Some(physical) = handles.physical.remove(&handle) {
+        if !physical.charged {
+            return;
+        }
         Counters::sub(&counters.device_memory_bytes, physical.size);
         usage.sub_device_memory(physical.size);
         if let Some(budget) = tenant.budget() {
@@ -956,6 +962,7 @@ impl Worker {
                         size: *size,
                         mappings: 0,
                         released: false,
+                        charged: true,
                     },
                 );
                 Counters::add(&counters.device_memory_bytes, *size);
@@ -970,12 +977,47 @@ impl Worker {
                     .filter(|p| !p.released)
                     .ok_or(CUDA_ERROR_INVALID_VALUE)?;
                 ctx.mem_release(physical.handle)?;
+                // Nobody imports what its exporter released.
+                tenant
+                    .shareable()
+                    .withdraw(physical_key(usage.member, *handle));
                 if physical.mappings == 0 {
                     forget_physical(handles, tenant, counters, usage, *handle);
                 } else if let Some(p) = handles.physical.get_mut(handle) {
                     p.released = true;
                 }
                 Ok(Vec::new())
+            }
+            Command::MemExportShareable { handle } => {
+                let physical = handles
+                    .physical
+                    .get(handle)
+                    .copied()
+                    .filter(|p| !p.released)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                let fd = ctx.mem_export_fd(physical.handle)?;
+                let key = physical_key(usage.member, *handle);
+                let token = tenant
+                    .shareable()
+                    .export(ctx_id, key, physical.size, fd.as_fd())?;
+                Ok(token.to_vec())
+            }
+            Command::MemImportShareable { handle, token } => {
+                check_new(&handles.physical, *handle)?;
+                check_room(handles.physical.len(), limits.allocations)?;
+                let (fd, size) = tenant.shareable().import(ctx_id, token)?;
+                let imported = ctx.mem_import_fd(fd.as_fd())?;
+                handles.physical.insert(
+                    *handle,
+                    Physical {
+                        handle: imported,
+                        size,
+                        mappings: 0,
+                        released: false,
+                        charged: false,
+                    },
+                );
+                Ok(u64_payload(&[size]))
             }
             Command::MemAddressReserve {
                 size,

@@ -19,6 +19,9 @@ pub struct Physical {
     /// The guest released its handle; the memory goes with the last
     /// mapping.
     pub released: bool,
+    /// Charged to the tenant: created here, not imported from another
+    /// process's export (whose memory is charged there).
+    pub charged: bool,
 }
 
 /// Memory of another process opened through CUDA IPC.
@@ -228,7 +231,12 @@ impl Handles {
     pub fn allocated_bytes(&self) -> u64 {
         self.allocations
             .values()
-            .chain(self.physical.values().map(|p| &p.size))
+            .chain(
+                self.physical
+                    .values()
+                    .filter(|p| p.charged)
+                    .map(|p| &p.size),
+            )
             .chain(self.graph_allocations.values().map(|a| &a.size))
             .fold(0u64, |sum, size| sum.saturating_add(*size))
     }

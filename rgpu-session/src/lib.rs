@@ -25,6 +25,7 @@ pub mod log_limit;
 pub mod module_cache;
 pub mod session;
 pub mod settings;
+pub mod shareable;
 pub mod tenant;
 mod worker;
 
@@ -38,6 +39,7 @@ pub use limits::SessionLimits;
 pub use module_cache::ModuleCache;
 pub use session::{Completion, Session, SessionError};
 pub use settings::SessionSettings;
+pub use shareable::ShareableRegistry;
 pub use tenant::{Overdue, Tenant};
 
 /// The guest memory type of the daemon (vhost-user shared memory regions).

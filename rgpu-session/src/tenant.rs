@@ -26,6 +26,7 @@ use crate::device_ranges::DeviceRanges;
 use crate::driver_memory::{DriverMemory, Refresh};
 use crate::ipc::{IpcExports, IpcRegistry};
 use crate::limits::SessionLimits;
+use crate::shareable::{ShareableExports, ShareableRegistry};
 
 /// What one session of a tenant uses, updated by its worker.
 #[derive(Debug)]
@@ -111,6 +112,9 @@ pub struct Tenant {
     /// The CUDA IPC handles the tenant's processes exported (a registry of
     /// this process alone unless one is given), and this process's share.
     ipc: IpcExports,
+    /// The shareable handles the tenant's processes exported (a registry of
+    /// this process alone unless one is given), and this process's share.
+    shareable: ShareableExports,
     /// How its sessions run (the daemon's command line).
     settings: crate::SessionSettings,
 }
@@ -164,18 +168,21 @@ impl Tenant {
 
     /// A tenant whose sessions take device memory from `budget` (if any)
     /// and GPU time as `compute` grants it (if any), record and check
-    /// CUDA IPC handles in `ipc` (if any; else a registry of this process
-    /// alone), and run as `settings` say.
+    /// CUDA IPC handles in `ipc` and shareable handles in `shareable` (if
+    /// any; else registries of this process alone), and run as `settings`
+    /// say.
     pub fn with_shares(
         budget: Option<Arc<dyn MemoryBudget>>,
         compute: Option<Arc<dyn ComputeGate>>,
         ipc: Option<Arc<dyn IpcRegistry>>,
+        shareable: Option<Arc<dyn ShareableRegistry>>,
         settings: crate::SessionSettings,
     ) -> Arc<Self> {
         Arc::new(Self {
             budget,
             compute,
             ipc: ipc.map(IpcExports::new).unwrap_or_default(),
+            shareable: shareable.map(ShareableExports::new).unwrap_or_default(),
             settings,
             ..Self::default()
         })
@@ -183,6 +190,10 @@ impl Tenant {
 
     pub(crate) fn ipc(&self) -> &IpcExports {
         &self.ipc
+    }
+
+    pub(crate) fn shareable(&self) -> &ShareableExports {
+        &self.shareable
     }
 
     /// A tenant whose sessions run as `settings` say.

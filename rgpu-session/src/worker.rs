@@ -932,6 +932,10 @@ impl Worker {
         });
         let events = crate::ipc::event_key(usage.member, 0);
         ipc.withdraw_where(crate::IpcKind::Event, |key| key & !0xffff_ffff == events);
+        let physical = crate::shareable::physical_key(usage.member, 0);
+        tenant
+            .shareable()
+            .withdraw_where(|key| key & !0xffff_ffff == physical);
         tenant
             .device_ranges_mut()
             .remove_where(|owner| owner.session == usage.member);

@@ -64,6 +64,7 @@ impl Process {
             Some(budget.clone() as Arc<dyn MemoryBudget>),
             None,
             Some(registry.clone() as Arc<dyn IpcRegistry>),
+            None,
             SessionSettings::default(),
         );
         let guest = Guest::new();

@@ -240,7 +240,7 @@ fi
 # Graphs by stream capture, the virtual-memory API and memory pools (issue
 # 10), queries that never wait (issue 9) and launch attributes (issue 10),
 # natively and through rgpu.
-for program in graph_test graph_api_test query_test vmm_test pool_test launch_attributes_test; do
+for program in graph_test graph_api_test query_test vmm_test shareable_test pool_test launch_attributes_test; do
     [ -e "$bundle/$program.c" ] || continue
     for side in native rgpu; do
         build "$program-$side" gcc -O2 -std=c11 -Wall -I "$bundle" \

@@ -30,6 +30,7 @@ pub mod limits;
 pub mod metrics;
 pub mod remote;
 pub mod scheduler;
+pub mod shareable_broker;
 pub mod shared_counters;
 pub mod shared_page;
 pub mod signals;

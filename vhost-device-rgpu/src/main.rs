@@ -14,8 +14,11 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use log::{error, info, warn};
 use rgpu_executor::Executor;
-use rgpu_session::{ComputeGate, Counters, IpcRegistry, MemoryBudget, SessionSettings, Tenant};
+use rgpu_session::{
+    ComputeGate, Counters, IpcRegistry, MemoryBudget, SessionSettings, ShareableRegistry, Tenant,
+};
 use vhost_device_rgpu::config::{parse_size, Config, DaemonSettings, TenantSettings};
+use vhost_device_rgpu::shareable_broker::BrokerClient;
 use vhost_device_rgpu::signals::CreatedFiles;
 use vhost_device_rgpu::supervisor::{Message, Notifier};
 use vhost_device_rgpu::tenant_page::TenantPage;
@@ -177,6 +180,9 @@ struct Args {
     /// Internal: the tenant's memory budget page.
     #[arg(long, value_name = "N", hide = true)]
     tenant_fd: Option<RawFd>,
+    /// Internal: the tenant's registry of shareable handles.
+    #[arg(long, value_name = "N", hide = true)]
+    shareable_fd: Option<RawFd>,
     /// Internal: the tenant a connection or worker process serves (its
     /// log lines say so).
     #[arg(long, value_name = "NAME", hide = true)]
@@ -500,7 +506,8 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
         Arc::clone(&accounting),
         tenant,
         WorkerLimits::default(),
-    );
+    )
+    .with_shareable_fd(args.shareable_fd);
     let executor = match make_executor(args.executor, args.gpu, true) {
         Ok(executor) => executor,
         Err(e) => {
@@ -593,11 +600,16 @@ fn serve_worker(args: Args) -> Result<(), String> {
         args.module_cache_mb,
         args.module_cache_dir.clone(),
     );
+    // SAFETY: the connection process passed us this descriptor to own.
+    let shareable = args
+        .shareable_fd
+        .map(|fd| Arc::new(unsafe { BrokerClient::inherit(fd) }) as Arc<dyn ShareableRegistry>);
     let tenant = match inherit_tenant(args.tenant_fd)? {
         Some(page) => Tenant::with_shares(
             Some(Arc::clone(&page) as Arc<dyn MemoryBudget>),
             Some(Arc::clone(&page) as Arc<dyn ComputeGate>),
             Some(page as Arc<dyn IpcRegistry>),
+            shareable,
             settings,
         ),
         None => Tenant::with_settings(settings),

@@ -259,6 +259,8 @@ pub struct Supervisor {
     module_directory: Option<PathBuf>,
     /// The tenant's memory budget, which every child takes from.
     tenant: Arc<TenantPage>,
+    /// The children's end of the tenant's registry of shareable handles.
+    shareable: OwnedFd,
     state: Mutex<State>,
     /// Signalled whenever a child was reaped, and when terminating begins.
     changed: Condvar,
@@ -296,6 +298,7 @@ impl Supervisor {
             max_connections: max_connections.max(1),
             module_directory,
             tenant,
+            shareable: crate::shareable_broker::start().map_err(SupervisorError::Spawn)?,
             state: Mutex::default(),
             changed: Condvar::new(),
         })
@@ -470,6 +473,7 @@ impl Supervisor {
             write_end.as_raw_fd(),
             counters_fd.as_raw_fd(),
             self.tenant.fd(),
+            self.shareable.as_raw_fd(),
         ];
         let mut command = Command::new(&self.executable);
         command
@@ -483,6 +487,8 @@ impl Supervisor {
             .arg(counters_fd.as_raw_fd().to_string())
             .arg("--tenant-fd")
             .arg(self.tenant.fd().to_string())
+            .arg("--shareable-fd")
+            .arg(self.shareable.as_raw_fd().to_string())
             .args(&self.child_args)
             .stdin(Stdio::null());
         if let Some(dir) = &self.module_directory {

@@ -9,9 +9,12 @@
 //! Handles are guest objects (their addresses, as for streams); retaining
 //! a mapping's handle (`cuMemRetainAllocationHandle`) counts a reference
 //! that `cuMemRelease` gives back, as the driver does. Shareable handles
-//! (export, import) are not supported: an allocation may ask for POSIX
-//! file descriptors (not exported), other handle types are
-//! CUDA_ERROR_NOT_SUPPORTED, and allocators fall back.
+//! are POSIX file descriptors of this library's own: a sealed memfd
+//! holding the token under which the tenant's registry on the host keeps
+//! the driver's descriptor (rgpu_session::shareable); the application
+//! passes it to another process as it would the driver's, and that
+//! process's import hands the token back. Other handle types (fabric,
+//! Windows) are CUDA_ERROR_NOT_SUPPORTED, and allocators fall back.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_ulonglong, c_void};
@@ -27,10 +30,13 @@ use crate::state::{current, driver, Context, Registry};
 
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`.
 const ALLOCATION_TYPE_PINNED: u32 = 1;
-/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: taken when asked for
-/// (PyTorch's expandable segments ask for it), though the export itself is
-/// not supported.
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` (PyTorch's expandable
+/// segments ask for it).
 const HANDLE_TYPE_POSIX_FD: u32 = 1;
+/// What a shareable descriptor of this library holds: this tag, then the
+/// host's token.
+const SHAREABLE_MAGIC: &[u8; 16] = b"rgpu-shareable-1";
+const SHAREABLE_LEN: usize = SHAREABLE_MAGIC.len() + 32;
 /// `CU_MEM_LOCATION_TYPE_DEVICE`.
 const LOCATION_TYPE_DEVICE: u32 = 1;
 /// `CU_MEM_ACCESS_FLAGS_PROT_*`.
@@ -71,6 +77,8 @@ pub struct AccessDesc {
 pub(crate) struct Physical {
     context: Arc<Context>,
     handle: u32,
+    /// The shareable handle types it was created with (or imported as).
+    handle_types: u32,
     /// The creation's reference, and one per `cuMemRetainAllocationHandle`.
     references: AtomicU32,
 }
@@ -201,7 +209,7 @@ pub(crate) fn create(
     flags: c_ulonglong,
 ) -> Result<(), u32> {
     let ctx = current()?;
-    read_prop(&ctx, prop)?;
+    let prop = read_prop(&ctx, prop)?;
     if handle.is_null() || size == 0 || flags != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -213,6 +221,121 @@ pub(crate) fn create(
     let key = PHYSICAL.insert(Arc::new(Physical {
         context: ctx,
         handle: guest_handle,
+        handle_types: prop.requested_handle_types,
+        references: AtomicU32::new(1),
+    }));
+    write_out(handle, key as c_ulonglong)
+}
+
+/// Only POSIX file descriptors; fabric and Windows handles are not offered.
+fn check_handle_type(handle_type: u32) -> Result<(), u32> {
+    match handle_type {
+        HANDLE_TYPE_POSIX_FD => Ok(()),
+        _ => {
+            log::info!(
+                "rgpu: shareable handle type {handle_type:#x} (fabric, Windows) is not \
+                 supported: CUDA_ERROR_NOT_SUPPORTED"
+            );
+            Err(CUDA_ERROR_NOT_SUPPORTED)
+        }
+    }
+}
+
+/// `cuMemExportToShareableHandle`: a new descriptor naming the allocation,
+/// for this tenant's processes to import.
+pub(crate) fn export_to_shareable_handle(
+    shareable: *mut c_void,
+    handle: c_ulonglong,
+    handle_type: u32,
+    flags: c_ulonglong,
+) -> Result<(), u32> {
+    driver()?;
+    check_handle_type(handle_type)?;
+    if shareable.is_null() || flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let physical = PHYSICAL
+        .get(handle as usize as *mut c_void)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    // As the driver: only what the allocation asked to share.
+    if physical.handle_types & HANDLE_TYPE_POSIX_FD == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let token = physical.context.call(&Command::MemExportShareable {
+        handle: physical.handle,
+    })?;
+    if token.len() != SHAREABLE_LEN - SHAREABLE_MAGIC.len() {
+        return Err(CUDA_ERROR_UNKNOWN);
+    }
+    let mut content = SHAREABLE_MAGIC.to_vec();
+    content.extend_from_slice(&token);
+    let fd = sealed_memfd(&content).map_err(|e| {
+        log::warn!("rgpu: cuMemExportToShareableHandle: cannot make its descriptor: {e}");
+        CUDA_ERROR_OUT_OF_MEMORY
+    })?;
+    write_out(shareable.cast::<c_int>(), fd)
+}
+
+/// A memfd holding `content`, sealed against change; its descriptor, which
+/// the caller owns (not close-on-exec, as the driver's).
+fn sealed_memfd(content: &[u8]) -> std::io::Result<c_int> {
+    use std::io::Write;
+    use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+    // SAFETY: a NUL-terminated name and known flags.
+    let raw = unsafe { libc::memfd_create(c"rgpu-shareable".as_ptr(), libc::MFD_ALLOW_SEALING) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: just created, ours until handed out.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    std::fs::File::from(fd.try_clone()?).write_all(content)?;
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: a memfd of ours made with MFD_ALLOW_SEALING.
+    if unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd.into_raw_fd())
+}
+
+/// `cuMemImportFromShareableHandle`: what another process of the tenant
+/// exported, as a new allocation handle of the current context. A
+/// descriptor this library did not make, or a token the host does not
+/// know (another tenant's, a forged one, an allocation released since),
+/// is CUDA_ERROR_INVALID_VALUE.
+pub(crate) fn import_from_shareable_handle(
+    handle: *mut c_ulonglong,
+    os_handle: *mut c_void,
+    handle_type: u32,
+) -> Result<(), u32> {
+    let ctx = current()?;
+    check_handle_type(handle_type)?;
+    if handle.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // The descriptor's number travels as the pointer's value.
+    let fd = c_int::try_from(os_handle as usize).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    let mut content = [0u8; SHAREABLE_LEN + 1];
+    // SAFETY: reads at most `content.len()` bytes into it; a bad
+    // descriptor fails.
+    let read = unsafe { libc::pread(fd, content.as_mut_ptr().cast(), content.len(), 0) };
+    let (magic, token) = content.split_at(SHAREABLE_MAGIC.len());
+    let token: [u8; 32] = token
+        .get(..32)
+        .and_then(|t| t.try_into().ok())
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if usize::try_from(read).ok() != Some(SHAREABLE_LEN) || magic != SHAREABLE_MAGIC {
+        log::debug!("rgpu: cuMemImportFromShareableHandle: descriptor {fd} is none of rgpu's");
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let guest_handle = ctx.new_handle()?;
+    ctx.call(&Command::MemImportShareable {
+        handle: guest_handle,
+        token,
+    })?;
+    let key = PHYSICAL.insert(Arc::new(Physical {
+        context: ctx,
+        handle: guest_handle,
+        handle_types: HANDLE_TYPE_POSIX_FD,
         references: AtomicU32::new(1),
     }));
     write_out(handle, key as c_ulonglong)
@@ -388,7 +511,7 @@ pub(crate) fn get_properties_from_handle(
         prop,
         AllocationProp {
             kind: ALLOCATION_TYPE_PINNED,
-            requested_handle_types: 0,
+            requested_handle_types: physical.handle_types,
             location: MemLocation {
                 kind: LOCATION_TYPE_DEVICE,
                 id: physical.context.device,

@@ -32,6 +32,9 @@ pub struct WorkerLauncher {
     limits: WorkerLimits,
     /// `RGPU_LOG` for the workers; `None`: they inherit this process's.
     log_filter: Option<String>,
+    /// The tenant's registry of shareable handles
+    /// ([`crate::shareable_broker`]), which the workers reach.
+    shareable_fd: Option<RawFd>,
 }
 
 impl WorkerLauncher {
@@ -52,7 +55,15 @@ impl WorkerLauncher {
             tenant,
             limits,
             log_filter: None,
+            shareable_fd: None,
         }
+    }
+
+    /// Workers reach the tenant's registry of shareable handles through
+    /// `fd` (this process's inherited end; it stays open while it lives).
+    pub fn with_shareable_fd(mut self, fd: Option<RawFd>) -> Self {
+        self.shareable_fd = fd;
+        self
     }
 
     /// Workers log with `RGPU_LOG=filter` (tests keep their output quiet).
@@ -71,10 +82,11 @@ impl WorkerLauncher {
         let (link, theirs) = link::pair()?;
         let (counters, counters_fd) = SharedCounters::create(c"rgpu-worker-counters")?;
         let tenant_fd = self.tenant.as_ref().map(|t| t.fd());
-        let inherited: [RawFd; 3] = [
+        let inherited: [RawFd; 4] = [
             theirs.as_raw_fd(),
             counters_fd.as_raw_fd(),
             tenant_fd.unwrap_or(-1),
+            self.shareable_fd.unwrap_or(-1),
         ];
         let mut command = Command::new(&self.executable);
         command
@@ -89,6 +101,9 @@ impl WorkerLauncher {
         if let Some(fd) = tenant_fd {
             command.arg("--tenant-fd").arg(fd.to_string());
         }
+        if let Some(fd) = self.shareable_fd {
+            command.arg("--shareable-fd").arg(fd.to_string());
+        }
         if let Some(filter) = &self.log_filter {
             command.env("RGPU_LOG", filter);
         }
@@ -97,7 +112,8 @@ impl WorkerLauncher {
         let parent = unsafe { libc::getpid() };
         // SAFETY: the hook runs in the forked child before exec and only
         // makes async-signal-safe system calls (fcntl, prctl, getppid,
-        // getrlimit, setrlimit); it allocates nothing.
+        // getrlimit, setrlimit); it allocates nothing (`inherited` is an
+        // array).
         unsafe {
             command.pre_exec(move || {
                 for fd in inherited.iter().filter(|fd| **fd >= 0) {
