@@ -281,6 +281,9 @@ rgpu_shim::exported_api! {
     fn cuGraphKernelNodeSetParams_v2(hnode: CUgraphNode, node_params: *const KernelNodeParams) => graph::kernel_node_set_params;
     fn cuGraphExecKernelNodeSetParams(hexec: CUgraphExec, hnode: CUgraphNode, node_params: *const KernelNodeParamsV1) => graph::exec_kernel_node_set_params_v1;
     fn cuGraphExecKernelNodeSetParams_v2(hexec: CUgraphExec, hnode: CUgraphNode, node_params: *const KernelNodeParams) => graph::exec_kernel_node_set_params;
+    fn cuGraphMemcpyNodeGetParams(hnode: CUgraphNode, node_params: *mut Memcpy3D) => graph::memcpy_node_get_params;
+    fn cuGraphMemcpyNodeSetParams(hnode: CUgraphNode, node_params: *const Memcpy3D) => graph::memcpy_node_set_params;
+    fn cuGraphExecMemcpyNodeSetParams(hexec: CUgraphExec, hnode: CUgraphNode, copy_params: *const Memcpy3D, ctx: *mut c_void) => graph::exec_memcpy_node_set_params;
     fn cuGraphMemsetNodeGetParams(hnode: CUgraphNode, node_params: *mut MemsetNodeParams) => graph::memset_node_get_params;
     fn cuGraphMemsetNodeSetParams(hnode: CUgraphNode, node_params: *const MemsetNodeParams) => graph::memset_node_set_params;
     fn cuGraphExecMemsetNodeSetParams(hexec: CUgraphExec, hnode: CUgraphNode, memset_params: *const MemsetNodeParams, ctx: *mut c_void) => graph::exec_memset_node_set_params;

@@ -34,8 +34,8 @@ use rgpu_proto::MAX_KERNEL_PARAMS;
 use crate::image::{classify, ImageKind};
 use crate::nvml::HostNvml;
 use crate::{
-    ptx, ContextExecutor, CuResult, DeviceStatus, ExecUpdate, Executor, ExecutorError, GraphNode,
-    HostRun, LaunchHint, LaunchOptions, MemoryOp, PitchedSide, StreamRef,
+    ptx, ContextExecutor, Copy3D, CuResult, DeviceStatus, ExecUpdate, Executor, ExecutorError,
+    GraphNode, HostRun, LaunchHint, LaunchOptions, MemoryOp, PitchedSide, StreamRef,
 };
 
 /// Exported by rgpu's guest library so the daemon can tell it apart from
@@ -345,6 +345,53 @@ fn with_kernel_node_params<R>(
 
 /// The driver's parameters of memset node `node` (a `GraphNode::Memset`;
 /// another kind is INVALID_VALUE).
+/// A memcpy node's `CUDA_MEMCPY3D`: device memory on both sides (page-locked
+/// memory by its device address).
+fn memcpy_node_params(copy: &Copy3D) -> CuResult<sys::CUDA_MEMCPY3D> {
+    let device = sys::CUmemorytype_enum::CU_MEMORYTYPE_DEVICE;
+    let size = |v: u64| usize::try_from(v).map_err(|_| CUDA_ERROR_INVALID_VALUE);
+    // One row needs no pitch (and a long one would pass the
+    // device's largest pitch).
+    let one_row = copy.height <= 1 && copy.depth <= 1;
+    let pitch = |side: &PitchedSide| match one_row {
+        true => Ok(0),
+        false => size(side.pitch),
+    };
+    let rows = |side: &PitchedSide| match copy.depth <= 1 {
+        true => Ok(0),
+        false => size(side.rows),
+    };
+    // Spelled out: its memory-type enums have no zero value, so
+    // an all-zero CUDA_MEMCPY3D is not a valid Rust value.
+    Ok(sys::CUDA_MEMCPY3D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcZ: 0,
+        srcLOD: 0,
+        srcMemoryType: device,
+        srcHost: std::ptr::null(),
+        srcDevice: copy.src.address,
+        srcArray: null_mut(),
+        reserved0: null_mut(),
+        srcPitch: pitch(&copy.src)?,
+        srcHeight: rows(&copy.src)?,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstZ: 0,
+        dstLOD: 0,
+        dstMemoryType: device,
+        dstHost: null_mut(),
+        dstDevice: copy.dst.address,
+        dstArray: null_mut(),
+        reserved1: null_mut(),
+        dstPitch: pitch(&copy.dst)?,
+        dstHeight: rows(&copy.dst)?,
+        WidthInBytes: size(copy.width)?,
+        Height: size(copy.height)?,
+        Depth: size(copy.depth)?,
+    })
+}
+
 fn memset_node_params(node: &GraphNode<'_>) -> CuResult<sys::CUDA_MEMSET_NODE_PARAMS> {
     let GraphNode::Memset {
         dst,
@@ -1794,48 +1841,7 @@ impl ContextExecutor for CudaContext {
                 })?
             }
             GraphNode::Copy(copy) => {
-                let device = sys::CUmemorytype_enum::CU_MEMORYTYPE_DEVICE;
-                let size = |v: u64| usize::try_from(v).map_err(|_| CUDA_ERROR_INVALID_VALUE);
-                // One row needs no pitch (and a long one would pass the
-                // device's largest pitch).
-                let one_row = copy.height <= 1 && copy.depth <= 1;
-                let pitch = |side: &PitchedSide| match one_row {
-                    true => Ok(0),
-                    false => size(side.pitch),
-                };
-                let rows = |side: &PitchedSide| match copy.depth <= 1 {
-                    true => Ok(0),
-                    false => size(side.rows),
-                };
-                // Spelled out: its memory-type enums have no zero value, so
-                // an all-zero CUDA_MEMCPY3D is not a valid Rust value.
-                let p = sys::CUDA_MEMCPY3D {
-                    srcXInBytes: 0,
-                    srcY: 0,
-                    srcZ: 0,
-                    srcLOD: 0,
-                    srcMemoryType: device,
-                    srcHost: std::ptr::null(),
-                    srcDevice: copy.src.address,
-                    srcArray: null_mut(),
-                    reserved0: null_mut(),
-                    srcPitch: pitch(&copy.src)?,
-                    srcHeight: rows(&copy.src)?,
-                    dstXInBytes: 0,
-                    dstY: 0,
-                    dstZ: 0,
-                    dstLOD: 0,
-                    dstMemoryType: device,
-                    dstHost: null_mut(),
-                    dstDevice: copy.dst.address,
-                    dstArray: null_mut(),
-                    reserved1: null_mut(),
-                    dstPitch: pitch(&copy.dst)?,
-                    dstHeight: rows(&copy.dst)?,
-                    WidthInBytes: size(copy.width)?,
-                    Height: size(copy.height)?,
-                    Depth: size(copy.depth)?,
-                };
+                let p = memcpy_node_params(&copy)?;
                 // SAFETY: as above; device to device only (page-locked
                 // memory by its device address).
                 check("cuGraphAddMemcpyNode", unsafe {
@@ -1957,6 +1963,13 @@ impl ContextExecutor for CudaContext {
                     sys::cuGraphMemsetNodeSetParams(hnode, &p)
                 })
             }
+            GraphNode::Copy(copy) => {
+                let p = memcpy_node_params(&copy)?;
+                // SAFETY: as above.
+                check("cuGraphMemcpyNodeSetParams", unsafe {
+                    sys::cuGraphMemcpyNodeSetParams(hnode, &p)
+                })
+            }
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
     }
@@ -1992,6 +2005,13 @@ impl ContextExecutor for CudaContext {
                 // SAFETY: as above.
                 check("cuGraphExecMemsetNodeSetParams", unsafe {
                     sys::cuGraphExecMemsetNodeSetParams(hexec, hnode, &p, self.ctx)
+                })
+            }
+            GraphNode::Copy(copy) => {
+                let p = memcpy_node_params(&copy)?;
+                // SAFETY: as above.
+                check("cuGraphExecMemcpyNodeSetParams", unsafe {
+                    sys::cuGraphExecMemcpyNodeSetParams(hexec, hnode, &p, self.ctx)
                 })
             }
             _ => Err(CUDA_ERROR_INVALID_VALUE),

@@ -27,6 +27,7 @@ pub mod sim;
 
 use rgpu_proto::capset::DeviceInfo;
 use rgpu_proto::command::{ClusterQuery, IpcHandle, TensorMapSpec, TENSOR_MAP_BYTES};
+pub use rgpu_proto::command::{Copy3D, PitchedSide};
 use rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED;
 use rgpu_proto::reply::FunctionInfo;
 use thiserror::Error;
@@ -122,81 +123,6 @@ pub enum GraphNode<'a> {
 /// A stream memory operation: a write of the low `width` (4 or 8, checked
 /// by the caller) bytes of `value` at `address`, or with `wait` a wait
 /// until the word there meets `flags`' condition against `value`.
-/// One side of a [`Copy3D`]: its first byte, rows `pitch` bytes apart and
-/// slices `rows` rows apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PitchedSide {
-    pub address: u64,
-    pub pitch: u64,
-    pub rows: u64,
-}
-
-impl PitchedSide {
-    /// Where row `row` of slice `slice` starts; `None` on overflow.
-    pub fn row_start(&self, row: u64, slice: u64) -> Option<u64> {
-        slice
-            .checked_mul(self.rows)?
-            .checked_add(row)?
-            .checked_mul(self.pitch)?
-            .checked_add(self.address)
-    }
-}
-
-/// `depth` slices of `height` rows of `width` bytes between device memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Copy3D {
-    pub dst: PitchedSide,
-    pub src: PitchedSide,
-    pub width: u64,
-    pub height: u64,
-    pub depth: u64,
-}
-
-impl Copy3D {
-    /// `size` contiguous bytes.
-    pub fn linear(dst: u64, src: u64, size: u64) -> Self {
-        let side = |address| PitchedSide {
-            address,
-            pitch: size,
-            rows: 1,
-        };
-        Self {
-            dst: side(dst),
-            src: side(src),
-            width: size,
-            height: 1,
-            depth: 1,
-        }
-    }
-
-    /// The bytes of `side` from its first to its last copied byte (the
-    /// last row ends `width` bytes after it starts); `None` on overflow or
-    /// an empty copy.
-    pub fn span(&self, side: &PitchedSide) -> Option<u64> {
-        if self.width == 0 || self.height == 0 || self.depth == 0 {
-            return None;
-        }
-        let last = side.row_start(self.height - 1, self.depth - 1)?;
-        last.checked_add(self.width)?.checked_sub(side.address)
-    }
-
-    /// Rows never overlap and slices hold their rows: each side's pitch is
-    /// at least the width and its slices at least the height (as the
-    /// driver asks of a 2D or 3D copy; a single row or slice needs
-    /// neither).
-    pub fn is_well_formed(&self) -> bool {
-        let side_ok = |side: &PitchedSide| {
-            (self.height <= 1 && self.depth <= 1 || side.pitch >= self.width)
-                && (self.depth <= 1 || side.rows >= self.height)
-        };
-        self.width > 0
-            && self.height > 0
-            && self.depth > 0
-            && side_ok(&self.dst)
-            && side_ok(&self.src)
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryOp {
     pub wait: bool,
@@ -646,58 +572,5 @@ pub trait ContextExecutor {
     /// with [`Self::event_destroy`] as any other.
     fn ipc_open_event_handle(&mut self, _handle: &IpcHandle) -> CuResult<u64> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_copy_spans_from_its_first_byte_to_its_last() {
-        let side = |address, pitch, rows| PitchedSide {
-            address,
-            pitch,
-            rows,
-        };
-        // Two slices of three rows of 10 bytes; the source's slices are 4
-        // rows of 16 bytes apart.
-        let copy = Copy3D {
-            dst: side(0x1000, 10, 3),
-            src: side(0x2000, 16, 4),
-            width: 10,
-            height: 3,
-            depth: 2,
-        };
-        assert!(copy.is_well_formed());
-        assert_eq!(copy.span(&copy.dst), Some(60));
-        assert_eq!(copy.span(&copy.src), Some((4 + 2) * 16 + 10));
-        assert_eq!(copy.src.row_start(1, 1), Some(0x2000 + 5 * 16));
-        assert_eq!(
-            Copy3D::linear(1, 2, 77).span(&PitchedSide {
-                address: 1,
-                pitch: 77,
-                rows: 1
-            }),
-            Some(77)
-        );
-        // Rows that overlap, slices that do, an empty copy, an overflow.
-        assert!(!Copy3D {
-            dst: side(0, 9, 3),
-            ..copy
-        }
-        .is_well_formed());
-        assert!(!Copy3D {
-            src: side(0, 16, 2),
-            ..copy
-        }
-        .is_well_formed());
-        assert!(!Copy3D { width: 0, ..copy }.is_well_formed());
-        assert_eq!(Copy3D { depth: 0, ..copy }.span(&copy.dst), None);
-        let far = Copy3D {
-            dst: side(u64::MAX - 8, 10, 3),
-            ..copy
-        };
-        assert_eq!(far.span(&far.dst), None);
     }
 }

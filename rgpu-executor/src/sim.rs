@@ -720,7 +720,8 @@ fn stream_key(stream: StreamRef) -> u64 {
 fn replace_params(held: &mut GraphOp, new: GraphOp) -> CuResult<()> {
     match (&*held, &new) {
         (GraphOp::Launch { .. }, GraphOp::Launch { .. })
-        | (GraphOp::Memset { .. }, GraphOp::Memset { .. }) => {
+        | (GraphOp::Memset { .. }, GraphOp::Memset { .. })
+        | (GraphOp::Copy(_), GraphOp::Copy(_)) => {
             *held = new;
             Ok(())
         }

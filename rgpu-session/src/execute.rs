@@ -6,7 +6,7 @@ use std::os::fd::AsFd;
 
 use rgpu_executor::{
     exec_update, ContextExecutor, Copy3D, CuResult, Executor, GraphNode, HostRun, LaunchHint,
-    LaunchOptions, MemoryOp, PitchedSide,
+    LaunchOptions, MemoryOp,
 };
 use rgpu_proto::command::launch_attribute;
 use rgpu_proto::cuda_result::{
@@ -407,6 +407,23 @@ fn forget_physical(
             budget.release(physical.size);
         }
     }
+}
+
+/// A memcpy node's copy, checked: well formed, and every byte from each
+/// side's first to its last in one range of the process's own (the rows
+/// between are its too).
+fn copy_node(tenant: &Tenant, ctx_id: u32, copy: &Copy3D) -> CuResult<GraphNode<'static>> {
+    if !copy.is_well_formed() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for (what, side) in [
+        ("a memcpy node's src", &copy.src),
+        ("a memcpy node's dst", &copy.dst),
+    ] {
+        let span = copy.span(side).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        check_device_range(tenant, ctx_id, what, side.address, span)?;
+    }
+    Ok(GraphNode::Copy(*copy))
 }
 
 fn record_range(
@@ -1405,41 +1422,9 @@ impl Worker {
                 graph,
                 node,
                 dependencies,
-                dst,
-                dst_pitch,
-                dst_height,
-                src,
-                src_pitch,
-                src_height,
-                width,
-                height,
-                depth,
+                copy,
             } => {
-                let side = |address: &u64, pitch: &u64, rows: &u64| PitchedSide {
-                    address: *address,
-                    pitch: *pitch,
-                    rows: *rows,
-                };
-                let copy = Copy3D {
-                    dst: side(dst, dst_pitch, dst_height),
-                    src: side(src, src_pitch, src_height),
-                    width: *width,
-                    height: *height,
-                    depth: *depth,
-                };
-                if !copy.is_well_formed() {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
-                }
-                // Every byte from a side's first to its last lies in one
-                // range of the process's own (rows between are its too).
-                for (what, side) in [
-                    ("a memcpy node's src", &copy.src),
-                    ("a memcpy node's dst", &copy.dst),
-                ] {
-                    let span = copy.span(side).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-                    check_device_range(tenant, ctx_id, what, side.address, span)?;
-                }
-                let spec = GraphNode::Copy(copy);
+                let spec = copy_node(tenant, ctx_id, copy)?;
                 add_graph_node(
                     ctx,
                     handles,
@@ -1669,6 +1654,17 @@ impl Worker {
                     [*width, *height, *pitch],
                 )?;
                 ctx.graph_node_set_params(created, &spec).map(empty)
+            }
+            Command::GraphMemcpyNodeSetParams { node, copy } => {
+                let created = handles.graph_node(*node, None)?;
+                let spec = copy_node(tenant, ctx_id, copy)?;
+                ctx.graph_node_set_params(created, &spec).map(empty)
+            }
+            Command::GraphExecMemcpyNodeSetParams { exec, node, copy } => {
+                let (created_exec, created) = exec_node(handles, *exec, *node)?;
+                let spec = copy_node(tenant, ctx_id, copy)?;
+                ctx.graph_exec_node_set_params(created_exec, created, &spec)
+                    .map(empty)
             }
             Command::GraphExecKernelNodeSetParams { exec, node, launch } => {
                 let (created_exec, created) = exec_node(handles, *exec, *node)?;

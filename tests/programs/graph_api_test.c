@@ -25,8 +25,10 @@
  * refused. Host nodes (cuGraphAddHostNode and cuGraphAddNode) run once
  * per launch, in order with the nodes around them. Memcpy nodes between
  * page-locked host memory and the device, a 2D copy between pitches with
- * unified addresses and a 3D copy of two slices, every byte checked; a
- * pitch below the width refused. A clone, launched after the
+ * unified addresses and a 3D copy of two slices, every byte checked; their
+ * parameters read back, set in an executable graph (a second source
+ * buffer) and in the graph (a new executable graph copies the new rows);
+ * a pitch below the width refused. A clone, launched after the
  * buffers were cleared, does the same as the graph. Misuse: a node of another
  * graph as a dependency is refused; through rgpu, a destroyed graph takes
  * no node and no instantiation, and a memcpy node from pageable host
@@ -188,6 +190,10 @@ CUresult cuGraphAddMemsetNode(CUgraphNode *node, CUgraph graph, const CUgraphNod
                               const MemsetNodeParams *params, CUcontext ctx);
 CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t n,
                               const Memcpy3D *params, CUcontext ctx);
+CUresult cuGraphMemcpyNodeGetParams(CUgraphNode node, Memcpy3D *params);
+CUresult cuGraphMemcpyNodeSetParams(CUgraphNode node, const Memcpy3D *params);
+CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node, const Memcpy3D *params,
+                                        CUcontext ctx);
 CUresult cuGraphAddEventRecordNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                                    size_t n, CUevent event);
 CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
@@ -253,6 +259,27 @@ static void host_fn(void *data) {
 static MemsetNodeParams memset32(CUdeviceptr dst, unsigned value) {
     MemsetNodeParams p = {dst, N * 4, value, 4, N, 1};
     return p;
+}
+
+/* What the memcpy-node section's graph leaves in its 256 bytes: 0xcc but
+ * for a 2D copy of rows first_row.. (pitch 64, from byte 8, 16 wide) to
+ * rows 0..2 (pitch 32, from byte 4), and a 3D copy of two slices of two
+ * 8-byte rows (source slices of four rows of pitch 16 from byte 128, the
+ * destination's abutting from byte 128). */
+static void copies_want(unsigned char *want, const unsigned char *src, int first_row) {
+    memset(want, 0xcc, 256);
+    for (int r = 0; r < 3; r++)
+        for (int b = 0; b < 16; b++) want[r * 32 + 4 + b] = src[(r + first_row) * 64 + 8 + b];
+    for (int z = 0; z < 2; z++)
+        for (int r = 0; r < 2; r++)
+            for (int b = 0; b < 8; b++)
+                want[128 + (z * 2 + r) * 8 + b] = src[128 + (z * 4 + r) * 16 + b];
+}
+
+static int bytes_differing(const unsigned char *a, const unsigned char *b, size_t n) {
+    int differing = 0;
+    for (size_t i = 0; i < n; i++) differing += a[i] != b[i];
+    return differing;
 }
 
 static Memcpy3D copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
@@ -816,16 +843,44 @@ int main(int argc, char **argv) {
         CHECK_CU(cuGraphInstantiateWithFlags(&copies_exec, copies, 0));
         CHECK_CU(cuGraphLaunch(copies_exec, stream));
         CHECK_CU(cuStreamSynchronize(stream));
-        memset(want, 0xcc, BYTES);
-        for (int r = 0; r < 3; r++)
-            for (int b = 0; b < 16; b++) want[r * 32 + 4 + b] = pinned_in[(r + 1) * 64 + 8 + b];
-        for (int z = 0; z < 2; z++)
-            for (int r = 0; r < 2; r++)
-                for (int b = 0; b < 8; b++)
-                    want[128 + (z * 2 + r) * 8 + b] = pinned_in[128 + (z * 4 + r) * 16 + b];
-        int wrong = 0;
-        for (int i = 0; i < BYTES; i++) wrong += pinned_out[i] != want[i];
-        CHECK_EQ_INT(wrong, 0);
+        copies_want(want, pinned_in, 1);
+        CHECK_EQ_INT(bytes_differing(pinned_out, want, BYTES), 0);
+        /* Parameters read back as given. */
+        Memcpy3D back;
+        memset(&back, 0, sizeof back);
+        CHECK_CU(cuGraphMemcpyNodeGetParams(c_2d, &back));
+        CHECK_TRUE(back.srcPitch == 64 && back.dstPitch == 32 && back.Height == 3 &&
+                   back.srcY == 1 && back.srcMemoryType == MEMORYTYPE_UNIFIED);
+        /* New parameters in the executable graph only: the copy in reads
+         * a second page-locked buffer. */
+        unsigned char *pinned_in2 = NULL;
+        REQUIRE_CU(cuMemAllocHost((void **)&pinned_in2, BYTES));
+        for (int i = 0; i < BYTES; i++) pinned_in2[i] = (unsigned char)(i * 5 + 3);
+        Memcpy3D in2 = in;
+        in2.srcHost = pinned_in2;
+        CHECK_CU(cuGraphExecMemcpyNodeSetParams(copies_exec, c_in, &in2, ctx));
+        CHECK_CU(cuMemsetD8(d_dst, 0xcc, BYTES));
+        CHECK_CU(cuGraphLaunch(copies_exec, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        copies_want(want, pinned_in2, 1);
+        CHECK_EQ_INT(bytes_differing(pinned_out, want, BYTES), 0);
+        /* In the graph: the 2D copy starts a row up; an executable graph
+         * made from it copies that (and the first buffer: the executable
+         * graph's change stayed there). */
+        Memcpy3D two_up = two;
+        two_up.srcY = 0;
+        CHECK_CU(cuGraphMemcpyNodeSetParams(c_2d, &two_up));
+        CHECK_CU(cuGraphMemcpyNodeGetParams(c_2d, &back));
+        CHECK_EQ_INT((int)back.srcY, 0);
+        CUgraphExec copies_exec2 = NULL;
+        CHECK_CU(cuGraphInstantiateWithFlags(&copies_exec2, copies, 0));
+        CHECK_CU(cuMemsetD8(d_dst, 0xcc, BYTES));
+        CHECK_CU(cuGraphLaunch(copies_exec2, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        copies_want(want, pinned_in, 0);
+        CHECK_EQ_INT(bytes_differing(pinned_out, want, BYTES), 0);
+        CHECK_CU(cuGraphExecDestroy(copies_exec2));
+        CHECK_CU(cuMemFreeHost(pinned_in2));
         /* A destination pitch below the width is refused. */
         CUgraphNode c_bad = NULL;
         Memcpy3D narrow = two;

@@ -43,6 +43,7 @@ use crate::api::library::function_or_kernel;
 use crate::device_ranges;
 use crate::params::marshal;
 use crate::state::{current, driver, resolve_stream, Context, Registry};
+use rgpu_proto::command::{Copy3D, PitchedSide};
 
 pub(crate) type CUgraph = *mut c_void;
 pub(crate) type CUgraphExec = *mut c_void;
@@ -217,6 +218,7 @@ pub struct MemsetNodeParams {
 
 /// `CUDA_MEMCPY3D`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct Memcpy3D {
     src_x_in_bytes: usize,
     src_y: usize,
@@ -313,9 +315,21 @@ enum NodeParams {
     },
     Kernel(Arc<HeldKernelParams>),
     Memset(MemsetNodeParams),
+    Memcpy(HeldMemcpy),
     MemAlloc(Arc<HeldMemAlloc>),
     MemFree(CUdeviceptr),
 }
+
+/// A memcpy node's parameters as the application gave them, for
+/// `cuGraphMemcpyNodeGetParams`.
+#[derive(Clone, Copy)]
+struct HeldMemcpy(Memcpy3D);
+
+// SAFETY: the struct holds the application's pointer values, which this
+// library never dereferences once the node is made.
+unsafe impl Send for HeldMemcpy {}
+// SAFETY: as above; it is only copied out.
+unsafe impl Sync for HeldMemcpy {}
 
 /// A memory-allocation node's parameters as `cuGraphMemAllocNodeGetParams`
 /// hands them out: `params.access_descs` points into `descs`.
@@ -1006,15 +1020,6 @@ pub(crate) fn add_memset_node(
     .map(|_| ())
 }
 
-/// One side of a memcpy node as the host copies it: its first byte's
-/// device address, its pitch and its rows per slice.
-#[derive(Clone, Copy)]
-struct CopySide {
-    address: u64,
-    pitch: u64,
-    rows: u64,
-}
-
 /// Where one side of `CUDA_MEMCPY3D` starts, as a device address: device
 /// memory and unified addresses as they are, host memory only when it is
 /// page-locked memory of this process (the host's worker maps it at the
@@ -1029,7 +1034,7 @@ fn copy_side(
     pitch: usize,
     rows: usize,
     extent: impl Fn(u64, u64) -> Option<u64>,
-) -> Result<CopySide, u32> {
+) -> Result<PitchedSide, u32> {
     let base = match memory_type {
         MEMORYTYPE_HOST => host as u64,
         MEMORYTYPE_DEVICE | MEMORYTYPE_UNIFIED => device,
@@ -1062,11 +1067,68 @@ fn copy_side(
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
     }
-    Ok(CopySide {
+    Ok(PitchedSide {
         address,
         pitch,
         rows,
     })
+}
+
+/// A memcpy node's copy as the host makes it: both sides as device
+/// addresses. Checked as `cuGraphAddMemcpyNode` checks it, but for the
+/// ranges, which the host checks.
+fn node_copy(ctx: &Context, p: &Memcpy3D) -> Result<Copy3D, u32> {
+    if p.src_lod != 0 || p.dst_lod != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let width = p.width_in_bytes as u64;
+    // A CUDA_MEMCPY3D asks for at least one row of one slice.
+    let (height, depth) = ((p.height as u64).max(1), (p.depth as u64).max(1));
+    // From a side's first byte to its last (the last row ends `width`
+    // bytes after it starts).
+    let extent = |pitch: u64, rows: u64| {
+        (depth - 1)
+            .checked_mul(rows)?
+            .checked_add(height - 1)?
+            .checked_mul(pitch)?
+            .checked_add(width)
+    };
+    let src = copy_side(
+        ctx,
+        p.src_memory_type,
+        p.src_host as usize,
+        p.src_device,
+        [p.src_x_in_bytes, p.src_y, p.src_z],
+        p.src_pitch,
+        p.src_height,
+        extent,
+    )?;
+    let dst = copy_side(
+        ctx,
+        p.dst_memory_type,
+        p.dst_host as usize,
+        p.dst_device,
+        [p.dst_x_in_bytes, p.dst_y, p.dst_z],
+        p.dst_pitch,
+        p.dst_height,
+        extent,
+    )?;
+    Ok(Copy3D {
+        dst,
+        src,
+        width,
+        height,
+        depth,
+    })
+}
+
+/// The struct behind a `*const CUDA_MEMCPY3D`.
+fn read_memcpy(params: *const Memcpy3D) -> Result<Memcpy3D, u32> {
+    if params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable CUDA_MEMCPY3D.
+    Ok(unsafe { params.read() })
 }
 
 /// `cuGraphAddMemcpyNode`: 1D, 2D and 3D copies between device memory and
@@ -1080,26 +1142,7 @@ pub(crate) fn add_memcpy_node(
     params: *const Memcpy3D,
     _ctx: *mut c_void,
 ) -> Result<(), u32> {
-    if params.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    // SAFETY: non-NULL; the caller passes a readable CUDA_MEMCPY3D.
-    let p = unsafe { &*params };
-    if p.src_lod != 0 || p.dst_lod != 0 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let (width, height, depth) = (p.width_in_bytes as u64, p.height as u64, p.depth as u64);
-    // A CUDA_MEMCPY3D asks for at least one row of one slice.
-    let (height, depth) = (height.max(1), depth.max(1));
-    // From a side's first byte to its last (the last row ends `width`
-    // bytes after it starts).
-    let extent = |pitch: u64, rows: u64| {
-        (depth - 1)
-            .checked_mul(rows)?
-            .checked_add(height - 1)?
-            .checked_mul(pitch)?
-            .checked_add(width)
-    };
+    let p = read_memcpy(params)?;
     add_node(
         out,
         graph,
@@ -1107,55 +1150,71 @@ pub(crate) fn add_memcpy_node(
         count,
         NODE_MEMCPY,
         |ctx, graph, node, dependencies| {
-            let src = copy_side(
-                ctx,
-                p.src_memory_type,
-                p.src_host as usize,
-                p.src_device,
-                [p.src_x_in_bytes, p.src_y, p.src_z],
-                p.src_pitch,
-                p.src_height,
-                extent,
-            )?;
-            let dst = copy_side(
-                ctx,
-                p.dst_memory_type,
-                p.dst_host as usize,
-                p.dst_device,
-                [p.dst_x_in_bytes, p.dst_y, p.dst_z],
-                p.dst_pitch,
-                p.dst_height,
-                extent,
-            )?;
-            let command = if height == 1 && depth == 1 {
+            let copy = node_copy(ctx, &p)?;
+            let command = if copy.height == 1 && copy.depth == 1 {
                 Command::GraphAddMemcpyNode {
                     graph,
                     node,
                     dependencies,
-                    dst: dst.address,
-                    src: src.address,
-                    size: width,
+                    dst: copy.dst.address,
+                    src: copy.src.address,
+                    size: copy.width,
                 }
             } else {
                 Command::GraphAddMemcpy3DNode {
                     graph,
                     node,
                     dependencies,
-                    dst: dst.address,
-                    dst_pitch: dst.pitch,
-                    dst_height: dst.rows,
-                    src: src.address,
-                    src_pitch: src.pitch,
-                    src_height: src.rows,
-                    width,
-                    height,
-                    depth,
+                    copy,
                 }
             };
-            Ok((command, NodeParams::None))
+            Ok((command, NodeParams::Memcpy(HeldMemcpy(p))))
         },
     )
     .map(|_| ())
+}
+
+/// `cuGraphMemcpyNodeGetParams`: the parameters as last given.
+pub(crate) fn memcpy_node_get_params(node: CUgraphNode, params: *mut Memcpy3D) -> Result<(), u32> {
+    match &*node_of_kind(node, NODE_MEMCPY)?.params() {
+        NodeParams::Memcpy(held) => write_out(params, held.0),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// `cuGraphMemcpyNodeSetParams`.
+pub(crate) fn memcpy_node_set_params(
+    node: CUgraphNode,
+    params: *const Memcpy3D,
+) -> Result<(), u32> {
+    let node = node_of_kind(node, NODE_MEMCPY)?;
+    let p = read_memcpy(params)?;
+    let copy = node_copy(&node.context, &p)?;
+    node.context.call(&Command::GraphMemcpyNodeSetParams {
+        node: node.handle,
+        copy,
+    })?;
+    *node.params() = NodeParams::Memcpy(HeldMemcpy(p));
+    Ok(())
+}
+
+/// `cuGraphExecMemcpyNodeSetParams`: the executable graph only.
+pub(crate) fn exec_memcpy_node_set_params(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: *const Memcpy3D,
+    _ctx: *mut c_void,
+) -> Result<(), u32> {
+    let (exec, node) = exec_node(exec, node, NODE_MEMCPY)?;
+    let p = read_memcpy(params)?;
+    let copy = node_copy(&exec.context, &p)?;
+    exec.context
+        .call(&Command::GraphExecMemcpyNodeSetParams {
+            exec: exec.handle,
+            node: node.handle,
+            copy,
+        })
+        .map(|_| ())
 }
 
 fn add_event_node(
@@ -1852,6 +1911,15 @@ pub struct GraphNodeParams {
 /// context come before its `CUDA_MEMCPY3D`.
 const MEMCPY_NODE_COPY_OFFSET: usize = 16;
 
+/// The `CUDA_MEMCPY3D` of the `CUDA_MEMCPY_NODE_PARAMS` in a
+/// `CUgraphNodeParams` union.
+fn memcpy_of(params: *mut GraphNodeParams) -> *const Memcpy3D {
+    // SAFETY: the union lies inside the caller's CUgraphNodeParams, which
+    // is larger than this offset plus a CUDA_MEMCPY3D; only the address is
+    // computed here.
+    unsafe { union_of::<u8>(params).add(MEMCPY_NODE_COPY_OFFSET) }.cast()
+}
+
 /// The union of `params` as the struct of its node type.
 fn union_of<T>(params: *mut GraphNodeParams) -> *mut T {
     // SAFETY: only an address computation inside the caller's struct,
@@ -1890,11 +1958,14 @@ pub(crate) fn add_node_generic(
     let node_type = unsafe { (*params).node_type };
     match node_type {
         NODE_KERNEL => add_kernel_node(out, graph, dependencies, count, union_of(params)),
-        NODE_MEMCPY => {
-            // SAFETY: the union holds a CUDA_MEMCPY_NODE_PARAMS.
-            let copy = unsafe { union_of::<u8>(params).add(MEMCPY_NODE_COPY_OFFSET) };
-            add_memcpy_node(out, graph, dependencies, count, copy.cast(), null_mut())
-        }
+        NODE_MEMCPY => add_memcpy_node(
+            out,
+            graph,
+            dependencies,
+            count,
+            memcpy_of(params),
+            null_mut(),
+        ),
         NODE_MEMSET => add_memset_node(
             out,
             graph,
@@ -1941,7 +2012,7 @@ pub(crate) fn add_node_generic_v2(
     add_node_generic(out, graph, dependencies, count, params)
 }
 
-/// `cuGraphNodeSetParams`: kernel and memset nodes.
+/// `cuGraphNodeSetParams`: kernel, memset and memcpy nodes.
 pub(crate) fn node_set_params_generic(
     node: CUgraphNode,
     params: *mut GraphNodeParams,
@@ -1953,11 +2024,12 @@ pub(crate) fn node_set_params_generic(
     match unsafe { (*params).node_type } {
         NODE_KERNEL => kernel_node_set_params(node, union_of(params)),
         NODE_MEMSET => memset_node_set_params(node, union_of(params)),
+        NODE_MEMCPY => memcpy_node_set_params(node, memcpy_of(params)),
         other => Err(unsupported_node_type("cuGraphNodeSetParams", other)),
     }
 }
 
-/// `cuGraphExecNodeSetParams`: kernel and memset nodes.
+/// `cuGraphExecNodeSetParams`: kernel, memset and memcpy nodes.
 pub(crate) fn exec_node_set_params_generic(
     exec: CUgraphExec,
     node: CUgraphNode,
@@ -1970,6 +2042,7 @@ pub(crate) fn exec_node_set_params_generic(
     match unsafe { (*params).node_type } {
         NODE_KERNEL => exec_kernel_node_set_params(exec, node, union_of(params)),
         NODE_MEMSET => exec_memset_node_set_params(exec, node, union_of(params), null_mut()),
+        NODE_MEMCPY => exec_memcpy_node_set_params(exec, node, memcpy_of(params), null_mut()),
         other => Err(unsupported_node_type("cuGraphExecNodeSetParams", other)),
     }
 }
