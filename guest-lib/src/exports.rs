@@ -13,8 +13,8 @@ use crate::api::context::CtxCreateParams;
 use crate::api::copy_2d::Memcpy2D;
 use crate::api::graph::{
     CUgraph, CUgraphExec, CUgraphNode, EdgeData, ExecUpdateResultInfo, GraphNodeParams,
-    HostNodeParams, KernelNodeParams, KernelNodeParamsV1, MemAllocNodeParams, Memcpy3D,
-    MemsetNodeParams,
+    HostNodeParams, InstantiateParams, KernelNodeParams, KernelNodeParamsV1, MemAllocNodeParams,
+    Memcpy3D, MemsetNodeParams,
 };
 use crate::api::ipc::IpcHandle;
 use crate::api::launch::LaunchConfig;
@@ -281,6 +281,15 @@ rgpu_shim::exported_api! {
     fn cuGraphKernelNodeSetParams_v2(hnode: CUgraphNode, node_params: *const KernelNodeParams) => graph::kernel_node_set_params;
     fn cuGraphExecKernelNodeSetParams(hexec: CUgraphExec, hnode: CUgraphNode, node_params: *const KernelNodeParamsV1) => graph::exec_kernel_node_set_params_v1;
     fn cuGraphExecKernelNodeSetParams_v2(hexec: CUgraphExec, hnode: CUgraphNode, node_params: *const KernelNodeParams) => graph::exec_kernel_node_set_params;
+    fn cuGraphGetRootNodes(hgraph: CUgraph, root_nodes: *mut CUgraphNode, num_root_nodes: *mut usize) => graph::get_root_nodes;
+    fn cuGraphGetEdges(hgraph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, num_edges: *mut usize) => graph::get_edges;
+    fn cuGraphGetEdges_v2(hgraph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, edge_data: *mut EdgeData, num_edges: *mut usize) => graph::get_edges_v2;
+    fn cuGraphNodeFindInClone(phnode: *mut CUgraphNode, horiginal_node: CUgraphNode, hcloned_graph: CUgraph) => graph::node_find_in_clone;
+    fn cuGraphEventRecordNodeGetEvent(hnode: CUgraphNode, event_out: *mut CUevent) => graph::event_record_node_get_event;
+    fn cuGraphEventWaitNodeGetEvent(hnode: CUgraphNode, event_out: *mut CUevent) => graph::event_wait_node_get_event;
+    fn cuGraphExecGetFlags(hgraph_exec: CUgraphExec, flags: *mut c_ulonglong) => graph::exec_get_flags;
+    fn cuGraphInstantiateWithParams(phgraph_exec: *mut CUgraphExec, hgraph: CUgraph, instantiate_params: *mut InstantiateParams) => graph::instantiate_with_params;
+    fn cuGraphDebugDotPrint(hgraph: CUgraph, path: *const c_char, flags: c_uint) => graph::debug_dot_print;
     fn cuGraphMemcpyNodeGetParams(hnode: CUgraphNode, node_params: *mut Memcpy3D) => graph::memcpy_node_get_params;
     fn cuGraphMemcpyNodeSetParams(hnode: CUgraphNode, node_params: *const Memcpy3D) => graph::memcpy_node_set_params;
     fn cuGraphExecMemcpyNodeSetParams(hexec: CUgraphExec, hnode: CUgraphNode, copy_params: *const Memcpy3D, ctx: *mut c_void) => graph::exec_memcpy_node_set_params;

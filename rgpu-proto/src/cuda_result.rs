@@ -16,6 +16,7 @@ pub const CUDA_ERROR_NO_BINARY_FOR_GPU: u32 = 209;
 pub const CUDA_ERROR_INVALID_PTX: u32 = 218;
 pub const CUDA_ERROR_INVALID_SOURCE: u32 = 300;
 pub const CUDA_ERROR_FILE_NOT_FOUND: u32 = 301;
+pub const CUDA_ERROR_OPERATING_SYSTEM: u32 = 304;
 pub const CUDA_ERROR_INVALID_HANDLE: u32 = 400;
 pub const CUDA_ERROR_NOT_FOUND: u32 = 500;
 pub const CUDA_ERROR_NOT_READY: u32 = 600;
@@ -121,6 +122,11 @@ pub const KNOWN_RESULTS: &[(u32, &str, &str)] = &[
         CUDA_ERROR_FILE_NOT_FOUND,
         "CUDA_ERROR_FILE_NOT_FOUND",
         "file not found",
+    ),
+    (
+        CUDA_ERROR_OPERATING_SYSTEM,
+        "CUDA_ERROR_OPERATING_SYSTEM",
+        "OS call failed or operation not supported on this OS",
     ),
     (
         CUDA_ERROR_INVALID_HANDLE,

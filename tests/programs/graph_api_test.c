@@ -7,9 +7,12 @@
  * (rgpu_fill_index over it) -> a memcpy node (device to device, into a
  * second buffer) -> an event record node -> an empty node -> a child graph
  * node (a memset of a third buffer to 5). cuGraphGetNodes and
- * cuGraphNodeGetType see the six nodes; instantiated and launched three
- * times, the copy holds base + i and the third buffer 5. Node parameters
- * (issue 10): the kernel node's read back; new arguments set in the
+ * cuGraphNodeGetType see the six nodes, cuGraphGetRootNodes the memset,
+ * cuGraphGetEdges the six edges, the record node its event, and
+ * cuGraphDebugDotPrint writes a file; an instantiation with an upload
+ * (cuGraphInstantiateWithParams) succeeds without the flag staying;
+ * instantiated and launched three times, the copy holds base + i and
+ * the third buffer 5. Node parameters (issue 10): the kernel node's read back; new arguments set in the
  * executable graph only, then in the graph (read back; the executable
  * graph keeps its own until cuGraphExecUpdate_v2 brings them, then
  * writes them); cuGraphUpload. A memset node's parameters read back, set
@@ -47,6 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rgpu_cuda.h"
 #include "checks.h"
@@ -190,6 +194,19 @@ CUresult cuGraphAddMemsetNode(CUgraphNode *node, CUgraph graph, const CUgraphNod
                               const MemsetNodeParams *params, CUcontext ctx);
 CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t n,
                               const Memcpy3D *params, CUcontext ctx);
+typedef struct {
+    unsigned long long flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;
+} InstantiateParams;
+CUresult cuGraphGetRootNodes(CUgraph graph, CUgraphNode *roots, size_t *count);
+CUresult cuGraphGetEdges(CUgraph graph, CUgraphNode *from, CUgraphNode *to, size_t *count);
+CUresult cuGraphEventRecordNodeGetEvent(CUgraphNode node, CUevent *event);
+CUresult cuGraphDebugDotPrint(CUgraph graph, const char *path, unsigned int flags);
+CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, InstantiateParams *params);
+CUresult cuGraphExecGetFlags(CUgraphExec exec, unsigned long long *flags);
+CUresult cuGraphNodeFindInClone(CUgraphNode *cloned, CUgraphNode original, CUgraph clone);
 CUresult cuGraphMemcpyNodeGetParams(CUgraphNode node, Memcpy3D *params);
 CUresult cuGraphMemcpyNodeSetParams(CUgraphNode node, const Memcpy3D *params);
 CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node, const Memcpy3D *params,
@@ -382,9 +399,54 @@ int main(int argc, char **argv) {
     CHECK_EQ_INT(type, NODE_TYPE_EMPTY);
     CHECK_CU(cuGraphNodeGetType(n_child, &type));
     CHECK_EQ_INT(type, NODE_TYPE_GRAPH);
+    /* The graph's shape read back: one root, six edges, the record
+     * node's event; and written out for Graphviz. */
+    {
+        CUgraphNode roots[4] = {NULL, NULL, NULL, NULL}, from[8], to[8];
+        size_t count = 0;
+        CHECK_CU(cuGraphGetRootNodes(graph, NULL, &count));
+        CHECK_EQ_INT((int)count, 1);
+        count = 4;
+        CHECK_CU(cuGraphGetRootNodes(graph, roots, &count));
+        CHECK_TRUE(count == 1 && roots[0] == n_memset);
+        CHECK_CU(cuGraphGetEdges(graph, NULL, NULL, &count));
+        CHECK_EQ_INT((int)count, 6);
+        count = 8;
+        CHECK_CU(cuGraphGetEdges(graph, from, to, &count));
+        CHECK_EQ_INT((int)count, 6);
+        int kernel_to_child = 0, copy_to_record = 0;
+        for (size_t i = 0; i < count; i++) {
+            kernel_to_child += from[i] == n_kernel && to[i] == n_child;
+            copy_to_record += from[i] == n_copy && to[i] == n_record;
+        }
+        CHECK_TRUE(kernel_to_child == 1 && copy_to_record == 1);
+        CUevent recorded = NULL;
+        CHECK_CU(cuGraphEventRecordNodeGetEvent(n_record, &recorded));
+        CHECK_TRUE(recorded == event);
+        char dot[64];
+        snprintf(dot, sizeof dot, "/tmp/graph_api_test-%d.dot", (int)getpid());
+        CHECK_CU(cuGraphDebugDotPrint(graph, dot, 0));
+        FILE *written = fopen(dot, "r");
+        CHECK_TRUE(written != NULL && fgetc(written) != EOF);
+        if (written) fclose(written);
+        remove(dot);
+    }
 
     CUgraphExec exec = NULL;
     CHECK_CU(cuGraphInstantiateWithFlags(&exec, graph, 0));
+    {
+        /* Instantiated with an upload on the stream: the result says so,
+         * the upload flag is no flag of the executable graph. */
+        InstantiateParams with = {2 /* UPLOAD */, stream, NULL, -1};
+        CUgraphExec uploaded = NULL;
+        unsigned long long flags = 99;
+        CHECK_CU(cuGraphInstantiateWithParams(&uploaded, graph, &with));
+        CHECK_EQ_INT(with.result_out, 0);
+        CHECK_CU(cuGraphExecGetFlags(uploaded, &flags));
+        CHECK_EQ_INT((int)flags, 0);
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_CU(cuGraphExecDestroy(uploaded));
+    }
     for (int i = 0; i < 3; i++) CHECK_CU(cuGraphLaunch(exec, stream));
     CHECK_CU(cuStreamSynchronize(stream));
     CHECK_CU(cuEventQuery(event));
@@ -624,6 +686,13 @@ int main(int argc, char **argv) {
     CUgraph clone = NULL;
     CUgraphExec clone_exec = NULL;
     CHECK_CU(cuGraphClone(&clone, graph));
+    {
+        CUgraphNode cloned = NULL;
+        CHECK_CU(cuGraphNodeFindInClone(&cloned, n_kernel, clone));
+        CHECK_TRUE(cloned != NULL && cloned != n_kernel);
+        CHECK_CU(cuGraphNodeGetType(cloned, &type));
+        CHECK_EQ_INT(type, NODE_TYPE_KERNEL);
+    }
     CHECK_CU(cuGraphGetNodes(clone, NULL, &nodes));
     CHECK_EQ_INT((int)nodes, 6);
     CHECK_CU(cuMemsetD32(d_copy, 0, N));

@@ -263,6 +263,8 @@ pub(crate) struct Graph {
     /// Made by stream capture, captured into, or cloned from such a graph:
     /// (some of) its nodes are the host driver's, not known here.
     captured: std::sync::atomic::AtomicBool,
+    /// A clone's nodes by the original's (`cuGraphNodeFindInClone`).
+    originals: Mutex<HashMap<usize, usize>>,
 }
 
 impl Graph {
@@ -272,6 +274,7 @@ impl Graph {
             handle,
             nodes: Mutex::new(Vec::new()),
             captured: std::sync::atomic::AtomicBool::new(captured),
+            originals: Mutex::new(HashMap::new()),
         }
     }
 
@@ -316,6 +319,8 @@ enum NodeParams {
     Kernel(Arc<HeldKernelParams>),
     Memset(MemsetNodeParams),
     Memcpy(HeldMemcpy),
+    /// An event record or wait node's event (the application's handle).
+    Event(usize),
     MemAlloc(Arc<HeldMemAlloc>),
     MemFree(CUdeviceptr),
 }
@@ -411,6 +416,8 @@ pub(crate) struct GraphExec {
     handle: u32,
     /// The graph it was instantiated from (whose nodes its node calls name).
     graph: u32,
+    /// The flags it was instantiated with (`cuGraphExecGetFlags`).
+    flags: c_ulonglong,
 }
 
 static GRAPHS: Registry<Graph> = Registry::new();
@@ -654,6 +661,7 @@ pub(crate) fn instantiate_with_flags(
             context: ctx,
             handle: exec_handle,
             graph: graph.handle,
+            flags,
         })),
     )
 }
@@ -787,6 +795,10 @@ pub(crate) fn clone(clone: *mut CUgraph, original: CUgraph) -> Result<(), u32> {
             copies.insert(old, copy as usize);
             nodes.push(copy as usize);
         }
+        *graph
+            .originals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = copies;
     }
     write_out(clone, GRAPHS.insert(graph))
 }
@@ -1232,6 +1244,7 @@ fn add_event_node(
         count,
         kind,
         |ctx, graph, node, dependencies| {
+            let event_handle = event;
             let event = crate::api::event::named(event)?;
             same_context(ctx, &event.context)?;
             let event = event.handle;
@@ -1250,7 +1263,7 @@ fn add_event_node(
                     event,
                 }
             };
-            Ok((command, NodeParams::None))
+            Ok((command, NodeParams::Event(event_handle as usize)))
         },
     )
     .map(|_| ())
@@ -1871,6 +1884,232 @@ pub(crate) fn node_get_dependent_nodes_v2(
         })
         .collect();
     write_nodes(&held, dependents, edges, count)
+}
+
+/// The nodes of a graph built here (one made by stream capture has nodes
+/// the host's driver made, not named here).
+fn built_nodes(graph: CUgraph, call: &str) -> Result<(Arc<Graph>, Vec<Arc<Node>>), u32> {
+    driver()?;
+    let graph = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if graph.captured() {
+        log::warn!("rgpu: {call}: the nodes of a graph made by stream capture are not supported");
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let nodes = graph
+        .nodes()
+        .iter()
+        .filter_map(|n| NODES.get(*n as *mut c_void))
+        .collect();
+    Ok((graph, nodes))
+}
+
+/// `cuGraphGetRootNodes`: the nodes that depend on none, in the order they
+/// were added.
+pub(crate) fn get_root_nodes(
+    graph: CUgraph,
+    roots: *mut CUgraphNode,
+    count: *mut usize,
+) -> Result<(), u32> {
+    let (graph, nodes) = built_nodes(graph, "cuGraphGetRootNodes")?;
+    let held: Vec<usize> = graph
+        .nodes()
+        .iter()
+        .zip(&nodes)
+        .filter(|(_, node)| node.dependencies.is_empty())
+        .map(|(key, _)| *key)
+        .collect();
+    if count.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if roots.is_null() {
+        return write_out(count, held.len());
+    }
+    // SAFETY: checked non-NULL; the caller passes a readable count.
+    let room = unsafe { count.read() };
+    for (i, node) in held.iter().take(room).enumerate() {
+        // SAFETY: `roots` has room for `room` handles (the API contract).
+        unsafe { roots.add(i).write(*node as CUgraphNode) };
+    }
+    write_out(count, held.len().min(room))
+}
+
+/// `cuGraphGetEdges`.
+pub(crate) fn get_edges(
+    graph: CUgraph,
+    from: *mut CUgraphNode,
+    to: *mut CUgraphNode,
+    count: *mut usize,
+) -> Result<(), u32> {
+    get_edges_v2(graph, from, to, std::ptr::null_mut(), count)
+}
+
+/// `cuGraphGetEdges_v2`: every (dependency, dependent) pair, by dependent
+/// in the order the nodes were added; all edges are plain (default edge
+/// data).
+pub(crate) fn get_edges_v2(
+    graph: CUgraph,
+    from: *mut CUgraphNode,
+    to: *mut CUgraphNode,
+    edges: *mut EdgeData,
+    count: *mut usize,
+) -> Result<(), u32> {
+    let (graph, nodes) = built_nodes(graph, "cuGraphGetEdges")?;
+    let pairs: Vec<(usize, usize)> = graph
+        .nodes()
+        .iter()
+        .zip(&nodes)
+        .flat_map(|(key, node)| node.dependencies.iter().map(move |d| (*d, *key)))
+        .collect();
+    if count.is_null() || from.is_null() != to.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if from.is_null() {
+        return write_out(count, pairs.len());
+    }
+    // SAFETY: checked non-NULL; the caller passes a readable count.
+    let room = unsafe { count.read() };
+    for i in 0..room {
+        let (f, t) = pairs
+            .get(i)
+            .map_or((std::ptr::null_mut(), std::ptr::null_mut()), |p| {
+                (p.0 as CUgraphNode, p.1 as CUgraphNode)
+            });
+        // SAFETY: `from`, `to` (and a non-NULL `edges`) have room for
+        // `room` entries (the API contract); `i < room`.
+        unsafe {
+            from.add(i).write(f);
+            to.add(i).write(t);
+            if !edges.is_null() {
+                edges.add(i).write(EdgeData { bytes: [0; 8] });
+            }
+        }
+    }
+    write_out(count, pairs.len().min(room))
+}
+
+/// `cuGraphNodeFindInClone`: the node of `clone` copied from `original`.
+pub(crate) fn node_find_in_clone(
+    found: *mut CUgraphNode,
+    original: CUgraphNode,
+    clone: CUgraph,
+) -> Result<(), u32> {
+    driver()?;
+    let clone = GRAPHS.get(clone).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let copy = clone
+        .originals
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&(original as usize))
+        .copied()
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    write_out(found, copy as CUgraphNode)
+}
+
+/// `cuGraphEventRecordNodeGetEvent`.
+pub(crate) fn event_record_node_get_event(
+    node: CUgraphNode,
+    event: *mut CUevent,
+) -> Result<(), u32> {
+    node_event(node, NODE_EVENT_RECORD, event)
+}
+
+/// `cuGraphEventWaitNodeGetEvent`.
+pub(crate) fn event_wait_node_get_event(node: CUgraphNode, event: *mut CUevent) -> Result<(), u32> {
+    node_event(node, NODE_WAIT_EVENT, event)
+}
+
+fn node_event(node: CUgraphNode, kind: c_int, event: *mut CUevent) -> Result<(), u32> {
+    match *node_of_kind(node, kind)?.params() {
+        NodeParams::Event(held) => write_out(event, held as CUevent),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// `cuGraphExecGetFlags`: the flags it was instantiated with.
+pub(crate) fn exec_get_flags(exec: CUgraphExec, flags: *mut c_ulonglong) -> Result<(), u32> {
+    driver()?;
+    let exec = GRAPH_EXECS.get(exec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    write_out(flags, exec.flags)
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
+#[repr(C)]
+pub struct InstantiateParams {
+    flags: c_ulonglong,
+    upload_stream: CUstream,
+    error_node: CUgraphNode,
+    result: c_int,
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`: upload on `upload_stream` too.
+const INSTANTIATE_FLAG_UPLOAD: c_ulonglong = 2;
+/// `CUDA_GRAPH_INSTANTIATE_SUCCESS`, `_ERROR`.
+const INSTANTIATE_SUCCESS: c_int = 0;
+const INSTANTIATE_ERROR: c_int = 1;
+
+/// `cuGraphInstantiateWithParams`: as with flags, then an upload when
+/// asked; the result and (no) error node written back.
+pub(crate) fn instantiate_with_params(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    params: *mut InstantiateParams,
+) -> Result<(), u32> {
+    if params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a CUDA_GRAPH_INSTANTIATE_PARAMS.
+    let p = unsafe { &mut *params };
+    p.error_node = std::ptr::null_mut();
+    // The upload is this call's, not a flag of the executable graph.
+    let made =
+        instantiate_with_flags(exec, graph, p.flags & !INSTANTIATE_FLAG_UPLOAD).and_then(|()| {
+            if p.flags & INSTANTIATE_FLAG_UPLOAD == 0 {
+                return Ok(());
+            }
+            // SAFETY: `exec` was just written by the instantiation.
+            upload(unsafe { exec.read() }, p.upload_stream)
+        });
+    p.result = if made.is_ok() {
+        INSTANTIATE_SUCCESS
+    } else {
+        INSTANTIATE_ERROR
+    };
+    made
+}
+
+/// `cuGraphDebugDotPrint`: the graph in Graphviz's language, one node per
+/// line with its kind, one edge per dependency.
+pub(crate) fn debug_dot_print(
+    graph: CUgraph,
+    path: *const c_char,
+    _flags: c_uint,
+) -> Result<(), u32> {
+    if path.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the API contract makes it a NUL-terminated path.
+    let path = unsafe { std::ffi::CStr::from_ptr(path) };
+    let (graph, nodes) = built_nodes(graph, "cuGraphDebugDotPrint")?;
+    let mut dot = format!("digraph rgpu_graph_{} {{\n", graph.handle);
+    for node in &nodes {
+        dot.push_str(&format!(
+            "  n{} [label=\"{} (type {})\"];\n",
+            node.handle, node.handle, node.kind
+        ));
+        for dependency in node
+            .dependencies
+            .iter()
+            .filter_map(|d| NODES.get(*d as *mut c_void))
+        {
+            dot.push_str(&format!("  n{} -> n{};\n", dependency.handle, node.handle));
+        }
+    }
+    dot.push_str("}\n");
+    use std::os::unix::ffi::OsStrExt;
+    std::fs::write(std::ffi::OsStr::from_bytes(path.to_bytes()), dot).map_err(|e| {
+        log::warn!("rgpu: cuGraphDebugDotPrint: {e}");
+        CUDA_ERROR_OPERATING_SYSTEM
+    })
 }
 
 /// `cuThreadExchangeStreamCaptureMode`: the calling thread's mode is
