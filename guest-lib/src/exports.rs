@@ -281,6 +281,11 @@ rgpu_shim::exported_api! {
     fn cuGraphKernelNodeSetParams_v2(hnode: CUgraphNode, node_params: *const KernelNodeParams) => graph::kernel_node_set_params;
     fn cuGraphExecKernelNodeSetParams(hexec: CUgraphExec, hnode: CUgraphNode, node_params: *const KernelNodeParamsV1) => graph::exec_kernel_node_set_params_v1;
     fn cuGraphExecKernelNodeSetParams_v2(hexec: CUgraphExec, hnode: CUgraphNode, node_params: *const KernelNodeParams) => graph::exec_kernel_node_set_params;
+    fn cuGraphAddDependencies(hgraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, num_dependencies: usize) => graph::add_dependencies;
+    fn cuGraphAddDependencies_v2(hgraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edge_data: *const EdgeData, num_dependencies: usize) => graph::add_dependencies_v2;
+    fn cuGraphRemoveDependencies(hgraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, num_dependencies: usize) => graph::remove_dependencies;
+    fn cuGraphRemoveDependencies_v2(hgraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edge_data: *const EdgeData, num_dependencies: usize) => graph::remove_dependencies_v2;
+    fn cuGraphDestroyNode(hnode: CUgraphNode) => graph::destroy_node;
     fn cuGraphGetRootNodes(hgraph: CUgraph, root_nodes: *mut CUgraphNode, num_root_nodes: *mut usize) => graph::get_root_nodes;
     fn cuGraphGetEdges(hgraph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, num_edges: *mut usize) => graph::get_edges;
     fn cuGraphGetEdges_v2(hgraph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, edge_data: *mut EdgeData, num_edges: *mut usize) => graph::get_edges_v2;

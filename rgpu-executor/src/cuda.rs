@@ -1792,6 +1792,59 @@ impl ContextExecutor for CudaContext {
         Ok(handle)
     }
 
+    fn graph_edges(&mut self, graph: u64, from: &[u64], to: &[u64], add: bool) -> CuResult<()> {
+        let hgraph = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let nodes = |of: &[u64]| {
+            of.iter()
+                .map(|d| match self.graph_nodes.get(d) {
+                    Some((g, n)) if *g == graph => Ok(*n),
+                    _ => Err(CUDA_ERROR_INVALID_VALUE),
+                })
+                .collect::<CuResult<Vec<sys::CUgraphNode>>>()
+        };
+        let (from, to) = (nodes(from)?, nodes(to)?);
+        if from.len() != to.len() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if add {
+            // SAFETY: a live graph of this context and as many live nodes
+            // of it at `from` and `to`; no edge data (plain edges).
+            check("cuGraphAddDependencies_v2", unsafe {
+                sys::cuGraphAddDependencies_v2(
+                    hgraph,
+                    from.as_ptr(),
+                    to.as_ptr(),
+                    std::ptr::null(),
+                    from.len(),
+                )
+            })
+        } else {
+            // SAFETY: as above.
+            check("cuGraphRemoveDependencies_v2", unsafe {
+                sys::cuGraphRemoveDependencies_v2(
+                    hgraph,
+                    from.as_ptr(),
+                    to.as_ptr(),
+                    std::ptr::null(),
+                    from.len(),
+                )
+            })
+        }
+    }
+
+    fn graph_destroy_node(&mut self, node: u64) -> CuResult<()> {
+        let (_, hnode) = *self
+            .graph_nodes
+            .get(&node)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: a live node of a graph of this context, destroyed once.
+        check("cuGraphDestroyNode", unsafe {
+            sys::cuGraphDestroyNode(hnode)
+        })?;
+        self.graph_nodes.remove(&node);
+        Ok(())
+    }
+
     fn graph_add_node(
         &mut self,
         graph: u64,

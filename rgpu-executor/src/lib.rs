@@ -480,6 +480,15 @@ pub trait ContextExecutor {
     fn graph_clone(&mut self, _graph: u64, _nodes: &[u64]) -> CuResult<(u64, Vec<u64>)> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
+    /// Adds (`add`) or removes the edges `from[i]` -> `to[i]` between nodes
+    /// of `graph` (as many of each).
+    fn graph_edges(&mut self, _graph: u64, _from: &[u64], _to: &[u64], _add: bool) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// Node `node` leaves its graph, with its edges.
+    fn graph_destroy_node(&mut self, _node: u64) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
     /// New parameters of kernel or memset node `node` (`params` of the same
     /// kind; another kind is `CUDA_ERROR_INVALID_VALUE`). Executable graphs
     /// made before keep the old ones.

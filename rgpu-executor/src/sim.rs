@@ -648,6 +648,55 @@ struct SimNode {
     op: GraphOp,
 }
 
+/// The nodes' operations in an order that runs every node after its
+/// dependencies (the order they were added, where edges allow: edges added
+/// after the fact may point backwards).
+fn in_dependency_order(nodes: &[SimNode]) -> Vec<GraphOp> {
+    let mut done: HashSet<u64> = HashSet::new();
+    let mut ops = Vec::with_capacity(nodes.len());
+    while ops.len() < nodes.len() {
+        let before = ops.len();
+        for node in nodes {
+            if !done.contains(&node.handle)
+                && node
+                    .dependencies
+                    .iter()
+                    .all(|d| done.contains(d) || !nodes.iter().any(|n| n.handle == *d))
+            {
+                done.insert(node.handle);
+                ops.push(node.op.clone());
+            }
+        }
+        if ops.len() == before {
+            // A cycle (refused when edges are added): what is left, as added.
+            ops.extend(
+                nodes
+                    .iter()
+                    .filter(|n| !done.contains(&n.handle))
+                    .map(|n| n.op.clone()),
+            );
+        }
+    }
+    ops
+}
+
+/// Whether `node` depends on `on`, directly or through others, in `nodes`.
+fn depends_on(nodes: &[SimNode], node: u64, on: u64) -> bool {
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut todo = vec![node];
+    while let Some(n) = todo.pop() {
+        if n == on {
+            return true;
+        }
+        if seen.insert(n) {
+            if let Some(held) = nodes.iter().find(|x| x.handle == n) {
+                todo.extend(&held.dependencies);
+            }
+        }
+    }
+    false
+}
+
 /// Where each node's dependencies sit among `nodes` (the shape an
 /// executable graph update compares); `None` for a dependency that is none
 /// of them.
@@ -1084,7 +1133,7 @@ impl SimContext {
                 if nodes.iter().any(|n| n.op.is_memory_node()) {
                     return Err(CUDA_ERROR_NOT_SUPPORTED);
                 }
-                GraphOp::Child(nodes.iter().map(|n| n.op.clone()).collect())
+                GraphOp::Child(in_dependency_order(nodes))
             }
             GraphNode::MemFree(dptr) => {
                 if !self.graph_allocations.contains_key(&dptr) {
@@ -2244,13 +2293,11 @@ impl ContextExecutor for SimContext {
     }
 
     fn graph_launch(&mut self, exec: u64, stream: StreamRef) -> CuResult<()> {
-        let ops: Vec<GraphOp> = self
-            .graph_execs
-            .get(&exec)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?
-            .iter()
-            .map(|n| n.op.clone())
-            .collect();
+        let ops = in_dependency_order(
+            self.graph_execs
+                .get(&exec)
+                .ok_or(CUDA_ERROR_INVALID_HANDLE)?,
+        );
         self.check_stream(stream)?;
         self.replay(&ops, stream)
     }
@@ -2313,6 +2360,61 @@ impl ContextExecutor for SimContext {
                 op,
             });
         Ok(handle)
+    }
+
+    fn graph_edges(&mut self, graph: u64, from: &[u64], to: &[u64], add: bool) -> CuResult<()> {
+        let nodes = self
+            .graphs
+            .get_mut(&graph)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let known = |n: &u64| nodes.iter().any(|x| x.handle == *n);
+        if from.len() != to.len() || !from.iter().chain(to).all(known) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // Checked whole before any change, as one call.
+        for (f, t) in from.iter().zip(to) {
+            let exists = nodes
+                .iter()
+                .any(|n| n.handle == *t && n.dependencies.contains(f));
+            let refused = if add {
+                // As the driver: no edge to itself, none that closes a cycle.
+                f == t || (!exists && depends_on(nodes, *f, *t))
+            } else {
+                !exists
+            };
+            if refused {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+        }
+        for (f, t) in from.iter().zip(to) {
+            if let Some(node) = nodes.iter_mut().find(|n| n.handle == *t) {
+                if add && !node.dependencies.contains(f) {
+                    node.dependencies.push(*f);
+                } else if !add {
+                    node.dependencies.retain(|d| d != f);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn graph_destroy_node(&mut self, node: u64) -> CuResult<()> {
+        let nodes = self
+            .graphs
+            .values_mut()
+            .find(|nodes| nodes.iter().any(|n| n.handle == node))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if nodes
+            .iter()
+            .any(|n| n.handle == node && n.op.is_memory_node())
+        {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        nodes.retain(|n| n.handle != node);
+        for n in nodes.iter_mut() {
+            n.dependencies.retain(|d| *d != node);
+        }
+        Ok(())
     }
 
     fn graph_clone(&mut self, graph: u64, nodes: &[u64]) -> CuResult<(u64, Vec<u64>)> {

@@ -1188,6 +1188,13 @@ commands! {
     /// `exec` was instantiated from, in `exec` only.
     GraphExecKernelNodeSetParams = 0x0722 { exec: u32, node: u32, launch: Launch }
         check kernel_node_stream;
+    /// `cuGraphAddDependencies`: edges `from[i]` -> `to[i]` (as many of
+    /// each) between nodes of `graph`.
+    GraphAddDependencies = 0x0726 { graph: u32, from: Vec<u32>, to: Vec<u32> };
+    /// `cuGraphRemoveDependencies`: those edges go.
+    GraphRemoveDependencies = 0x0727 { graph: u32, from: Vec<u32>, to: Vec<u32> };
+    /// `cuGraphDestroyNode`: node `node` leaves its graph, with its edges.
+    GraphDestroyNode = 0x0728 { node: u32 };
     /// `cuGraphMemcpyNodeSetParams` of memcpy node `node`.
     GraphMemcpyNodeSetParams = 0x0724 { node: u32, copy: Copy3D };
     /// `cuGraphExecMemcpyNodeSetParams`: as `GraphMemcpyNodeSetParams`, in

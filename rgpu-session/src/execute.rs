@@ -1655,6 +1655,40 @@ impl Worker {
                 )?;
                 ctx.graph_node_set_params(created, &spec).map(empty)
             }
+            Command::GraphAddDependencies { graph, from, to }
+            | Command::GraphRemoveDependencies { graph, from, to } => {
+                if from.len() != to.len() {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                let created_graph = handles.graph(*graph)?;
+                let (from, to) = (
+                    handles.dependencies(*graph, from)?,
+                    handles.dependencies(*graph, to)?,
+                );
+                let add = matches!(command, Command::GraphAddDependencies { .. });
+                ctx.graph_edges(created_graph, &from, &to, add).map(empty)
+            }
+            Command::GraphDestroyNode { node } => {
+                let (graph, created) = *handles
+                    .graph_nodes
+                    .get(node)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                // What a memory node holds stays the graph's.
+                if handles
+                    .graph_contents
+                    .get(&graph)
+                    .is_some_and(|c| c.memory_nodes)
+                {
+                    warn_limited!(
+                        "ctx {ctx_id}: cuGraphDestroyNode in a graph with memory nodes is not \
+                         supported"
+                    );
+                    return Err(CUDA_ERROR_NOT_SUPPORTED);
+                }
+                ctx.graph_destroy_node(created)?;
+                handles.graph_nodes.remove(node);
+                Ok(Vec::new())
+            }
             Command::GraphMemcpyNodeSetParams { node, copy } => {
                 let created = handles.graph_node(*node, None)?;
                 let spec = copy_node(tenant, ctx_id, copy)?;

@@ -31,7 +31,9 @@
  * unified addresses and a 3D copy of two slices, every byte checked; their
  * parameters read back, set in an executable graph (a second source
  * buffer) and in the graph (a new executable graph copies the new rows);
- * a pitch below the width refused. A clone, launched after the
+ * a pitch below the width refused. Edges added and removed after the
+ * nodes (two memsets ordered one way, then the other; removing an edge
+ * twice fails) and a node destroyed. A clone, launched after the
  * buffers were cleared, does the same as the graph. Misuse: a node of another
  * graph as a dependency is refused; through rgpu, a destroyed graph takes
  * no node and no instantiation, and a memcpy node from pageable host
@@ -200,6 +202,11 @@ typedef struct {
     CUgraphNode hErrNode_out;
     int result_out;
 } InstantiateParams;
+CUresult cuGraphAddDependencies(CUgraph graph, const CUgraphNode *from, const CUgraphNode *to,
+                                size_t count);
+CUresult cuGraphRemoveDependencies(CUgraph graph, const CUgraphNode *from, const CUgraphNode *to,
+                                   size_t count);
+CUresult cuGraphDestroyNode(CUgraphNode node);
 CUresult cuGraphGetRootNodes(CUgraph graph, CUgraphNode *roots, size_t *count);
 CUresult cuGraphGetEdges(CUgraph graph, CUgraphNode *from, CUgraphNode *to, size_t *count);
 CUresult cuGraphEventRecordNodeGetEvent(CUgraphNode node, CUevent *event);
@@ -854,6 +861,48 @@ int main(int argc, char **argv) {
         CHECK_CU(cuGraphDestroy(hosts));
         CHECK_CU(cuMemFree(d_word));
         CHECK_CU(cuMemFreeHost((void *)(uintptr_t)seen.words));
+    }
+
+    /* Edges after the fact: two memsets of one buffer, unordered, then
+     * ordered one way by cuGraphAddDependencies, the other way after
+     * cuGraphRemoveDependencies; an empty node destroyed. */
+    {
+        CUgraph edges = NULL;
+        CUgraphExec first = NULL, second = NULL;
+        CUgraphNode e_empty = NULL, e_one = NULL, e_two = NULL, got[2] = {NULL, NULL};
+        MemsetNodeParams set_one = memset32(d_copy, 1), set_two = memset32(d_copy, 2);
+        size_t count = 0;
+        CHECK_CU(cuGraphCreate(&edges, 0));
+        CHECK_CU(cuGraphAddEmptyNode(&e_empty, edges, NULL, 0));
+        CHECK_CU(cuGraphAddMemsetNode(&e_one, edges, NULL, 0, &set_one, ctx));
+        CHECK_CU(cuGraphAddMemsetNode(&e_two, edges, NULL, 0, &set_two, ctx));
+        CHECK_CU(cuGraphAddDependencies(edges, &e_one, &e_two, 1));
+        count = 2;
+        CHECK_CU(cuGraphNodeGetDependencies(e_two, got, &count));
+        CHECK_TRUE(count == 1 && got[0] == e_one);
+        CHECK_CU(cuGraphInstantiateWithFlags(&first, edges, 0));
+        CHECK_CU(cuGraphLaunch(first, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(mismatches(d_copy, 2, 1), 0);
+        CHECK_CU(cuGraphRemoveDependencies(edges, &e_one, &e_two, 1));
+        CHECK_CU_FAILS(cuGraphRemoveDependencies(edges, &e_one, &e_two, 1));
+        CHECK_CU(cuGraphAddDependencies(edges, &e_two, &e_one, 1));
+        CHECK_CU(cuGraphGetEdges(edges, NULL, NULL, &count));
+        CHECK_EQ_INT((int)count, 1);
+        CHECK_CU(cuGraphDestroyNode(e_empty));
+        CHECK_CU(cuGraphGetNodes(edges, NULL, &count));
+        CHECK_EQ_INT((int)count, 2);
+        CHECK_CU(cuGraphInstantiateWithFlags(&second, edges, 0));
+        CHECK_CU(cuGraphLaunch(second, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(mismatches(d_copy, 1, 1), 0);
+        /* The first executable graph keeps its order. */
+        CHECK_CU(cuGraphLaunch(first, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(mismatches(d_copy, 2, 1), 0);
+        CHECK_CU(cuGraphExecDestroy(first));
+        CHECK_CU(cuGraphExecDestroy(second));
+        CHECK_CU(cuGraphDestroy(edges));
     }
 
     /* Memcpy nodes beyond 1D device to device: page-locked host memory to

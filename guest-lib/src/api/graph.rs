@@ -294,7 +294,7 @@ pub(crate) struct Node {
     handle: u32,
     kind: c_int,
     /// The nodes it depends on (their registry handles).
-    dependencies: Vec<usize>,
+    dependencies: Mutex<Vec<usize>>,
     /// Its parameters as last set, for the `Get*Params` calls.
     params: Mutex<NodeParams>,
 }
@@ -302,6 +302,12 @@ pub(crate) struct Node {
 impl Node {
     fn params(&self) -> std::sync::MutexGuard<'_, NodeParams> {
         self.params.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn dependencies(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        self.dependencies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -769,31 +775,33 @@ pub(crate) fn clone(clone: *mut CUgraph, original: CUgraph) -> Result<(), u32> {
     let graph = Arc::new(Graph::new(ctx.clone(), handle, original.captured()));
     {
         let mut nodes = graph.nodes();
-        // Original registry handle -> the copy's: a node depends only on
-        // nodes added before it, so its dependencies are copied already.
+        // Original registry handle -> the copy's; then each copy's
+        // dependencies (an edge added later may point to a later node).
         let mut copies: HashMap<usize, usize> = HashMap::new();
+        let mut made: Vec<(Arc<Node>, Vec<usize>)> = Vec::new();
         for (i, (old, node)) in (0..count).zip(originals) {
             let (kind, dependencies, params) = node.map_or_else(
                 || (NODE_EMPTY, Vec::new(), NodeParams::None),
-                |n| {
-                    let deps = n
-                        .dependencies
-                        .iter()
-                        .filter_map(|d| copies.get(d).copied())
-                        .collect();
-                    (n.kind, deps, n.params().clone())
-                },
+                |n| (n.kind, n.dependencies().clone(), n.params().clone()),
             );
-            let copy = NODES.insert(Arc::new(Node {
+            let copy = Arc::new(Node {
                 context: ctx.clone(),
                 graph: handle,
                 handle: first_node + i,
                 kind,
-                dependencies,
+                dependencies: Mutex::new(Vec::new()),
                 params: Mutex::new(params),
-            }));
-            copies.insert(old, copy as usize);
-            nodes.push(copy as usize);
+            });
+            let key = NODES.insert(copy.clone());
+            copies.insert(old, key as usize);
+            nodes.push(key as usize);
+            made.push((copy, dependencies));
+        }
+        for (copy, dependencies) in made {
+            *copy.dependencies() = dependencies
+                .iter()
+                .filter_map(|d| copies.get(d).copied())
+                .collect();
         }
         *graph
             .originals
@@ -858,7 +866,7 @@ fn add_node(
         graph: graph.handle,
         handle,
         kind,
-        dependencies: registered,
+        dependencies: Mutex::new(registered),
         params: Mutex::new(params),
     });
     let key = NODES.insert(node.clone());
@@ -1847,7 +1855,8 @@ pub(crate) fn node_get_dependencies_v2(
     count: *mut usize,
 ) -> Result<(), u32> {
     let node = NODES.get(node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    write_nodes(&node.dependencies, dependencies, edges, count)
+    let held = node.dependencies().clone();
+    write_nodes(&held, dependencies, edges, count)
 }
 
 /// `cuGraphNodeGetDependentNodes` (`_v2` with edge data): the nodes of
@@ -1880,7 +1889,7 @@ pub(crate) fn node_get_dependent_nodes_v2(
         .filter(|n| {
             NODES
                 .get(*n as *mut c_void)
-                .is_some_and(|other| other.dependencies.contains(&key))
+                .is_some_and(|other| other.dependencies().contains(&key))
         })
         .collect();
     write_nodes(&held, dependents, edges, count)
@@ -1915,7 +1924,7 @@ pub(crate) fn get_root_nodes(
         .nodes()
         .iter()
         .zip(&nodes)
-        .filter(|(_, node)| node.dependencies.is_empty())
+        .filter(|(_, node)| node.dependencies().is_empty())
         .map(|(key, _)| *key)
         .collect();
     if count.is_null() {
@@ -1958,7 +1967,13 @@ pub(crate) fn get_edges_v2(
         .nodes()
         .iter()
         .zip(&nodes)
-        .flat_map(|(key, node)| node.dependencies.iter().map(move |d| (*d, *key)))
+        .flat_map(|(key, node)| {
+            let key = *key;
+            node.dependencies()
+                .iter()
+                .map(|d| (*d, key))
+                .collect::<Vec<_>>()
+        })
         .collect();
     if count.is_null() || from.is_null() != to.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -2096,8 +2111,8 @@ pub(crate) fn debug_dot_print(
             "  n{} [label=\"{} (type {})\"];\n",
             node.handle, node.handle, node.kind
         ));
-        for dependency in node
-            .dependencies
+        let dependencies = node.dependencies().clone();
+        for dependency in dependencies
             .iter()
             .filter_map(|d| NODES.get(*d as *mut c_void))
         {
@@ -2110,6 +2125,161 @@ pub(crate) fn debug_dot_print(
         log::warn!("rgpu: cuGraphDebugDotPrint: {e}");
         CUDA_ERROR_OPERATING_SYSTEM
     })
+}
+
+/// The graph a node of `node`'s belongs to.
+fn graph_of(node: &Node) -> Option<Arc<Graph>> {
+    GRAPHS
+        .values()
+        .into_iter()
+        .find(|g| Arc::ptr_eq(&g.context, &node.context) && g.handle == node.graph)
+}
+
+/// `count` nodes at `nodes`, each a node of `graph` other than a host
+/// node (three nodes on the host, whose edges are not offered).
+fn edge_ends(
+    graph: &Graph,
+    nodes: *const CUgraphNode,
+    count: usize,
+    call: &str,
+) -> Result<Vec<(usize, Arc<Node>)>, u32> {
+    // SAFETY: the caller checked `nodes` non-NULL and `count` bounded; the
+    // API contract gives `count` handles there.
+    let handles = unsafe { std::slice::from_raw_parts(nodes, count) };
+    handles
+        .iter()
+        .map(|h| {
+            let node = NODES.get(*h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            if !Arc::ptr_eq(&node.context, &graph.context) || node.graph != graph.handle {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            if node.kind == NODE_HOST {
+                log::warn!("rgpu: {call}: edges of host nodes are not supported");
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+            Ok((*h as usize, node))
+        })
+        .collect()
+}
+
+/// Adds (`add`) or removes the edges `from[i]` -> `to[i]`.
+fn change_edges(
+    graph: CUgraph,
+    from: *const CUgraphNode,
+    to: *const CUgraphNode,
+    count: usize,
+    add: bool,
+) -> Result<(), u32> {
+    driver()?;
+    let call = if add {
+        "cuGraphAddDependencies"
+    } else {
+        "cuGraphRemoveDependencies"
+    };
+    let graph = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if count == 0 {
+        return Ok(());
+    }
+    if from.is_null() || to.is_null() || count > MAX_NODE_DEPENDENCIES {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let from = edge_ends(&graph, from, count, call)?;
+    let to = edge_ends(&graph, to, count, call)?;
+    let handles = |ends: &[(usize, Arc<Node>)]| ends.iter().map(|(_, n)| n.handle).collect();
+    let (graph_handle, from_handles, to_handles) = (graph.handle, handles(&from), handles(&to));
+    graph.context.call(&if add {
+        Command::GraphAddDependencies {
+            graph: graph_handle,
+            from: from_handles,
+            to: to_handles,
+        }
+    } else {
+        Command::GraphRemoveDependencies {
+            graph: graph_handle,
+            from: from_handles,
+            to: to_handles,
+        }
+    })?;
+    for ((from_key, _), (_, to_node)) in from.iter().zip(&to) {
+        let mut dependencies = to_node.dependencies();
+        if add && !dependencies.contains(from_key) {
+            dependencies.push(*from_key);
+        } else if !add {
+            dependencies.retain(|d| d != from_key);
+        }
+    }
+    Ok(())
+}
+
+/// `cuGraphAddDependencies`: `to[i]` depends on `from[i]` from now on.
+pub(crate) fn add_dependencies(
+    graph: CUgraph,
+    from: *const CUgraphNode,
+    to: *const CUgraphNode,
+    count: usize,
+) -> Result<(), u32> {
+    change_edges(graph, from, to, count, true)
+}
+
+/// `cuGraphAddDependencies_v2`: plain edges only (programmatic ones as
+/// plain, as `cuGraphAddNode_v2` takes them).
+pub(crate) fn add_dependencies_v2(
+    graph: CUgraph,
+    from: *const CUgraphNode,
+    to: *const CUgraphNode,
+    edges: *const EdgeData,
+    count: usize,
+) -> Result<(), u32> {
+    plain_dependencies("cuGraphAddDependencies_v2", edges, count)?;
+    change_edges(graph, from, to, count, true)
+}
+
+/// `cuGraphRemoveDependencies`.
+pub(crate) fn remove_dependencies(
+    graph: CUgraph,
+    from: *const CUgraphNode,
+    to: *const CUgraphNode,
+    count: usize,
+) -> Result<(), u32> {
+    change_edges(graph, from, to, count, false)
+}
+
+/// `cuGraphRemoveDependencies_v2`.
+pub(crate) fn remove_dependencies_v2(
+    graph: CUgraph,
+    from: *const CUgraphNode,
+    to: *const CUgraphNode,
+    edges: *const EdgeData,
+    count: usize,
+) -> Result<(), u32> {
+    plain_dependencies("cuGraphRemoveDependencies_v2", edges, count)?;
+    change_edges(graph, from, to, count, false)
+}
+
+/// `cuGraphDestroyNode`: the node leaves its graph, with its edges (not
+/// offered for host nodes, nor in graphs with memory nodes).
+pub(crate) fn destroy_node(node: CUgraphNode) -> Result<(), u32> {
+    driver()?;
+    let held = NODES.get(node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if held.kind == NODE_HOST {
+        log::warn!("rgpu: cuGraphDestroyNode of a host node is not supported");
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    held.context
+        .call(&Command::GraphDestroyNode { node: held.handle })?;
+    NODES.remove(node);
+    let key = node as usize;
+    if let Some(graph) = graph_of(&held) {
+        graph.nodes().retain(|n| *n != key);
+        for other in graph
+            .nodes()
+            .iter()
+            .filter_map(|n| NODES.get(*n as *mut c_void))
+        {
+            other.dependencies().retain(|d| *d != key);
+        }
+    }
+    Ok(())
 }
 
 /// `cuThreadExchangeStreamCaptureMode`: the calling thread's mode is
@@ -2353,7 +2523,7 @@ pub(crate) fn add_host_node(
         graph: graph.handle,
         handle: reset,
         kind: NODE_HOST,
-        dependencies: registered,
+        dependencies: Mutex::new(registered),
         params: Mutex::new(NodeParams::Host {
             function,
             data: p.data as usize,
