@@ -692,6 +692,34 @@ fn event_idx_republishes_avail_event() {
     assert_eq!(avail_event, 3);
 }
 
+/// A guest that resets the device leaves its queue not ready, with
+/// requests still in its avail ring: a kick then returns at once (it used
+/// to go round for ever with EVENT_IDX, logging an iterator error each
+/// time), and nothing is answered.
+#[test]
+fn a_kick_on_a_queue_not_ready_returns() {
+    let mem = memory();
+    let mut guest = Guest::new(&mem);
+    guest.backend.set_event_idx(true);
+    guest.vrings[0].set_queue_event_idx(true);
+    guest.offer(&[&hdr(CMD_GET_DISPLAY_INFO, 0).to_bytes()], 64);
+    guest.vrings[0].set_queue_ready(false);
+    let (done, finished) = std::sync::mpsc::channel();
+    let (backend, vrings) = (&mut guest.backend, &guest.vrings);
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            backend.handle_event(0, EventSet::IN, vrings, 0).unwrap();
+            done.send(()).unwrap();
+        });
+        if finished.recv_timeout(Duration::from_secs(5)).is_err() {
+            // The spinning thread cannot be joined: end the test binary.
+            eprintln!("a_kick_on_a_queue_not_ready_returns: the kick did not return");
+            std::process::exit(101);
+        }
+    });
+    assert_eq!(guest.used_idx(), 0);
+}
+
 #[test]
 fn config_space_honours_offset_and_size() {
     let mem = memory();

@@ -13,6 +13,7 @@ use vhost::vhost_user::GpuBackend as VhostUserGpuSocket;
 use vhost_user_backend::{VhostUserBackendMut, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_queue::QueueT;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -65,10 +66,19 @@ impl GpuBackend {
         vring: &Vring,
         process: fn(&mut GpuDevice, &Vring) -> Result<(), ReturnError>,
     ) -> io::Result<()> {
+        // A queue the guest reset and has not made ready again holds
+        // nothing to serve, though its avail index may still differ from
+        // ours: going round on it would spin (and log) without end.
+        if !queue_ready(vring) {
+            return Ok(());
+        }
         if !self.event_idx {
             return process(&mut self.device, vring).map_err(io::Error::other);
         }
         loop {
+            if !queue_ready(vring) {
+                return Ok(());
+            }
             vring.disable_notification().map_err(io::Error::other)?;
             process(&mut self.device, vring).map_err(io::Error::other)?;
             if !vring.enable_notification().map_err(io::Error::other)? {
@@ -214,6 +224,10 @@ impl VhostUserBackendMut for GpuBackend {
             other => Err(io::Error::other(format!("unexpected device event {other}"))),
         }
     }
+}
+
+fn queue_ready(vring: &Vring) -> bool {
+    vring.get_ref().get_queue().ready()
 }
 
 fn no_vring() -> io::Error {
