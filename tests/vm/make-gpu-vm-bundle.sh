@@ -10,6 +10,10 @@
 #                                       tests/vm/guest-test.sh as /test.sh)
 # DIR/initramfs-isolation.cpio.gz       the same with tests/vm/guest-isolation.sh
 #                                       (GUEST=isolation run-vm-test.sh)
+# DIR/initramfs-bench.cpio.gz           the same with tests/bench/vm_copy_bench.c
+#                                       and tests/vm/guest-bench.sh (GUEST=bench
+#                                       run-vm-test.sh: pinned copies from
+#                                       contiguous and scattered guest pages)
 # DIR/qemu/                             the portable QEMU and guest kernel
 # DIR/qemu-vhost-user-test-device.sh    qemu-configs/' command line, as is
 # DIR/run-vm-test.sh                    the runner
@@ -24,6 +28,15 @@ RGPU_PROFILE_DIR=$target bash tests/vm/build-initramfs.sh "$dir/initramfs.cpio.g
     tests/vm/guest-test.sh=/test.sh
 RGPU_PROFILE_DIR=$target bash tests/vm/build-initramfs.sh "$dir/initramfs-isolation.cpio.gz" \
     tests/vm/guest-isolation.sh=/test.sh
+# The copy bench, linked against guest-lib as build-initramfs.sh links its
+# programs.
+bench_build=$(mktemp -d /tmp/rgpu-bench-build.XXXXXX)
+trap 'rm -rf "$bench_build"' EXIT
+ln -s "$target/libcuda.so" "$bench_build/libcuda.so"
+cc -O2 -std=c11 -Wall -Wextra -Werror -I tests/programs -o "$bench_build/vm_copy_bench" \
+    tests/bench/vm_copy_bench.c -L "$bench_build" -lcuda
+RGPU_PROFILE_DIR=$target bash tests/vm/build-initramfs.sh "$dir/initramfs-bench.cpio.gz" \
+    tests/vm/guest-bench.sh=/test.sh "$bench_build/vm_copy_bench"
 bash tests/vm/make-portable-qemu.sh "$dir/qemu"
 rm -f "$dir/qemu.tar.gz"
 cp qemu-configs/qemu-vhost-user-test-device.sh tests/vm/run-vm-test.sh "$dir/"
