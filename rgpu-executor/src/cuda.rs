@@ -2243,6 +2243,17 @@ impl ContextExecutor for CudaContext {
         Ok(count as u64)
     }
 
+    fn graph_root_count(&mut self, graph: u64) -> CuResult<u64> {
+        let hgraph = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let mut count = 0usize;
+        // SAFETY: a live graph of this context; a NULL array asks only for
+        // the count, written to a valid out-pointer.
+        check("cuGraphGetRootNodes", unsafe {
+            sys::cuGraphGetRootNodes(hgraph, null_mut(), &mut count)
+        })?;
+        Ok(count as u64)
+    }
+
     fn ipc_get_mem_handle(&mut self, device_ptr: u64) -> CuResult<IpcHandle> {
         let mut handle = sys::CUipcMemHandle {
             reserved: [0; IPC_HANDLE_BYTES],

@@ -541,6 +541,11 @@ pub trait ContextExecutor {
     fn graph_node_count(&mut self, _graph: u64) -> CuResult<u64> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
+    /// How many of them depend on none (`cuGraphGetRootNodes` with no
+    /// array).
+    fn graph_root_count(&mut self, _graph: u64) -> CuResult<u64> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
     /// `cuTensorMapEncodeTiled` / `cuTensorMapEncodeIm2col`: the
     /// descriptor's bytes.
     fn tensor_map_encode(&mut self, _spec: &TensorMapSpec) -> CuResult<[u8; TENSOR_MAP_BYTES]> {

@@ -2627,6 +2627,11 @@ impl ContextExecutor for SimContext {
         Ok(nodes.len() as u64)
     }
 
+    fn graph_root_count(&mut self, graph: u64) -> CuResult<u64> {
+        let nodes = self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        Ok(nodes.iter().filter(|n| n.dependencies.is_empty()).count() as u64)
+    }
+
     /// A handle the tenant's registry records; nothing else is kept (the
     /// session checked that the pointer is memory of this process).
     fn ipc_get_mem_handle(&mut self, device_ptr: u64) -> CuResult<IpcHandle> {

@@ -1222,6 +1222,9 @@ commands! {
     /// `cuGraphGetNodes`' count for `graph` as the host's driver holds it
     /// (a captured graph's nodes are the driver's); answers a `u64`.
     GraphGetNodeCount = 0x0708 { graph: u32 };
+    /// `cuGraphGetRootNodes`' count for `graph` as the host's driver holds
+    /// it; answers a `u64`.
+    GraphGetRootNodeCount = 0x0709 { graph: u32 };
     /// `cuTensorMapEncodeTiled` / `cuTensorMapEncodeIm2col`: the host's
     /// driver encodes the descriptor (its layout is the driver's own);
     /// answers its [`TENSOR_MAP_BYTES`] bytes.

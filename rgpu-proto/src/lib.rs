@@ -30,11 +30,14 @@ pub use wire::DecodeError;
 /// reserved words from command bodies (one table defines every command);
 /// version 4 gave `LaunchKernelEx` the launch attributes it carries.
 /// Commands added to the table without changing another (the `Ipc*`
-/// commands, the graph-building `GraphCreate`, `GraphClone` and
-/// `GraphAdd*Node` (memory-allocation and free nodes, pitched memcpy nodes too), the node-parameter `Graph*NodeSetParams`,
-/// `GraphExecUpdate` and `GraphUpload`, the tensor-map commands,
+/// commands; the graph-building `GraphCreate`, `GraphClone`,
+/// `GraphAdd*Node` (memory-allocation and free nodes, pitched memcpy nodes
+/// too), `Graph{Add,Remove}Dependencies` and `GraphDestroyNode`; the
+/// node-parameter `Graph*NodeSetParams`, `GraphExecUpdate`, `GraphUpload`
+/// and `GraphGetRootNodeCount`; the tensor-map commands,
 /// `StreamBeginCaptureToGraph`, `PlaceNextBlob`, the stream memory
-/// operations and the shareable-handle `Mem{Export,Import}Shareable`) keep the version: a daemon that does not know one answers it
+/// operations and the shareable-handle `Mem{Export,Import}Shareable`) keep
+/// the version: a daemon that does not know one answers it
 /// `CUDA_ERROR_INVALID_VALUE` as an undecodable command, and the call fails.
 pub const PROTOCOL_VERSION: u32 = 4;
 

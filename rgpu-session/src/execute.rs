@@ -1773,6 +1773,11 @@ impl Worker {
                 ctx.graph_node_count(graph)
                     .map(|count| u64_payload(&[count]))
             }
+            Command::GraphGetRootNodeCount { graph } => {
+                let graph = handles.graph(*graph)?;
+                ctx.graph_root_count(graph)
+                    .map(|count| u64_payload(&[count]))
+            }
             Command::IpcGetMemHandle { device_ptr } => {
                 // Only a `cuMemAlloc` allocation of this process: the driver
                 // exports whatever its process holds (registered host

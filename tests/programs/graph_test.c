@@ -37,6 +37,7 @@ CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
 CUresult cuGraphExecDestroy(CUgraphExec exec);
 CUresult cuGraphDestroy(CUgraph graph);
 CUresult cuGraphGetNodes(CUgraph graph, void **nodes, size_t *count);
+CUresult cuGraphGetRootNodes(CUgraph graph, void **nodes, size_t *count);
 #ifndef CUDA_ERROR_NOT_SUPPORTED
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #endif
@@ -116,6 +117,10 @@ int main(int argc, char **argv) {
     size_t nodes = 0;
     CHECK_CU(cuGraphGetNodes(graph, NULL, &nodes));
     CHECK_EQ_INT(nodes, 3);
+    /* One root: the memset (XLA checks that a trace recorded any). */
+    size_t roots = 0;
+    CHECK_CU(cuGraphGetRootNodes(graph, NULL, &roots));
+    CHECK_EQ_INT(roots, 1);
     CHECK_CU(cuStreamIsCapturing(stream, &status));
     CHECK_EQ_INT(status, 0);
     CHECK_CU(cuMemcpyDtoH(indices, d_index, N * 4));

@@ -1919,6 +1919,25 @@ pub(crate) fn get_root_nodes(
     roots: *mut CUgraphNode,
     count: *mut usize,
 ) -> Result<(), u32> {
+    if count.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // A captured graph's count is the host driver's (XLA checks that a
+    // trace recorded something); its nodes are not named here.
+    if roots.is_null() {
+        driver()?;
+        let held = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if held.captured() {
+            let payload = held
+                .context
+                .call(&Command::GraphGetRootNodeCount { graph: held.handle })?;
+            let [roots] = decode_u64s::<1>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+            return write_out(
+                count,
+                usize::try_from(roots).map_err(|_| CUDA_ERROR_UNKNOWN)?,
+            );
+        }
+    }
     let (graph, nodes) = built_nodes(graph, "cuGraphGetRootNodes")?;
     let held: Vec<usize> = graph
         .nodes()
