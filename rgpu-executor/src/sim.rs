@@ -652,6 +652,7 @@ struct SimNode {
 /// dependencies (the order they were added, where edges allow: edges added
 /// after the fact may point backwards).
 fn in_dependency_order(nodes: &[SimNode]) -> Vec<GraphOp> {
+    let held: HashSet<u64> = nodes.iter().map(|n| n.handle).collect();
     let mut done: HashSet<u64> = HashSet::new();
     let mut ops = Vec::with_capacity(nodes.len());
     while ops.len() < nodes.len() {
@@ -661,7 +662,7 @@ fn in_dependency_order(nodes: &[SimNode]) -> Vec<GraphOp> {
                 && node
                     .dependencies
                     .iter()
-                    .all(|d| done.contains(d) || !nodes.iter().any(|n| n.handle == *d))
+                    .all(|d| done.contains(d) || !held.contains(d))
             {
                 done.insert(node.handle);
                 ops.push(node.op.clone());
