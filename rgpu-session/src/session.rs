@@ -154,6 +154,12 @@ impl Session {
         self.post(Message::Attach(blob));
     }
 
+    /// Blob `resource_id` could not be mapped: commands naming it fail
+    /// (with `CUDA_ERROR_OUT_OF_MEMORY`) instead of waiting for it.
+    pub fn unmappable_blob(&self, resource_id: u32) {
+        self.post(Message::Unmappable(resource_id));
+    }
+
     pub fn detach_blob(&self, resource_id: u32) {
         self.post(Message::Detach(resource_id, None));
     }

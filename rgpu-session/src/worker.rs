@@ -76,6 +76,9 @@ const COMMANDS_PER_ROUND: usize = 256;
 
 pub enum Message {
     Attach(Arc<Blob>),
+    /// The worker process could not map this blob (too many page runs):
+    /// commands naming it fail with `CUDA_ERROR_OUT_OF_MEMORY` at once.
+    Unmappable(u32),
     /// Detach a blob; the completion (if any) is completed once no queued
     /// GPU work of the session can touch it any more and it was let go.
     Detach(u32, Option<Box<dyn Completion>>),
@@ -155,6 +158,8 @@ pub struct Worker {
     pub(crate) module_cache: Arc<ModuleCache>,
     spin: Duration,
     pub(crate) blobs: HashMap<u32, Attached>,
+    /// Blobs the worker process could not map (see [`Message::Unmappable`]).
+    unmappable: std::collections::HashSet<u32>,
     pub(crate) channel: Option<Channel>,
     /// Fenced doorbells: completed once `consumed >= until`.
     pending: Vec<(u64, Box<dyn Completion>)>,
@@ -227,6 +232,7 @@ impl Worker {
             module_cache: Arc::clone(&tenant.settings().module_cache),
             spin: tenant.settings().spin,
             blobs: HashMap::new(),
+            unmappable: std::collections::HashSet::new(),
             channel: None,
             pending: Vec::new(),
             sticky: None,
@@ -403,7 +409,9 @@ impl Worker {
     /// be faster. False means shut down.
     fn await_blobs_of(&mut self, command: &Command) -> bool {
         let mut deadline = None;
-        while let Some(missing) = blobs_named(command).find(|id| !self.blobs.contains_key(id)) {
+        while let Some(missing) = blobs_named(command)
+            .find(|id| !self.blobs.contains_key(id) && !self.unmappable.contains(id))
+        {
             let deadline = *deadline.get_or_insert_with(|| Instant::now() + ATTACH_WAIT);
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -476,6 +484,9 @@ impl Worker {
     fn handle(&mut self, message: Message) -> bool {
         match message {
             Message::Attach(blob) => self.attach(blob),
+            Message::Unmappable(resource_id) => {
+                self.unmappable.insert(resource_id);
+            }
             Message::Detach(resource_id, completion) => {
                 self.detach(resource_id);
                 if let Some(completion) = completion {
@@ -505,6 +516,7 @@ impl Worker {
     }
 
     fn detach(&mut self, resource_id: u32) {
+        self.unmappable.remove(&resource_id);
         let Some(attached) = self.blobs.remove(&resource_id) else {
             return;
         };
@@ -657,7 +669,19 @@ impl Worker {
                         if may_wait {
                             self.usage.begin_wait(decoded.reply_seq);
                         }
-                        let result = self.execute(&decoded.command, decoded.reply_seq);
+                        let unmappable =
+                            blobs_named(&decoded.command).find(|id| self.unmappable.contains(id));
+                        let result = match unmappable {
+                            Some(id) => {
+                                crate::warn_limited!(
+                                    "ctx {}: a command names blob {id}, which its worker could \
+                                     not map (too many page runs): CUDA_ERROR_OUT_OF_MEMORY",
+                                    self.ctx_id
+                                );
+                                Err(rgpu_proto::cuda_result::CUDA_ERROR_OUT_OF_MEMORY)
+                            }
+                            None => self.execute(&decoded.command, decoded.reply_seq),
+                        };
                         if may_wait {
                             self.usage.end_wait();
                         }

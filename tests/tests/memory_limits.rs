@@ -175,3 +175,40 @@ fn stream_ordered_allocations_come_from_pools_and_count_against_the_limit() {
     daemon.wait_until_idle(Duration::from_secs(15));
     assert_eq!(daemon.stats().get("device_memory_bytes"), 0);
 }
+
+/// Page-locked memory whose pages are too scattered for its worker to map
+/// (tests/programs/pinned_limit_test.c): the worker may map 3000 page runs
+/// here, the context's own blobs take about 920 of them (local blobs of
+/// runs of 1-8 pages), 64 MiB would take about 3600 more. cuMemAllocHost
+/// fails at once with CUDA_ERROR_OUT_OF_MEMORY (it used to succeed, and
+/// the first copy failed with CUDA_ERROR_INVALID_VALUE), and 1 MiB works
+/// afterwards.
+#[test]
+fn page_locked_memory_the_host_cannot_map_is_refused_at_allocation() {
+    let guest = GuestLib::new();
+    let program = guest.build_program("pinned_limit_test.c");
+    let daemon = Daemon::start_with("sim", &["--max-mapped-runs", "3000"], &[]);
+    let mut command = guest.command(&program, &daemon);
+    command.env("RGPU_LOCAL_SCATTER_BLOBS", "1").arg("64");
+    let outcome = GuestProcess::spawn(command).finish(Duration::from_secs(120));
+    assert!(
+        outcome.passed("pinned_limit_test"),
+        "pinned_limit_test failed ({}):\nstdout:\n{}\nstderr:\n{}\ndaemon log:\n{}",
+        outcome.status,
+        outcome.stdout,
+        outcome.stderr,
+        daemon.log()
+    );
+    assert!(
+        outcome
+            .stderr
+            .contains("the host cannot map 67108864 bytes of page-locked memory"),
+        "{}",
+        outcome.stderr
+    );
+    assert!(
+        daemon.log().contains("would map") && daemon.log().contains("more than 3000"),
+        "{}",
+        daemon.log()
+    );
+}

@@ -183,6 +183,11 @@ struct Args {
     /// Internal: the tenant's registry of shareable handles.
     #[arg(long, value_name = "N", hide = true)]
     shareable_fd: Option<RawFd>,
+    /// Tests: map at most N page runs of blobs per worker process (fewer
+    /// than the kernel's `vm.max_map_count` allows), so that too scattered
+    /// a blob is refused without a huge one.
+    #[arg(long, value_name = "N", env = "RGPU_MAX_MAPPED_RUNS", hide = true)]
+    max_mapped_runs: Option<usize>,
     /// Internal: the tenant a connection or worker process serves (its
     /// log lines say so).
     #[arg(long, value_name = "NAME", hide = true)]
@@ -572,6 +577,10 @@ fn session_args(args: &Args) -> Vec<OsString> {
         out.push("--module-cache-dir".into());
         out.push(dir.into());
     }
+    if let Some(runs) = args.max_mapped_runs {
+        out.push("--max-mapped-runs".into());
+        out.push(runs.to_string().into());
+    }
     out
 }
 
@@ -590,6 +599,9 @@ fn serve_worker(args: Args) -> Result<(), String> {
         ),
         None => Counters::default(),
     };
+    if let Some(limit) = args.max_mapped_runs {
+        vhost_device_rgpu::worker_process::blob_mapping::limit_mapped_runs(limit);
+    }
     let executor = make_executor(args.executor, args.gpu, false)?;
     // From here on NVIDIA's driver is loaded and its devices are open.
     seccomp::install(args.worker_seccomp).map_err(|e| e.to_string())?;

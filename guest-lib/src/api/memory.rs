@@ -145,6 +145,17 @@ pub(crate) fn alloc_page_locked(
                  its own address (the host had that range in use): kernels must be given \
                  cuMemHostGetDevicePointer's address"
             ),
+            // The host could not map the blob at all (its pages were
+            // too scattered for its worker): the memory is unusable, and
+            // the allocation fails as the driver's does when it cannot pin.
+            Err(CUDA_ERROR_OUT_OF_MEMORY) => {
+                log::warn!(
+                    "rgpu: the host cannot map {size} bytes of page-locked memory (too many \
+                     scattered pages: see the daemon's log); CUDA_ERROR_OUT_OF_MEMORY"
+                );
+                free_host(ptr.cast())?;
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
             Err(code) => log::debug!(
                 "rgpu: page-locked memory at {ptr:p} is not mapped for kernels (error {code})"
             ),

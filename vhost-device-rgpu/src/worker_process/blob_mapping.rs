@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 use std::ptr::null_mut;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use log::debug;
+use log::{debug, warn};
 use rgpu_executor::{Executor, HostRun};
 use rgpu_session::{Completion, Counters, DmaRegistration};
 
@@ -27,18 +27,34 @@ pub const PAGE_BYTES: u64 = 4096;
 /// stacks) may need beside blob runs.
 const MAPPINGS_KEPT_FREE: usize = 8192;
 
+/// A lower limit than the kernel's on the runs a worker maps
+/// (`--max-mapped-runs`, for tests); set before the first blob.
+static MAPPED_RUNS_LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// Sets [`max_mapped_runs`] lower than the kernel allows (tests), before
+/// any blob is mapped.
+pub fn limit_mapped_runs(limit: usize) {
+    if MAPPED_RUNS_LIMIT
+        .set(limit.min(max_map_count_runs()))
+        .is_err()
+    {
+        warn!("the mapped-runs limit was set already; {limit} is ignored");
+    }
+}
+
 /// Blob runs a worker may map at once: each run is one mapping, and the
 /// kernel caps mappings per process at `vm.max_map_count` (65530 unless the
 /// host raised it).
 pub fn max_mapped_runs() -> usize {
-    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/vm/max_map_count")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(65_530)
-            .saturating_sub(MAPPINGS_KEPT_FREE)
-    })
+    *MAPPED_RUNS_LIMIT.get_or_init(max_map_count_runs)
+}
+
+fn max_map_count_runs() -> usize {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(65_530)
+        .saturating_sub(MAPPINGS_KEPT_FREE)
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -17,7 +17,7 @@ use rgpu_proto::cuda_result::CUDA_ERROR_LAUNCH_TIMEOUT;
 use rgpu_proto::Command;
 use rgpu_session::{Blob, Completion, Counters, Session, Tenant};
 
-use super::blob_mapping::BlobMapping;
+use super::blob_mapping::{BlobMapping, MapError};
 use super::link::Link;
 use super::message::{FileRun, FromWorker, ToWorker, MAX_MESSAGE_BYTES};
 
@@ -63,6 +63,8 @@ struct Worker {
     files: HashMap<u32, File>,
     runs: HashMap<u32, Vec<FileRun>>,
     blobs: HashMap<u32, MappedBlob>,
+    /// Blobs that could not be mapped: their sessions hear it at attach.
+    unmappable: std::collections::HashSet<u32>,
     sessions: HashMap<u32, Session>,
     teardowns: Vec<JoinHandle<()>>,
 }
@@ -93,6 +95,7 @@ pub fn serve(
         files: HashMap::new(),
         runs: HashMap::new(),
         blobs: HashMap::new(),
+        unmappable: std::collections::HashSet::new(),
         sessions: HashMap::new(),
         teardowns: Vec::new(),
     };
@@ -166,6 +169,9 @@ impl Worker {
                 resource_id,
             } => match (self.sessions.get(&ctx_id), self.blobs.get(&resource_id)) {
                 (Some(session), Some(mapped)) => session.attach_blob(Arc::clone(&mapped.blob)),
+                (Some(session), None) if self.unmappable.contains(&resource_id) => {
+                    session.unmappable_blob(resource_id)
+                }
                 _ => debug!("attach of blob {resource_id} to context {ctx_id}: unknown"),
             },
             ToWorker::Detach {
@@ -180,6 +186,7 @@ impl Worker {
                 }
             }
             ToWorker::ForgetBlob { resource_id, token } => {
+                self.unmappable.remove(&resource_id);
                 let done = self.done(token);
                 match self.blobs.remove(&resource_id) {
                     // Answered when the last session lets go of it.
@@ -259,6 +266,9 @@ impl Worker {
             Ok(mapping) => Arc::new(mapping),
             Err(e) => {
                 rgpu_session::warn_limited!("blob {resource_id}: not mapped: {e}");
+                if matches!(e, MapError::TooManyRuns { .. }) {
+                    self.unmappable.insert(resource_id);
+                }
                 return;
             }
         };
