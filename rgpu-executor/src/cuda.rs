@@ -2232,25 +2232,18 @@ impl ContextExecutor for CudaContext {
         Ok(map.0)
     }
 
-    fn graph_node_count(&mut self, graph: u64) -> CuResult<u64> {
+    fn graph_node_count(&mut self, graph: u64, roots: bool) -> CuResult<u64> {
         let hgraph = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        type Count = unsafe fn(sys::CUgraph, *mut sys::CUgraphNode, *mut usize) -> sys::CUresult;
+        let (call, nodes_of): (&str, Count) = if roots {
+            ("cuGraphGetRootNodes", sys::cuGraphGetRootNodes)
+        } else {
+            ("cuGraphGetNodes", sys::cuGraphGetNodes)
+        };
         let mut count = 0usize;
         // SAFETY: a live graph of this context; a NULL array asks only for
         // the count, written to a valid out-pointer.
-        check("cuGraphGetNodes", unsafe {
-            sys::cuGraphGetNodes(hgraph, null_mut(), &mut count)
-        })?;
-        Ok(count as u64)
-    }
-
-    fn graph_root_count(&mut self, graph: u64) -> CuResult<u64> {
-        let hgraph = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        let mut count = 0usize;
-        // SAFETY: a live graph of this context; a NULL array asks only for
-        // the count, written to a valid out-pointer.
-        check("cuGraphGetRootNodes", unsafe {
-            sys::cuGraphGetRootNodes(hgraph, null_mut(), &mut count)
-        })?;
+        check(call, unsafe { nodes_of(hgraph, null_mut(), &mut count) })?;
         Ok(count as u64)
     }
 

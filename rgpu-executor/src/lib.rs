@@ -537,13 +537,9 @@ pub trait ContextExecutor {
     fn host_device_pointer(&mut self, _host: HostRun) -> CuResult<u64> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
-    /// How many nodes `graph` holds (`cuGraphGetNodes` with no array).
-    fn graph_node_count(&mut self, _graph: u64) -> CuResult<u64> {
-        Err(CUDA_ERROR_NOT_SUPPORTED)
-    }
-    /// How many of them depend on none (`cuGraphGetRootNodes` with no
-    /// array).
-    fn graph_root_count(&mut self, _graph: u64) -> CuResult<u64> {
+    /// How many nodes `graph` holds (`cuGraphGetNodes` with no array), or
+    /// with `roots` how many of them depend on none (`cuGraphGetRootNodes`).
+    fn graph_node_count(&mut self, _graph: u64, _roots: bool) -> CuResult<u64> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
     /// `cuTensorMapEncodeTiled` / `cuTensorMapEncodeIm2col`: the

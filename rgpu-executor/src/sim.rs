@@ -2623,14 +2623,10 @@ impl ContextExecutor for SimContext {
         Ok(out)
     }
 
-    fn graph_node_count(&mut self, graph: u64) -> CuResult<u64> {
+    fn graph_node_count(&mut self, graph: u64, roots: bool) -> CuResult<u64> {
         let nodes = self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        Ok(nodes.len() as u64)
-    }
-
-    fn graph_root_count(&mut self, graph: u64) -> CuResult<u64> {
-        let nodes = self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        Ok(nodes.iter().filter(|n| n.dependencies.is_empty()).count() as u64)
+        let counted = nodes.iter().filter(|n| !roots || n.dependencies.is_empty());
+        Ok(counted.count() as u64)
     }
 
     /// A handle the tenant's registry records; nothing else is kept (the

@@ -1192,7 +1192,7 @@ impl Worker {
                     .find(|(_, g)| **g == created)
                     .map(|(guest, _)| *guest);
                 if let Some(target) = target {
-                    let count = ctx.graph_node_count(created).unwrap_or(0);
+                    let count = ctx.graph_node_count(created, false).unwrap_or(0);
                     let contents = handles.graph_contents.entry(target).or_default();
                     contents.captured = true;
                     contents.weight = contents.weight.max(count as usize);
@@ -1496,7 +1496,7 @@ impl Worker {
                     return Err(CUDA_ERROR_NOT_SUPPORTED);
                 }
                 let counted = if contents.captured {
-                    let driver_count = ctx.graph_node_count(created_child)?;
+                    let driver_count = ctx.graph_node_count(created_child, false)?;
                     contents.weight.max(driver_count as usize)
                 } else {
                     contents.weight
@@ -1768,14 +1768,10 @@ impl Worker {
                 let stream = handles.stream(*stream)?;
                 ctx.graph_upload(exec, stream).map(empty)
             }
-            Command::GraphGetNodeCount { graph } => {
+            Command::GraphGetNodeCount { graph } | Command::GraphGetRootNodeCount { graph } => {
+                let roots = matches!(command, Command::GraphGetRootNodeCount { .. });
                 let graph = handles.graph(*graph)?;
-                ctx.graph_node_count(graph)
-                    .map(|count| u64_payload(&[count]))
-            }
-            Command::GraphGetRootNodeCount { graph } => {
-                let graph = handles.graph(*graph)?;
-                ctx.graph_root_count(graph)
+                ctx.graph_node_count(graph, roots)
                     .map(|count| u64_payload(&[count]))
             }
             Command::IpcGetMemHandle { device_ptr } => {

@@ -669,8 +669,12 @@ impl Worker {
                         if may_wait {
                             self.usage.begin_wait(decoded.reply_seq);
                         }
-                        let unmappable =
-                            blobs_named(&decoded.command).find(|id| self.unmappable.contains(id));
+                        // Rare: the set is empty but for a refused blob.
+                        let unmappable = match self.unmappable.is_empty() {
+                            true => None,
+                            false => blobs_named(&decoded.command)
+                                .find(|id| self.unmappable.contains(id)),
+                        };
                         let result = match unmappable {
                             Some(id) => {
                                 crate::warn_limited!(

@@ -1475,14 +1475,13 @@ pub(crate) fn get_nodes(
             );
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
-        let payload = graph.context.call(&Command::GraphGetNodeCount {
-            graph: graph.handle,
-        })?;
-        let [held] = decode_u64s::<1>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
-        return write_out(
-            count,
-            usize::try_from(held).map_err(|_| CUDA_ERROR_UNKNOWN)?,
-        );
+        let held = host_count(
+            &graph,
+            Command::GraphGetNodeCount {
+                graph: graph.handle,
+            },
+        )?;
+        return write_out(count, held);
     }
     let held = graph.nodes().clone();
     if !nodes.is_null() {
@@ -1495,6 +1494,14 @@ pub(crate) fn get_nodes(
         }
     }
     write_out(count, held.len())
+}
+
+/// A count the host's driver answers for `graph` (`query`: of its nodes or
+/// its roots).
+fn host_count(graph: &Graph, query: Command) -> Result<usize, u32> {
+    let payload = graph.context.call(&query)?;
+    let [held] = decode_u64s::<1>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    usize::try_from(held).map_err(|_| CUDA_ERROR_UNKNOWN)
 }
 
 /// `cuGraphNodeGetType`.
@@ -1928,14 +1935,8 @@ pub(crate) fn get_root_nodes(
         driver()?;
         let held = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         if held.captured() {
-            let payload = held
-                .context
-                .call(&Command::GraphGetRootNodeCount { graph: held.handle })?;
-            let [roots] = decode_u64s::<1>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
-            return write_out(
-                count,
-                usize::try_from(roots).map_err(|_| CUDA_ERROR_UNKNOWN)?,
-            );
+            let roots = host_count(&held, Command::GraphGetRootNodeCount { graph: held.handle })?;
+            return write_out(count, roots);
         }
     }
     let (graph, nodes) = built_nodes(graph, "cuGraphGetRootNodes")?;
@@ -2237,7 +2238,7 @@ pub(crate) fn add_dependencies(
     to: *const CUgraphNode,
     count: usize,
 ) -> Result<(), u32> {
-    change_edges(graph, from, to, count, true)
+    add_dependencies_v2(graph, from, to, std::ptr::null(), count)
 }
 
 /// `cuGraphAddDependencies_v2`: plain edges only (programmatic ones as
@@ -2260,7 +2261,7 @@ pub(crate) fn remove_dependencies(
     to: *const CUgraphNode,
     count: usize,
 ) -> Result<(), u32> {
-    change_edges(graph, from, to, count, false)
+    remove_dependencies_v2(graph, from, to, std::ptr::null(), count)
 }
 
 /// `cuGraphRemoveDependencies_v2`.
