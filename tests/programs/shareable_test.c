@@ -37,50 +37,10 @@
 
 #include "rgpu_cuda.h"
 #include "checks.h"
-
-typedef unsigned long long MemHandle;
-typedef struct {
-    unsigned int type;
-    int id;
-} MemLocation;
-typedef struct {
-    unsigned int type;
-    unsigned int requested_handle_types;
-    MemLocation location;
-    void *win32_handle_metadata;
-    unsigned char compression_type;
-    unsigned char gpu_direct_rdma_capable;
-    unsigned short usage;
-    unsigned char reserved[4];
-} AllocationProp;
-typedef struct {
-    MemLocation location;
-    unsigned int flags;
-} AccessDesc;
-
-CUresult cuCtxSetCurrent(CUcontext ctx);
-CUresult cuMemGetAllocationGranularity(size_t *granularity, const AllocationProp *prop, int option);
-CUresult cuMemCreate(MemHandle *handle, size_t size, const AllocationProp *prop,
-                     unsigned long long flags);
-CUresult cuMemRelease(MemHandle handle);
-CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
-                             unsigned long long flags);
-CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
-CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, MemHandle handle,
-                  unsigned long long flags);
-CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
-CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const AccessDesc *desc, size_t count);
-CUresult cuMemExportToShareableHandle(void *shareable, MemHandle handle, unsigned int type,
-                                      unsigned long long flags);
-CUresult cuMemImportFromShareableHandle(MemHandle *handle, void *os_handle, unsigned int type);
+#include "rgpu_vmm.h"
 
 #define CUDA_ERROR_INVALID_VALUE 1
 #define CUDA_ERROR_NOT_SUPPORTED 801
-#define PINNED 1
-#define DEVICE 1
-#define READ_WRITE 3
-#define HANDLE_POSIX_FD 1
-#define HANDLE_FABRIC 8
 #define WRITTEN 0xB0B0B0B0u
 
 static AllocationProp device_prop(unsigned int handle_types) {

@@ -25,47 +25,9 @@
 
 #include "rgpu_cuda.h"
 #include "checks.h"
+#include "rgpu_vmm.h"
 
-typedef unsigned long long MemHandle;
-typedef struct {
-    unsigned int type;
-    int id;
-} MemLocation;
-typedef struct {
-    unsigned int type;
-    unsigned int requested_handle_types;
-    MemLocation location;
-    void *win32_handle_metadata;
-    unsigned char compression_type;
-    unsigned char gpu_direct_rdma_capable;
-    unsigned short usage;
-    unsigned char reserved[4];
-} AllocationProp;
-typedef struct {
-    MemLocation location;
-    unsigned int flags;
-} AccessDesc;
-
-CUresult cuCtxSetCurrent(CUcontext ctx);
-CUresult cuMemGetAllocationGranularity(size_t *granularity, const AllocationProp *prop, int option);
-CUresult cuMemCreate(MemHandle *handle, size_t size, const AllocationProp *prop,
-                     unsigned long long flags);
-CUresult cuMemRelease(MemHandle handle);
-CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
-                             unsigned long long flags);
-CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
-CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, MemHandle handle,
-                  unsigned long long flags);
-CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
 CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr);
-CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const AccessDesc *desc, size_t count);
-CUresult cuMemGetAccess(unsigned long long *flags, const MemLocation *location, CUdeviceptr ptr);
-CUresult cuMemRetainAllocationHandle(MemHandle *handle, void *addr);
-CUresult cuMemGetAllocationPropertiesFromHandle(AllocationProp *prop, MemHandle handle);
-
-#define PINNED 1
-#define DEVICE 1
-#define READ_WRITE 3
 
 int main(int argc, char **argv) {
     const char *ptx_path = NULL;

@@ -12,6 +12,19 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long the daemon may take to exit on SIGTERM before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A config of two tenants without limits: `alpha` on the harness's socket
+/// (`rgpu.sock`), `beta` on `beta.sock` beside it (tests of what must stay
+/// inside a tenant).
+pub const TWO_TENANTS: &str = r#"
+[[tenant]]
+name = "alpha"
+socket = "rgpu.sock"
+
+[[tenant]]
+name = "beta"
+socket = "beta.sock"
+"#;
+
 /// A running daemon with its sockets in a private temp dir; killed (and the
 /// dir removed) on drop.
 pub struct Daemon {

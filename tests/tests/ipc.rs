@@ -17,22 +17,12 @@
 use std::path::Path;
 use std::time::Duration;
 
+use rgpu_tests::daemon::TWO_TENANTS;
 use rgpu_tests::guest::GuestOutcome;
 use rgpu_tests::{Daemon, GuestLib, GuestProcess};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 const ACCOUNTING_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Two tenants: `alpha` on the harness's socket, `beta` beside it.
-const TWO_TENANTS: &str = r#"
-[[tenant]]
-name = "alpha"
-socket = "rgpu.sock"
-
-[[tenant]]
-name = "beta"
-socket = "beta.sock"
-"#;
 
 const MEMORY_ACCEPTED: &str = "IPC Memory handle accepted by the tenant's registry";
 const EVENT_ACCEPTED: &str = "IPC Event handle accepted by the tenant's registry";

@@ -13,20 +13,11 @@
 
 use std::time::Duration;
 
+use rgpu_tests::daemon::TWO_TENANTS;
 use rgpu_tests::{Daemon, GuestLib, GuestProcess};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 const ACCOUNTING_TIMEOUT: Duration = Duration::from_secs(15);
-
-const TWO_TENANTS: &str = r#"
-[[tenant]]
-name = "alpha"
-socket = "rgpu.sock"
-
-[[tenant]]
-name = "beta"
-socket = "beta.sock"
-"#;
 
 const REFUSED: &str = "shareable handle refused: no process of this tenant exported it";
 
