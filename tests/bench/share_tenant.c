@@ -17,7 +17,8 @@
  *       slow samples, then prints "latency p50 A us p99 B us"
  *   share_tenant --ptx PTX spin NANOSECONDS SECONDS START_FILE
  *       as busy, with rgpu_spin kernels of NANOSECONDS each (the kernel the
- *       sim executor runs for its time too); prints "kernels K"
+ *       sim executor runs for its time too), two batches of 4 in flight;
+ *       prints "kernels K"
  * Every mode that waits for START_FILE prints "ready" first. */
 #define _POSIX_C_SOURCE 200809L
 
@@ -124,16 +125,30 @@ int main(int argc, char **argv) {
         uint64_t ns = strtoull(argv[4], NULL, 10);
         double seconds = atof(argv[5]);
         void *params[] = {&ns};
+        /* Two batches in flight: the process waits for the older one while
+         * the newer keeps its context busy, so the time a loaded machine
+         * takes to wake it does not leave the GPU to the other tenants. */
+        CUevent batch_done[2];
+        if (cuEventCreate(&batch_done[0], CU_EVENT_DISABLE_TIMING) ||
+            cuEventCreate(&batch_done[1], CU_EVENT_DISABLE_TIMING)) {
+            printf("FAIL: events\n");
+            return 1;
+        }
         ready_then_wait(argv[6]);
         double t0 = now_s();
         long kernels = 0;
-        while (now_s() - t0 < seconds) {
+        for (unsigned batch = 0; now_s() - t0 < seconds; batch++) {
             for (int i = 0; i < 4; i++) cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
-            if (cuCtxSynchronize() != CUDA_SUCCESS) {
-                printf("FAIL: synchronize\n");
+            kernels += 4;
+            if (cuEventRecord(batch_done[batch % 2], NULL) ||
+                (batch > 0 && cuEventSynchronize(batch_done[(batch + 1) % 2]))) {
+                printf("FAIL: event\n");
                 return 1;
             }
-            kernels += 4;
+        }
+        if (cuCtxSynchronize() != CUDA_SUCCESS) {
+            printf("FAIL: synchronize\n");
+            return 1;
         }
         printf("kernels %ld\n", kernels);
     } else if (!strcmp(mode, "latency") && argc == 6) {

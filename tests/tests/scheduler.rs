@@ -148,14 +148,15 @@ fn contended_gpu_time_follows_the_weights() {
          {by_time:.3}"
     );
     // Side by side, each would run about SECONDS / 1 ms kernels (0.5). The
-    // band is wider than the GPU benchmark's 75 +-5: a loaded CI machine
-    // delays the guests between their kernels.
+    // guests keep two batches in flight, so a loaded machine that is slow
+    // to wake one does not hand its turns to the other (with one batch and
+    // a synchronization, CI measured 0.58).
     assert!(
-        (0.62..=0.88).contains(&by_kernels),
+        (0.68..=0.82).contains(&by_kernels),
         "w3's share {by_kernels}"
     );
     assert!(
-        (0.62..=0.88).contains(&by_time),
+        (0.68..=0.82).contains(&by_time),
         "w3's share of GPU time {by_time}"
     );
     // One tenant at a time: GPU time adds up to at most the wall time.
