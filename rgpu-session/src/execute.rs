@@ -317,11 +317,8 @@ fn let_go_of_graph_allocations(
             kind: RangeKind::GraphAllocation,
         };
         tenant.device_ranges_mut().remove(*ptr, owner);
-        Counters::sub(&counters.device_memory_bytes, size);
         usage.sub_device_memory(size);
-        if let Some(budget) = tenant.budget() {
-            budget.release(size);
-        }
+        release_charge(tenant, counters, size);
         freed = true;
     }
     if freed {
@@ -398,14 +395,39 @@ fn forget_physical(
     handle: u32,
 ) {
     if let Some(physical) = handles.physical.remove(&handle) {
-        if !physical.charged {
-            return;
+        if !physical.imported {
+            usage.sub_device_memory(physical.size);
         }
-        Counters::sub(&counters.device_memory_bytes, physical.size);
-        usage.sub_device_memory(physical.size);
-        if let Some(budget) = tenant.budget() {
-            budget.release(physical.size);
-        }
+        release_charge(tenant, counters, physical.size);
+    }
+}
+
+/// Takes `size` bytes of memory another process shared with this one from
+/// the tenant's budget: past its limit the import fails with
+/// `CUDA_ERROR_OUT_OF_MEMORY`. The driver keeps imported memory alive for
+/// the importer after its exporter freed it, so an import left uncharged
+/// would let a tenant allocate, share, free and allocate again past its
+/// limit. While both hold it, it counts twice.
+fn charge_import(
+    tenant: &Tenant,
+    executor: &dyn Executor,
+    counters: &Counters,
+    size: u64,
+) -> CuResult<()> {
+    if !tenant.reserve_memory(size, executor, counters) {
+        log::debug!("an import of {size} bytes would pass the tenant's memory limit");
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Counters::add(&counters.device_memory_bytes, size);
+    Ok(())
+}
+
+/// Gives back what [`charge_import`] (or a freed allocation, whose usage
+/// the caller settled) took.
+fn release_charge(tenant: &Tenant, counters: &Counters, size: u64) {
+    Counters::sub(&counters.device_memory_bytes, size);
+    if let Some(budget) = tenant.budget() {
+        budget.release(size);
     }
 }
 
@@ -606,11 +628,8 @@ impl Worker {
                     return Err(code);
                 }
                 handles.allocations.remove(device_ptr);
-                Counters::sub(&counters.device_memory_bytes, size);
                 usage.sub_device_memory(size);
-                if let Some(budget) = tenant.budget() {
-                    budget.release(size);
-                }
+                release_charge(tenant, counters, size);
                 // Another process may still have it open, and the driver
                 // keep it for that one: what the driver reports for this
                 // process settles what the tenant is charged.
@@ -979,7 +998,7 @@ impl Worker {
                         size: *size,
                         mappings: 0,
                         released: false,
-                        charged: true,
+                        imported: false,
                     },
                 );
                 Counters::add(&counters.device_memory_bytes, *size);
@@ -1023,7 +1042,10 @@ impl Worker {
                 check_new(&handles.physical, *handle)?;
                 check_room(handles.physical.len(), limits.allocations)?;
                 let (fd, size) = tenant.shareable().import(ctx_id, token)?;
-                let imported = ctx.mem_import_fd(fd.as_fd())?;
+                charge_import(tenant, executor, counters, size)?;
+                let imported = ctx
+                    .mem_import_fd(fd.as_fd())
+                    .inspect_err(|_| release_charge(tenant, counters, size))?;
                 handles.physical.insert(
                     *handle,
                     Physical {
@@ -1031,7 +1053,7 @@ impl Worker {
                         size,
                         mappings: 0,
                         released: false,
-                        charged: false,
+                        imported: true,
                     },
                 );
                 Ok(u64_payload(&[size]))
@@ -1801,11 +1823,17 @@ impl Worker {
                 if let Some(mapping) = handles.ipc_mappings.get_mut(&ptr) {
                     mapping.opens = mapping.opens.saturating_add(1);
                 } else {
-                    // B's kernels and copies may use it from now on; the
-                    // memory is the exporter's and counted there.
+                    // Charged as long as it is open here (the driver keeps
+                    // it for this process); B's kernels and copies may use
+                    // it from now on.
+                    if let Err(code) = charge_import(tenant, executor, counters, size) {
+                        let _ = ctx.ipc_close_mem_handle(ptr);
+                        return Err(code);
+                    }
                     let range = owner(RangeKind::IpcMapping);
                     if let Err(code) = record_range(tenant, ctx_id, ptr, size, range) {
                         let _ = ctx.ipc_close_mem_handle(ptr);
+                        release_charge(tenant, counters, size);
                         return Err(code);
                     }
                     handles
@@ -1833,6 +1861,7 @@ impl Worker {
                 }
                 if last {
                     handles.ipc_mappings.remove(device_ptr);
+                    release_charge(tenant, counters, mapping.size);
                 } else if let Some(m) = handles.ipc_mappings.get_mut(device_ptr) {
                     m.opens -= 1;
                 }

@@ -19,12 +19,15 @@ pub struct Physical {
     /// The guest released its handle; the memory goes with the last
     /// mapping.
     pub released: bool,
-    /// Charged to the tenant: created here, not imported from another
-    /// process's export (whose memory is charged there).
-    pub charged: bool,
+    /// Imported from another process's export. Charged to the tenant as
+    /// what this process holds (the driver keeps it for the importer after
+    /// its exporter is gone), but not among the process's own allocations,
+    /// which explain what NVML reports for it.
+    pub imported: bool,
 }
 
-/// Memory of another process opened through CUDA IPC.
+/// Memory of another process opened through CUDA IPC, charged to the
+/// tenant as a [`Physical`] import is.
 #[derive(Debug, Clone, Copy)]
 pub struct IpcMapping {
     pub size: u64,
@@ -225,19 +228,16 @@ impl Handles {
             .collect()
     }
 
-    /// Bytes of device memory still allocated (virtual-memory allocations
-    /// included until their last mapping is gone, graph allocations while
-    /// held).
+    /// Bytes of device memory charged to the session: still allocated
+    /// (virtual-memory allocations included until their last mapping is
+    /// gone, graph allocations while held) or imported from another
+    /// process and not let go.
     pub fn allocated_bytes(&self) -> u64 {
         self.allocations
             .values()
-            .chain(
-                self.physical
-                    .values()
-                    .filter(|p| p.charged)
-                    .map(|p| &p.size),
-            )
+            .chain(self.physical.values().map(|p| &p.size))
             .chain(self.graph_allocations.values().map(|a| &a.size))
+            .chain(self.ipc_mappings.values().map(|m| &m.size))
             .fold(0u64, |sum, size| sum.saturating_add(*size))
     }
 }

@@ -18,7 +18,8 @@
 //! when its session ends, and when its worker process ends (the daemon's
 //! broker watches the exporters). Natively the descriptor would keep the
 //! memory alive past the exporter's release; here whoever imported it
-//! before keeps it, and later imports fail.
+//! before keeps it, and later imports fail. An import is charged to the
+//! tenant while the importer holds it (the session does that).
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{BorrowedFd, OwnedFd};

@@ -18,7 +18,9 @@ use guest::*;
 use rgpu_executor::sim::{SimExecutor, SimObserver};
 use rgpu_executor::Executor;
 use rgpu_proto::command::{IpcHandle, IPC_HANDLE_BYTES};
-use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
+use rgpu_proto::cuda_result::{
+    CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
+};
 use rgpu_proto::reply::decode_u64s;
 use rgpu_proto::Command;
 use rgpu_session::ipc::LocalIpcRegistry;
@@ -26,12 +28,16 @@ use rgpu_session::{Counters, IpcRegistry, MemoryBudget, Session, SessionSettings
 
 /// A tenant's memory budget without a limit: what it counts.
 #[derive(Debug, Default)]
-struct Counted(AtomicU64);
+struct Counted(AtomicU64, Option<u64>);
 
 impl MemoryBudget for Counted {
     fn try_reserve(&self, bytes: u64) -> bool {
-        self.0.fetch_add(bytes, Ordering::SeqCst);
-        true
+        let limit = self.1.unwrap_or(u64::MAX);
+        self.0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                used.checked_add(bytes).filter(|total| *total <= limit)
+            })
+            .is_ok()
     }
     fn charge(&self, bytes: u64) {
         self.0.fetch_add(bytes, Ordering::SeqCst);
@@ -40,7 +46,7 @@ impl MemoryBudget for Counted {
         self.0.fetch_sub(bytes, Ordering::SeqCst);
     }
     fn limit(&self) -> Option<u64> {
-        None
+        self.1
     }
     fn used(&self) -> u64 {
         self.0.load(Ordering::SeqCst)
@@ -139,11 +145,15 @@ struct World {
 }
 
 fn world() -> World {
+    world_limited(None)
+}
+
+fn world_limited(limit: Option<u64>) -> World {
     let sim = Arc::new(SimExecutor::new());
     let observer = sim.observer();
     // No per-process device memory: the three processes share the executor.
     let executor: Arc<dyn Executor> = Arc::new(PartialNvml(sim));
-    let budget = Arc::new(Counted::default());
+    let budget = Arc::new(Counted(AtomicU64::new(0), limit));
     let tenant = Arc::new(LocalIpcRegistry::default());
     let other_tenant = Arc::new(LocalIpcRegistry::default());
     let other_budget = Arc::new(Counted::default());
@@ -158,7 +168,7 @@ fn world() -> World {
 }
 
 #[test]
-fn an_opened_mapping_is_the_openers_memory_uncharged_until_closed() {
+fn an_opened_mapping_is_the_openers_memory_and_charged_while_open() {
     let World {
         executor,
         observer,
@@ -177,7 +187,8 @@ fn an_opened_mapping_is_the_openers_memory_uncharged_until_closed() {
     assert_eq!(b.memset(ptr, 0, 1), CUDA_ERROR_INVALID_VALUE);
     let (rc, mem, size) = b.open(handle);
     assert_eq!((rc, mem, size), (CUDA_SUCCESS, ptr, 4096));
-    assert_eq!(budget.used(), 4096, "the same memory, not charged twice");
+    // Charged to B too: the driver keeps it for B after A freed it.
+    assert_eq!(budget.used(), 8192, "charged to each holder");
     assert_eq!(b.read(mem, 8), vec![0xabcd_0123; 2]);
     assert_eq!(b.memset(mem, 0x5151_5151, 1024), CUDA_SUCCESS);
     assert_eq!(a.read(ptr + 4092, 4), vec![0x5151_5151]);
@@ -205,6 +216,7 @@ fn an_opened_mapping_is_the_openers_memory_uncharged_until_closed() {
         CUDA_SUCCESS
     );
     assert_eq!(b.memset(mem, 1, 1), CUDA_ERROR_INVALID_VALUE, "closed");
+    assert_eq!(budget.used(), 4096, "A's alone once B closed it");
     assert_eq!(
         b.rc(Command::IpcCloseMemHandle { device_ptr: mem }),
         CUDA_ERROR_INVALID_VALUE
@@ -226,8 +238,12 @@ fn an_opened_mapping_is_the_openers_memory_uncharged_until_closed() {
     // A session's end closes what it left open.
     assert_eq!(b.open(handle).0, CUDA_SUCCESS);
     assert_eq!(observer.ipc_opens(), 1);
+    // A frees it: B's open mapping is still charged.
+    assert_eq!(a.rc(Command::MemFree { device_ptr: ptr }), CUDA_SUCCESS);
+    assert_eq!(budget.used(), 4096, "B's open mapping");
     b.session.shutdown();
     assert_eq!(observer.ipc_opens(), 0);
+    assert_eq!(budget.used(), 0, "nothing once B's session ended");
     let mut b = Process::start(
         4,
         &executor,
@@ -242,6 +258,29 @@ fn an_opened_mapping_is_the_openers_memory_uncharged_until_closed() {
     c.session.shutdown();
     b.session.shutdown();
     a.session.shutdown();
+}
+
+#[test]
+fn an_open_past_the_tenants_limit_is_refused_and_closed() {
+    let World {
+        executor: _,
+        observer,
+        budget,
+        mut a,
+        mut b,
+        c,
+    } = world_limited(Some(6144));
+    let ptr = a.alloc(4096);
+    let handle = a.export_memory(ptr);
+    // A's 4096 and B's would be 8192.
+    assert_eq!(b.open(handle).0, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(observer.ipc_opens(), 0, "closed again");
+    assert_eq!(b.memset(ptr, 0, 1), CUDA_ERROR_INVALID_VALUE, "not B's");
+    assert_eq!(budget.used(), 4096);
+    c.session.shutdown();
+    b.session.shutdown();
+    a.session.shutdown();
+    assert_eq!(budget.used(), 0);
 }
 
 #[test]

@@ -478,6 +478,25 @@ if [ -e "$bundle/driver_memory_test.c" ] && [ -e "$bundle/libnvidia_ml.so" ] && 
     for _ in $(seq 400); do grep -q holding "$logs/nvml-list.log" && break; sleep 0.05; done
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader >"$logs/nvidia-smi-apps.log" 2>&1
     touch "$work/lister-release" "$work/release"; wait "$lister" "$holder"
+    # Memory shared between the tenant's processes counts while they hold
+    # it: nine rounds of 256 MiB handed to a child and freed by the parent
+    # (natively all granted; under the limit the child never holds more).
+    if [ -e "$bundle/shared_limit_test.c" ]; then
+        for side in native rgpu; do
+            build "shared_limit_test-$side" gcc -O2 -std=c11 -Wall -I "$bundle" \
+                -o "$work/shared_limit_test-$side" "$bundle/shared_limit_test.c" \
+                -L "$work/$side-lib" -lcuda
+        done
+        for via in shareable ipc; do
+            step "shared_limit_test native, $via" "shared_limit_test: [0-9]* checks passed" \
+                "${native[@]}" "$work/shared_limit_test-native" --via "$via" --mib 256 --rounds 9
+            step "shared_limit_test through rgpu, $via, under a 2 GiB limit" \
+                "shared_limit_test: [0-9]* checks passed" "${limited[@]}" \
+                "$work/shared_limit_test-rgpu" --via "$via" --mib 256 --rounds 9 --limit-mib 2048
+            grep -h '^round' "$logs/shared_limit_test-through-rgpu,-$via,-under-a-2-GiB-limit.log" \
+                | sed "s/^/    $via: /"
+        done
+    fi
     echo "nvml through rgpu (holder is guest pid $holder):"; sed 's/^/    /' "$logs/nvml-list.log"
     echo "nvidia-smi on the host, while both ran:"; sed 's/^/    /' "$logs/nvidia-smi-apps.log"
     used=$(sed -n "s/^pid=$holder used=//p" "$logs/nvml-list.log")

@@ -7,6 +7,10 @@
 //! GPU). A forged descriptor, an altered token, the true descriptor in
 //! another tenant, and the descriptor after its exporter released the
 //! allocation are refused.
+//!
+//! An import counts against the tenant's memory limit for as long as the
+//! importer holds it (tests/programs/shared_limit_test.c): otherwise a
+//! tenant could allocate, share, free and allocate again past its limit.
 
 // A test fails by panicking: unwrap and expect are how it says so.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -56,7 +60,58 @@ fn a_descriptor_imports_in_its_tenant_only_while_its_exporter_holds_it() {
     );
     let refused = daemon.log().lines().filter(|l| l.contains(REFUSED)).count();
     assert_eq!(refused, 3, "{}", daemon.log());
-    // Imported memory is charged once, and all of it is back.
+    // Everything imported and exported is back.
+    daemon.wait_for_stats(ACCOUNTING_TIMEOUT, "everything freed", |s| {
+        s.get("sessions_active") == 0 && s.get("device_memory_bytes") == 0
+    });
+}
+
+#[test]
+fn imports_count_against_the_limit_after_their_exporter_freed_them() {
+    let guest = GuestLib::new();
+    let program = guest.build_program("shared_limit_test.c");
+    // Four rounds of 24 MiB under a 64 MiB limit: the child would hold 96
+    // MiB if imports were free once their exporter let go (it did before
+    // the fix).
+    let daemon = Daemon::start_with("sim", &["--memory-limit", "64MiB"], &[]);
+    let mut command = guest.command(&program, &daemon);
+    command.args([
+        "--via",
+        "shareable",
+        "--mib",
+        "24",
+        "--rounds",
+        "4",
+        "--limit-mib",
+        "64",
+    ]);
+    let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
+    assert!(
+        outcome.passed("shared_limit_test"),
+        "shared_limit_test failed ({}):\n{}\n{}\ndaemon log:\n{}",
+        outcome.status,
+        outcome.stdout,
+        outcome.stderr,
+        daemon.log()
+    );
+    // Held by both while the parent holds it, an import counts twice: the
+    // second import is refused, and the child keeps 24 MiB.
+    let rounds: Vec<&str> = outcome
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("round "))
+        .collect();
+    assert_eq!(
+        rounds,
+        [
+            "round 1: the child held; it holds 24 MiB",
+            "round 2: the child refused 2; it holds 24 MiB",
+            "round 3: the child refused 2; it holds 24 MiB",
+            "round 4: the child refused 2; it holds 24 MiB",
+        ],
+        "{}",
+        outcome.stdout
+    );
     daemon.wait_for_stats(ACCOUNTING_TIMEOUT, "everything freed", |s| {
         s.get("sessions_active") == 0 && s.get("device_memory_bytes") == 0
     });
