@@ -293,6 +293,13 @@ rgpu_shim::exported_api! {
     fn cuGraphEventRecordNodeGetEvent(hnode: CUgraphNode, event_out: *mut CUevent) => graph::event_record_node_get_event;
     fn cuGraphEventWaitNodeGetEvent(hnode: CUgraphNode, event_out: *mut CUevent) => graph::event_wait_node_get_event;
     fn cuGraphExecGetFlags(hgraph_exec: CUgraphExec, flags: *mut c_ulonglong) => graph::exec_get_flags;
+    fn cuGraphEventRecordNodeSetEvent(hnode: CUgraphNode, event: CUevent) => graph::event_record_node_set_event;
+    fn cuGraphEventWaitNodeSetEvent(hnode: CUgraphNode, event: CUevent) => graph::event_wait_node_set_event;
+    fn cuGraphExecEventRecordNodeSetEvent(hexec: CUgraphExec, hnode: CUgraphNode, event: CUevent) => graph::exec_event_record_node_set_event;
+    fn cuGraphExecEventWaitNodeSetEvent(hexec: CUgraphExec, hnode: CUgraphNode, event: CUevent) => graph::exec_event_wait_node_set_event;
+    fn cuGraphExecChildGraphNodeSetParams(hexec: CUgraphExec, hnode: CUgraphNode, child: CUgraph) => graph::exec_child_graph_node_set_params;
+    fn cuGraphNodeSetEnabled(hexec: CUgraphExec, hnode: CUgraphNode, is_enabled: c_uint) => graph::node_set_enabled;
+    fn cuGraphNodeGetEnabled(hexec: CUgraphExec, hnode: CUgraphNode, is_enabled: *mut c_uint) => graph::node_get_enabled;
     fn cuGraphInstantiateWithParams(phgraph_exec: *mut CUgraphExec, hgraph: CUgraph, instantiate_params: *mut InstantiateParams) => graph::instantiate_with_params;
     fn cuGraphDebugDotPrint(hgraph: CUgraph, path: *const c_char, flags: c_uint) => graph::debug_dot_print;
     fn cuGraphMemcpyNodeGetParams(hnode: CUgraphNode, node_params: *mut Memcpy3D) => graph::memcpy_node_get_params;

@@ -905,6 +905,23 @@ impl CudaContext {
         })
     }
 
+    /// The driver's executable graph `exec` and graph node `node`.
+    fn exec_and_node(
+        &self,
+        exec: u64,
+        node: u64,
+    ) -> CuResult<(sys::CUgraphExec, sys::CUgraphNode)> {
+        let hexec = *self
+            .graph_execs
+            .get(&exec)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let (_, hnode) = *self
+            .graph_nodes
+            .get(&node)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        Ok((hexec, hnode))
+    }
+
     fn event(&self, event: u64) -> CuResult<sys::CUevent> {
         self.events
             .get(&event)
@@ -2023,6 +2040,21 @@ impl ContextExecutor for CudaContext {
                     sys::cuGraphMemcpyNodeSetParams(hnode, &p)
                 })
             }
+            GraphNode::EventRecord(event) => {
+                let event = self.event(event)?;
+                // SAFETY: a live node and event of this context (the
+                // driver refuses a node of another kind).
+                check("cuGraphEventRecordNodeSetEvent", unsafe {
+                    sys::cuGraphEventRecordNodeSetEvent(hnode, event)
+                })
+            }
+            GraphNode::EventWait(event) => {
+                let event = self.event(event)?;
+                // SAFETY: as above.
+                check("cuGraphEventWaitNodeSetEvent", unsafe {
+                    sys::cuGraphEventWaitNodeSetEvent(hnode, event)
+                })
+            }
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
     }
@@ -2033,14 +2065,7 @@ impl ContextExecutor for CudaContext {
         node: u64,
         params: &GraphNode<'_>,
     ) -> CuResult<()> {
-        let hexec = *self
-            .graph_execs
-            .get(&exec)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        let (_, hnode) = *self
-            .graph_nodes
-            .get(&node)
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let (hexec, hnode) = self.exec_and_node(exec, node)?;
         match *params {
             GraphNode::Kernel { function, .. } => {
                 let func = self.function(function)?;
@@ -2067,8 +2092,50 @@ impl ContextExecutor for CudaContext {
                     sys::cuGraphExecMemcpyNodeSetParams(hexec, hnode, &p, self.ctx)
                 })
             }
+            GraphNode::EventRecord(event) => {
+                let event = self.event(event)?;
+                // SAFETY: as above; a live event of this context.
+                check("cuGraphExecEventRecordNodeSetEvent", unsafe {
+                    sys::cuGraphExecEventRecordNodeSetEvent(hexec, hnode, event)
+                })
+            }
+            GraphNode::EventWait(event) => {
+                let event = self.event(event)?;
+                // SAFETY: as above.
+                check("cuGraphExecEventWaitNodeSetEvent", unsafe {
+                    sys::cuGraphExecEventWaitNodeSetEvent(hexec, hnode, event)
+                })
+            }
+            GraphNode::Child(graph) => {
+                let child = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                // SAFETY: a live executable graph, node and graph of this
+                // context; the driver checks the child's topology and
+                // copies its parameters during the call.
+                check("cuGraphExecChildGraphNodeSetParams", unsafe {
+                    sys::cuGraphExecChildGraphNodeSetParams(hexec, hnode, child)
+                })
+            }
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
+    }
+
+    fn graph_exec_node_set_enabled(&mut self, exec: u64, node: u64, enabled: bool) -> CuResult<()> {
+        let (hexec, hnode) = self.exec_and_node(exec, node)?;
+        // SAFETY: a live executable graph and node of this context (the
+        // driver refuses a node of another graph or kind).
+        check("cuGraphNodeSetEnabled", unsafe {
+            sys::cuGraphNodeSetEnabled(hexec, hnode, u32::from(enabled))
+        })
+    }
+
+    fn graph_exec_node_enabled(&mut self, exec: u64, node: u64) -> CuResult<bool> {
+        let (hexec, hnode) = self.exec_and_node(exec, node)?;
+        let mut enabled = 0;
+        // SAFETY: as above; `enabled` is written during the call.
+        check("cuGraphNodeGetEnabled", unsafe {
+            sys::cuGraphNodeGetEnabled(hexec, hnode, &mut enabled)
+        })?;
+        Ok(enabled != 0)
     }
 
     fn graph_exec_update(&mut self, exec: u64, graph: u64) -> CuResult<ExecUpdate> {

@@ -489,20 +489,36 @@ pub trait ContextExecutor {
     fn graph_destroy_node(&mut self, _node: u64) -> CuResult<()> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
-    /// New parameters of kernel or memset node `node` (`params` of the same
-    /// kind; another kind is `CUDA_ERROR_INVALID_VALUE`). Executable graphs
-    /// made before keep the old ones.
+    /// New parameters of kernel, memset, memcpy or event node `node`
+    /// (`params` of the same kind; another kind is
+    /// `CUDA_ERROR_INVALID_VALUE`). Executable graphs made before keep the
+    /// old ones.
     fn graph_node_set_params(&mut self, _node: u64, _params: &GraphNode<'_>) -> CuResult<()> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
     /// As [`Self::graph_node_set_params`], in executable graph `exec` only
-    /// (`node` is a node of the graph it was instantiated from).
+    /// (`node` is a node of the graph it was instantiated from); a child
+    /// graph node takes the parameters of another graph of its topology.
     fn graph_exec_node_set_params(
         &mut self,
         _exec: u64,
         _node: u64,
         _params: &GraphNode<'_>,
     ) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuGraphNodeSetEnabled`: kernel, memset or memcpy node `node` runs
+    /// in `exec`'s launches, or is skipped.
+    fn graph_exec_node_set_enabled(
+        &mut self,
+        _exec: u64,
+        _node: u64,
+        _enabled: bool,
+    ) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuGraphNodeGetEnabled`.
+    fn graph_exec_node_enabled(&mut self, _exec: u64, _node: u64) -> CuResult<bool> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
     /// `cuGraphExecUpdate_v2`: `exec` takes the parameters of `graph`'s

@@ -646,6 +646,8 @@ struct SimNode {
     handle: u64,
     dependencies: Vec<u64>,
     op: GraphOp,
+    /// Skipped in an executable graph's launches (`cuGraphNodeSetEnabled`).
+    disabled: bool,
 }
 
 /// The nodes' operations in an order that runs every node after its
@@ -655,6 +657,14 @@ fn in_dependency_order(nodes: &[SimNode]) -> Vec<GraphOp> {
     let held: HashSet<u64> = nodes.iter().map(|n| n.handle).collect();
     let mut done: HashSet<u64> = HashSet::new();
     let mut ops = Vec::with_capacity(nodes.len());
+    // A disabled node is as an empty one: its dependents still wait.
+    let op = |node: &SimNode| {
+        if node.disabled {
+            GraphOp::Empty
+        } else {
+            node.op.clone()
+        }
+    };
     while ops.len() < nodes.len() {
         let before = ops.len();
         for node in nodes {
@@ -665,17 +675,12 @@ fn in_dependency_order(nodes: &[SimNode]) -> Vec<GraphOp> {
                     .all(|d| done.contains(d) || !held.contains(d))
             {
                 done.insert(node.handle);
-                ops.push(node.op.clone());
+                ops.push(op(node));
             }
         }
         if ops.len() == before {
             // A cycle (refused when edges are added): what is left, as added.
-            ops.extend(
-                nodes
-                    .iter()
-                    .filter(|n| !done.contains(&n.handle))
-                    .map(|n| n.op.clone()),
-            );
+            ops.extend(nodes.iter().filter(|n| !done.contains(&n.handle)).map(op));
         }
     }
     ops
@@ -768,14 +773,28 @@ fn stream_key(stream: StreamRef) -> u64 {
 /// A kernel or memset node's new parameters: `new` must be of the kind
 /// `held` is (the driver refuses another kind with INVALID_VALUE).
 fn replace_params(held: &mut GraphOp, new: GraphOp) -> CuResult<()> {
-    match (&*held, &new) {
+    if same_kind(held, &new) {
+        *held = new;
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
+/// Whether `new` may take `held`'s place: an operation of the same kind
+/// (a child graph of the same shape, operation by operation).
+fn same_kind(held: &GraphOp, new: &GraphOp) -> bool {
+    match (held, new) {
         (GraphOp::Launch { .. }, GraphOp::Launch { .. })
         | (GraphOp::Memset { .. }, GraphOp::Memset { .. })
-        | (GraphOp::Copy(_), GraphOp::Copy(_)) => {
-            *held = new;
-            Ok(())
+        | (GraphOp::Copy(_), GraphOp::Copy(_))
+        | (GraphOp::EventRecord(_), GraphOp::EventRecord(_))
+        | (GraphOp::EventWait(_), GraphOp::EventWait(_))
+        | (GraphOp::Empty, GraphOp::Empty) => true,
+        (GraphOp::Child(held), GraphOp::Child(new)) => {
+            held.len() == new.len() && held.iter().zip(new).all(|(h, n)| same_kind(h, n))
         }
-        _ => Err(CUDA_ERROR_INVALID_VALUE),
+        _ => false,
     }
 }
 
@@ -1065,6 +1084,22 @@ impl SimContext {
 
     /// What a node of a built graph does, checked as the driver checks it
     /// when the node is added.
+    /// Node `node` of executable graph `exec`: a kernel, memset or memcpy
+    /// node (the kinds the driver enables and disables).
+    fn exec_node(&mut self, exec: u64, node: u64) -> CuResult<&mut SimNode> {
+        let held = self
+            .graph_execs
+            .get_mut(&exec)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+            .iter_mut()
+            .find(|n| n.handle == node)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        match held.op {
+            GraphOp::Launch { .. } | GraphOp::Memset { .. } | GraphOp::Copy(_) => Ok(held),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
     fn graph_op(&self, node: &GraphNode<'_>) -> CuResult<GraphOp> {
         Ok(match *node {
             GraphNode::Empty => GraphOp::Empty,
@@ -2266,6 +2301,7 @@ impl ContextExecutor for SimContext {
                 handle: self.new_handle(),
                 dependencies,
                 op,
+                disabled: false,
             });
         }
         if let Some((graph, _)) = target {
@@ -2359,6 +2395,7 @@ impl ContextExecutor for SimContext {
                 handle,
                 dependencies: dependencies.to_vec(),
                 op,
+                disabled: false,
             });
         Ok(handle)
     }
@@ -2437,6 +2474,7 @@ impl ContextExecutor for SimContext {
                     handle: rename(&n.handle)?,
                     dependencies: n.dependencies.iter().map(rename).collect::<CuResult<_>>()?,
                     op: n.op,
+                    disabled: n.disabled,
                 })
             })
             .collect::<CuResult<Vec<SimNode>>>()?;
@@ -2472,6 +2510,16 @@ impl ContextExecutor for SimContext {
             .find(|n| n.handle == node)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         replace_params(&mut held.op, op)
+    }
+
+    fn graph_exec_node_set_enabled(&mut self, exec: u64, node: u64, enabled: bool) -> CuResult<()> {
+        let held = self.exec_node(exec, node)?;
+        held.disabled = !enabled;
+        Ok(())
+    }
+
+    fn graph_exec_node_enabled(&mut self, exec: u64, node: u64) -> CuResult<bool> {
+        Ok(!self.exec_node(exec, node)?.disabled)
     }
 
     fn graph_exec_update(&mut self, exec: u64, graph: u64) -> CuResult<ExecUpdate> {
@@ -2536,6 +2584,7 @@ impl ContextExecutor for SimContext {
                 handle,
                 dependencies: dependencies.to_vec(),
                 op: GraphOp::MemAlloc(dptr),
+                disabled: false,
             });
         Ok((handle, dptr))
     }

@@ -919,6 +919,23 @@ fn cooperative_flag(command: &Command) -> Result<(), DecodeError> {
     }
 }
 
+/// A graph event node's `wait` and a node's `enabled` are booleans.
+fn graph_flags(command: &Command) -> Result<(), DecodeError> {
+    let (field, value) = match command {
+        Command::GraphEventNodeSetEvent { wait, .. }
+        | Command::GraphExecEventNodeSetEvent { wait, .. } => ("graph event node wait", *wait),
+        Command::GraphExecNodeSetEnabled { enabled, .. } => ("graph node enabled", *enabled),
+        _ => return Ok(()),
+    };
+    if value > 1 {
+        return Err(DecodeError::InvalidField {
+            field,
+            value: value.into(),
+        });
+    }
+    Ok(())
+}
+
 /// `Memset` sets elements of 1, 2 or 4 bytes.
 fn memset_element_size(command: &Command) -> Result<(), DecodeError> {
     match command {
@@ -1213,6 +1230,25 @@ commands! {
         pitch: u64,
     }
         check memset_node_element_size;
+    /// `cuGraphEventRecordNodeSetEvent` (`wait` 0) or
+    /// `cuGraphEventWaitNodeSetEvent` (1) of event node `node`: it records
+    /// or waits for `event` from now on.
+    GraphEventNodeSetEvent = 0x0729 { node: u32, event: u32, wait: u32 }
+        check graph_flags;
+    /// `cuGraphExecEventRecordNodeSetEvent` / `...WaitNodeSetEvent`: as
+    /// `GraphEventNodeSetEvent`, in executable graph `exec` only.
+    GraphExecEventNodeSetEvent = 0x072a { exec: u32, node: u32, event: u32, wait: u32 }
+        check graph_flags;
+    /// `cuGraphExecChildGraphNodeSetParams`: child graph node `node` of
+    /// `exec` runs (the parameters of) graph `child` from now on; the
+    /// driver asks for the same topology.
+    GraphExecChildGraphNodeSetParams = 0x072b { exec: u32, node: u32, child: u32 };
+    /// `cuGraphNodeSetEnabled`: node `node` of `exec` runs (`enabled` 1)
+    /// or is skipped (0) in its launches.
+    GraphExecNodeSetEnabled = 0x072c { exec: u32, node: u32, enabled: u32 }
+        check graph_flags;
+    /// `cuGraphNodeGetEnabled`; answers a `u64`, 1 or 0.
+    GraphExecNodeGetEnabled = 0x072d { exec: u32, node: u32 };
     /// `cuGraphExecUpdate_v2` of `exec` from `graph`; answers the call's
     /// result, the `CUgraphExecUpdateResult` and the guest handle of the
     /// node that failed it (0: none), each a `u64`.

@@ -373,6 +373,17 @@ fn memset_node(
     })
 }
 
+/// An event node's parameters: it records (`wait` 0) or waits for (1)
+/// the session's event `event`.
+fn event_node(handles: &Handles, event: u32, wait: u32) -> CuResult<GraphNode<'static>> {
+    let event = handles.event(event)?;
+    Ok(if wait != 0 {
+        GraphNode::EventWait(event)
+    } else {
+        GraphNode::EventRecord(event)
+    })
+}
+
 /// The executor's executable graph `exec` and node `node`, which must be a
 /// node of the graph `exec` was instantiated from.
 fn exec_node(handles: &Handles, exec: u32, node: u32) -> CuResult<(u64, u64)> {
@@ -384,7 +395,6 @@ fn exec_node(handles: &Handles, exec: u32, node: u32) -> CuResult<(u64, u64)> {
     Ok((created_exec, created))
 }
 
-/// Records a device range the driver handed to the guest.
 /// A physical allocation is gone (released, its last mapping too): its
 /// memory goes back to the tenant's budget.
 fn forget_physical(
@@ -1750,6 +1760,54 @@ impl Worker {
                 )?;
                 ctx.graph_exec_node_set_params(created_exec, created, &spec)
                     .map(empty)
+            }
+            Command::GraphEventNodeSetEvent { node, event, wait } => {
+                let created = handles.graph_node(*node, None)?;
+                let spec = event_node(handles, *event, *wait)?;
+                ctx.graph_node_set_params(created, &spec).map(empty)
+            }
+            Command::GraphExecEventNodeSetEvent {
+                exec,
+                node,
+                event,
+                wait,
+            } => {
+                let (created_exec, created) = exec_node(handles, *exec, *node)?;
+                let spec = event_node(handles, *event, *wait)?;
+                ctx.graph_exec_node_set_params(created_exec, created, &spec)
+                    .map(empty)
+            }
+            Command::GraphExecChildGraphNodeSetParams { exec, node, child } => {
+                let (created_exec, created) = exec_node(handles, *exec, *node)?;
+                let created_child = handles.graph(*child)?;
+                // As when the node was added: no memory nodes in a child.
+                if handles
+                    .graph_contents
+                    .get(child)
+                    .is_some_and(|c| c.memory_nodes)
+                {
+                    return Err(CUDA_ERROR_NOT_SUPPORTED);
+                }
+                ctx.graph_exec_node_set_params(
+                    created_exec,
+                    created,
+                    &GraphNode::Child(created_child),
+                )
+                .map(empty)
+            }
+            Command::GraphExecNodeSetEnabled {
+                exec,
+                node,
+                enabled,
+            } => {
+                let (created_exec, created) = exec_node(handles, *exec, *node)?;
+                ctx.graph_exec_node_set_enabled(created_exec, created, *enabled != 0)
+                    .map(empty)
+            }
+            Command::GraphExecNodeGetEnabled { exec, node } => {
+                let (created_exec, created) = exec_node(handles, *exec, *node)?;
+                ctx.graph_exec_node_enabled(created_exec, created)
+                    .map(|enabled| u64_payload(&[u64::from(enabled)]))
             }
             Command::GraphExecUpdate { exec, graph } => {
                 let created_exec = handles.graph_exec(*exec)?;

@@ -34,7 +34,15 @@
  * a pitch below the width refused. Edges added and removed after the
  * nodes (two memsets ordered one way, then the other; removing an edge
  * twice fails) and a node destroyed. A clone, launched after the
- * buffers were cleared, does the same as the graph. Misuse: a node of another
+ * buffers were cleared, does the same as the graph. Node setters: an
+ * event record node given another event in its graph (read back) and
+ * in an executable graph only (each launch records the executable
+ * graph's, which cuEventElapsedTime then measures; the graph's stays
+ * unrecorded), through the generic call too; a child graph node of an
+ * executable graph given a child of the same shape (its memset value
+ * lands) but not one of another shape; a memset node disabled in an
+ * executable graph (its buffer untouched, read back as disabled) and
+ * enabled again; an event node cannot be disabled. Misuse: a node of another
  * graph as a dependency is refused; through rgpu, a destroyed graph takes
  * no node and no instantiation, and a memcpy node from pageable host
  * memory is CUDA_ERROR_NOT_SUPPORTED, a handle that is no node is refused, and a
@@ -257,6 +265,13 @@ CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *dep
 CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                            const EdgeData *edges, size_t n, GraphNodeParams *params);
 CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, GraphNodeParams *params);
+CUresult cuGraphNodeSetParams(CUgraphNode node, GraphNodeParams *params);
+CUresult cuGraphEventRecordNodeSetEvent(CUgraphNode node, CUevent event);
+CUresult cuGraphEventWaitNodeSetEvent(CUgraphNode node, CUevent event);
+CUresult cuGraphExecEventRecordNodeSetEvent(CUgraphExec exec, CUgraphNode node, CUevent event);
+CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraph child);
+CUresult cuGraphNodeSetEnabled(CUgraphExec exec, CUgraphNode node, unsigned enabled);
+CUresult cuGraphNodeGetEnabled(CUgraphExec exec, CUgraphNode node, unsigned *enabled);
 CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode *deps,
                                      const EdgeData *edges, size_t n, int mode);
 CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);
@@ -1060,6 +1075,80 @@ int main(int argc, char **argv) {
         CHECK_CU(cuGraphExecDestroy(traced_exec));
         CHECK_CU(cuGraphDestroy(parent));
         CHECK_CU(cuGraphDestroy(traced));
+    }
+
+    /* Node setters: event nodes, a child graph node, enabled nodes. */
+    {
+        CUgraph g = NULL, kid = NULL, same_shape = NULL, other_shape = NULL;
+        CUgraphExec ge = NULL;
+        CUgraphNode n_set = NULL, n_rec = NULL, n_kid = NULL, k_set = NULL, s_set = NULL,
+                    o_set = NULL, o_empty = NULL;
+        CUevent in_graph, in_exec, start, got = NULL;
+        float ms = -1;
+        MemsetNodeParams set7 = memset32(d_copy, 7), kid5 = memset32(d_child, 5),
+                         kid9 = memset32(d_child, 9);
+        CHECK_CU(cuEventCreate(&in_graph, 0));
+        CHECK_CU(cuEventCreate(&in_exec, 0));
+        CHECK_CU(cuEventCreate(&start, 0));
+        CHECK_CU(cuGraphCreate(&kid, 0));
+        CHECK_CU(cuGraphAddMemsetNode(&k_set, kid, NULL, 0, &kid5, ctx));
+        CHECK_CU(cuGraphCreate(&same_shape, 0));
+        CHECK_CU(cuGraphAddMemsetNode(&s_set, same_shape, NULL, 0, &kid9, ctx));
+        CHECK_CU(cuGraphCreate(&other_shape, 0));
+        CHECK_CU(cuGraphAddMemsetNode(&o_set, other_shape, NULL, 0, &kid9, ctx));
+        CHECK_CU(cuGraphAddEmptyNode(&o_empty, other_shape, &o_set, 1));
+        CHECK_CU(cuGraphCreate(&g, 0));
+        CHECK_CU(cuGraphAddMemsetNode(&n_set, g, NULL, 0, &set7, ctx));
+        CHECK_CU(cuGraphAddEventRecordNode(&n_rec, g, &n_set, 1, event));
+        CHECK_CU(cuGraphAddChildGraphNode(&n_kid, g, &n_rec, 1, kid));
+        CHECK_CU(cuGraphEventRecordNodeSetEvent(n_rec, in_graph));
+        CHECK_CU(cuGraphEventRecordNodeGetEvent(n_rec, &got));
+        CHECK_TRUE(got == in_graph);
+        CHECK_RC(cuGraphEventWaitNodeSetEvent(n_rec, in_graph), CUDA_ERROR_INVALID_VALUE);
+        CHECK_CU(cuGraphInstantiateWithFlags(&ge, g, 0));
+        CHECK_CU(cuGraphExecEventRecordNodeSetEvent(ge, n_rec, in_exec));
+        CHECK_CU(cuGraphExecChildGraphNodeSetParams(ge, n_kid, same_shape));
+        CHECK_CU_FAILS(cuGraphExecChildGraphNodeSetParams(ge, n_kid, other_shape));
+        CHECK_CU(cuMemsetD32(d_child, 0, N));
+        CHECK_CU(cuEventRecord(start, stream));
+        CHECK_CU(cuGraphLaunch(ge, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_CU(cuEventElapsedTime(&ms, start, in_exec));
+        CHECK_RC(cuEventElapsedTime(&ms, start, in_graph), CUDA_ERROR_INVALID_HANDLE);
+        CHECK_EQ_INT(mismatches(d_child, 9, 1), 0);
+        CHECK_EQ_INT(mismatches(d_copy, 7, 1), 0);
+        /* The graph's own event, through the generic call. */
+        GraphNodeParams generic;
+        memset(&generic, 0, sizeof generic);
+        generic.type = NODE_TYPE_EVENT_RECORD;
+        memcpy(&generic.u, &in_graph, sizeof in_graph);
+        CHECK_CU(cuGraphExecNodeSetParams(ge, n_rec, &generic));
+        CHECK_CU(cuGraphNodeSetParams(n_rec, &generic));
+        /* The memset disabled, then enabled again. */
+        unsigned enabled = 9;
+        CHECK_CU(cuGraphNodeGetEnabled(ge, n_set, &enabled));
+        CHECK_EQ_INT((int)enabled, 1);
+        CHECK_CU(cuGraphNodeSetEnabled(ge, n_set, 0));
+        CHECK_CU(cuGraphNodeGetEnabled(ge, n_set, &enabled));
+        CHECK_EQ_INT((int)enabled, 0);
+        CHECK_CU_FAILS(cuGraphNodeSetEnabled(ge, n_rec, 0));
+        CHECK_CU(cuMemsetD32(d_copy, 0, N));
+        CHECK_CU(cuGraphLaunch(ge, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(mismatches(d_copy, 0, 1), 0);
+        CHECK_CU(cuEventElapsedTime(&ms, start, in_graph));
+        CHECK_CU(cuGraphNodeSetEnabled(ge, n_set, 1));
+        CHECK_CU(cuGraphLaunch(ge, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(mismatches(d_copy, 7, 1), 0);
+        CHECK_CU(cuGraphExecDestroy(ge));
+        CHECK_CU(cuGraphDestroy(g));
+        CHECK_CU(cuGraphDestroy(other_shape));
+        CHECK_CU(cuGraphDestroy(same_shape));
+        CHECK_CU(cuGraphDestroy(kid));
+        CHECK_CU(cuEventDestroy(start));
+        CHECK_CU(cuEventDestroy(in_exec));
+        CHECK_CU(cuEventDestroy(in_graph));
     }
 
     CHECK_CU(cuGraphExecDestroy(clone_exec));

@@ -4,6 +4,8 @@
 //! and memset node parameters read back and set in graphs and executable
 //! graphs, executable graphs updated from graphs (and refused an update
 //! from another topology or node type), uploaded, dependencies read back;
+//! event nodes given other events, a child graph node of an executable
+//! graph another child, nodes of an executable graph disabled and enabled;
 //! a memory-allocation node's memory filled, copied out and freed by the
 //! graph's nodes;
 //! a node of another graph as a dependency, a destroyed graph, a

@@ -2060,6 +2060,124 @@ fn node_event(node: CUgraphNode, kind: c_int, event: *mut CUevent) -> Result<(),
     }
 }
 
+/// `cuGraphEventRecordNodeSetEvent` / `cuGraphEventWaitNodeSetEvent`.
+fn node_set_event(node: CUgraphNode, kind: c_int, event: CUevent) -> Result<(), u32> {
+    let node = node_of_kind(node, kind)?;
+    let held = crate::api::event::named(event)?;
+    same_context(&node.context, &held.context)?;
+    node.context.call(&Command::GraphEventNodeSetEvent {
+        node: node.handle,
+        event: held.handle,
+        wait: u32::from(kind == NODE_WAIT_EVENT),
+    })?;
+    *node.params() = NodeParams::Event(event as usize);
+    Ok(())
+}
+
+pub(crate) fn event_record_node_set_event(node: CUgraphNode, event: CUevent) -> Result<(), u32> {
+    node_set_event(node, NODE_EVENT_RECORD, event)
+}
+
+pub(crate) fn event_wait_node_set_event(node: CUgraphNode, event: CUevent) -> Result<(), u32> {
+    node_set_event(node, NODE_WAIT_EVENT, event)
+}
+
+/// `cuGraphExecEventRecordNodeSetEvent` / `...WaitNodeSetEvent`: the
+/// executable graph only.
+fn exec_node_set_event(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    kind: c_int,
+    event: CUevent,
+) -> Result<(), u32> {
+    let (exec, node) = exec_node(exec, node, kind)?;
+    let held = crate::api::event::named(event)?;
+    same_context(&exec.context, &held.context)?;
+    exec.context
+        .call(&Command::GraphExecEventNodeSetEvent {
+            exec: exec.handle,
+            node: node.handle,
+            event: held.handle,
+            wait: u32::from(kind == NODE_WAIT_EVENT),
+        })
+        .map(|_| ())
+}
+
+pub(crate) fn exec_event_record_node_set_event(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    event: CUevent,
+) -> Result<(), u32> {
+    exec_node_set_event(exec, node, NODE_EVENT_RECORD, event)
+}
+
+pub(crate) fn exec_event_wait_node_set_event(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    event: CUevent,
+) -> Result<(), u32> {
+    exec_node_set_event(exec, node, NODE_WAIT_EVENT, event)
+}
+
+/// `cuGraphExecChildGraphNodeSetParams`: the child graph node of `exec`
+/// takes `child`'s parameters (the host's driver asks for the same
+/// topology).
+pub(crate) fn exec_child_graph_node_set_params(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    child: CUgraph,
+) -> Result<(), u32> {
+    let (exec, node) = exec_node(exec, node, NODE_GRAPH)?;
+    let child = GRAPHS.get(child).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    same_context(&exec.context, &child.context)?;
+    exec.context
+        .call(&Command::GraphExecChildGraphNodeSetParams {
+            exec: exec.handle,
+            node: node.handle,
+            child: child.handle,
+        })
+        .map(|_| ())
+}
+
+/// Node `node` of the graph `exec` was instantiated from, any kind (the
+/// host's driver refuses the kinds it cannot enable or disable).
+fn exec_any_node(exec: CUgraphExec, node: CUgraphNode) -> Result<(Arc<GraphExec>, Arc<Node>), u32> {
+    driver()?;
+    let kind = NODES.get(node).ok_or(CUDA_ERROR_INVALID_VALUE)?.kind;
+    exec_node(exec, node, kind)
+}
+
+/// `cuGraphNodeSetEnabled`: kernel, memset and memcpy nodes of `exec`.
+pub(crate) fn node_set_enabled(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    enabled: c_uint,
+) -> Result<(), u32> {
+    let (exec, node) = exec_any_node(exec, node)?;
+    exec.context
+        .call(&Command::GraphExecNodeSetEnabled {
+            exec: exec.handle,
+            node: node.handle,
+            enabled: u32::from(enabled != 0),
+        })
+        .map(|_| ())
+}
+
+/// `cuGraphNodeGetEnabled`.
+pub(crate) fn node_get_enabled(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    enabled: *mut c_uint,
+) -> Result<(), u32> {
+    let (exec, node) = exec_any_node(exec, node)?;
+    let answer = exec.context.call(&Command::GraphExecNodeGetEnabled {
+        exec: exec.handle,
+        node: node.handle,
+    })?;
+    let [value] = decode_u64s::<1>(&answer).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    write_out(enabled, c_uint::from(value != 0))
+}
+
 /// `cuGraphExecGetFlags`: the flags it was instantiated with.
 pub(crate) fn exec_get_flags(exec: CUgraphExec, flags: *mut c_ulonglong) -> Result<(), u32> {
     driver()?;
@@ -2356,6 +2474,14 @@ fn union_of<T>(params: *mut GraphNodeParams) -> *mut T {
     unsafe { params.cast::<u8>().add(16).cast::<T>() }
 }
 
+/// The first field of the union of `params` (an event node's event, a
+/// child graph node's graph).
+fn union_field<T: Copy>(params: *mut GraphNodeParams) -> Result<T, u32> {
+    // SAFETY: the caller checked `params` non-NULL and the node type whose
+    // parameters start with a `T`; the union is large enough for it.
+    Ok(unsafe { union_of::<T>(params).read_unaligned() })
+}
+
 /// A node type the generic calls do not take (yet): logged once per type.
 fn unsupported_node_type(call: &str, node_type: c_int) -> u32 {
     static LOGGED: std::sync::Mutex<Vec<c_int>> = std::sync::Mutex::new(Vec::new());
@@ -2441,7 +2567,7 @@ pub(crate) fn add_node_generic_v2(
     add_node_generic(out, graph, dependencies, count, params)
 }
 
-/// `cuGraphNodeSetParams`: kernel, memset and memcpy nodes.
+/// `cuGraphNodeSetParams`: kernel, memset, memcpy, host and event nodes.
 pub(crate) fn node_set_params_generic(
     node: CUgraphNode,
     params: *mut GraphNodeParams,
@@ -2454,11 +2580,16 @@ pub(crate) fn node_set_params_generic(
         NODE_KERNEL => kernel_node_set_params(node, union_of(params)),
         NODE_MEMSET => memset_node_set_params(node, union_of(params)),
         NODE_MEMCPY => memcpy_node_set_params(node, memcpy_of(params)),
+        NODE_HOST => host_node_set_params(node, union_of(params)),
+        kind @ (NODE_EVENT_RECORD | NODE_WAIT_EVENT) => {
+            node_set_event(node, kind, union_field(params)?)
+        }
         other => Err(unsupported_node_type("cuGraphNodeSetParams", other)),
     }
 }
 
-/// `cuGraphExecNodeSetParams`: kernel, memset and memcpy nodes.
+/// `cuGraphExecNodeSetParams`: kernel, memset, memcpy, event and child
+/// graph nodes.
 pub(crate) fn exec_node_set_params_generic(
     exec: CUgraphExec,
     node: CUgraphNode,
@@ -2472,6 +2603,10 @@ pub(crate) fn exec_node_set_params_generic(
         NODE_KERNEL => exec_kernel_node_set_params(exec, node, union_of(params)),
         NODE_MEMSET => exec_memset_node_set_params(exec, node, union_of(params), null_mut()),
         NODE_MEMCPY => exec_memcpy_node_set_params(exec, node, memcpy_of(params), null_mut()),
+        kind @ (NODE_EVENT_RECORD | NODE_WAIT_EVENT) => {
+            exec_node_set_event(exec, node, kind, union_field(params)?)
+        }
+        NODE_GRAPH => exec_child_graph_node_set_params(exec, node, union_field(params)?),
         other => Err(unsupported_node_type("cuGraphExecNodeSetParams", other)),
     }
 }
