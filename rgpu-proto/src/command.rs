@@ -1323,13 +1323,18 @@ impl Command {
         }
     }
 
-    /// The stream whose queue a command extends: its work stream, and the
-    /// stream an event is recorded on or made to wait.
+    /// The stream whose queue a command extends: its work stream, the
+    /// stream an event is recorded on or made to wait, and one a memory
+    /// operation or a graph's upload is queued on (a query must not answer
+    /// complete before they are; they are not work the scheduler meters:
+    /// a wait for a word holds no GPU time).
     pub fn queued_on(&self) -> Option<u32> {
         match self {
-            Command::EventRecord { stream, .. } | Command::StreamWaitEvent { stream, .. } => {
-                Some(*stream)
-            }
+            Command::EventRecord { stream, .. }
+            | Command::StreamWaitEvent { stream, .. }
+            | Command::StreamWriteValue { stream, .. }
+            | Command::StreamWaitValue { stream, .. }
+            | Command::GraphUpload { stream, .. } => Some(*stream),
             other => other.work_stream(),
         }
     }

@@ -12,6 +12,10 @@
  *    completed before is SUCCESS, and the answers come at once (natively,
  *    too: the driver never waits in a query; through rgpu a query sent to
  *    the host would wait for the synchronize).
+ * 3. Behind a stream memory operation: after a kernel the stream finished,
+ *    cuStreamWaitValue32 on a word of mapped page-locked memory holds the
+ *    stream (NOT_READY, and an event recorded behind it too) until this
+ *    process writes the word; then both are SUCCESS.
  *
  * Prints "MEASURED <what> <us>" lines and "query_test: N checks passed"
  * (exit 0) or every failed check (exit 1). */
@@ -28,6 +32,11 @@
 #include "checks.h"
 
 CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuMemHostAlloc(void **pp, size_t bytes, unsigned int flags);
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags);
+CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, unsigned value, unsigned flags);
+#define MEMHOSTALLOC_DEVICEMAP 0x02
+#define STREAM_WAIT_VALUE_EQ 0x1
 
 #define QUEUED 2000
 /* A query answered without waiting takes far less; one sent behind the
@@ -151,6 +160,34 @@ int main(int argc, char **argv) {
     CHECK_CU(cuEventSynchronize(behind));
     CHECK_CU(cuEventQuery(behind));
     CHECK_CU(cuStreamQuery(other));
+
+    /* 3. Behind a stream memory operation. */
+    {
+        volatile uint32_t *word = NULL;
+        CUdeviceptr d_word = 0;
+        CUevent past_wait;
+        CHECK_CU(cuEventCreate(&past_wait, 0));
+        REQUIRE_CU(cuMemHostAlloc((void **)&word, 4096, MEMHOSTALLOC_DEVICEMAP));
+        *word = 0;
+        REQUIRE_CU(cuMemHostGetDevicePointer_v2(&d_word, (void *)word, 0));
+        launch_spin(1000, stream);
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_CU(cuStreamWaitValue32(stream, d_word, 1, STREAM_WAIT_VALUE_EQ));
+        /* The stream alone first: an event recorded on it is work the
+         * guest notes anyway. */
+        CHECK_RC(cuStreamQuery(stream), CUDA_ERROR_NOT_READY);
+        struct timespec look = {0, 20000000};
+        nanosleep(&look, NULL);
+        CHECK_RC(cuStreamQuery(stream), CUDA_ERROR_NOT_READY);
+        CHECK_CU(cuEventRecord(past_wait, stream));
+        CHECK_RC(cuEventQuery(past_wait), CUDA_ERROR_NOT_READY);
+        *word = 1;
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_CU(cuStreamQuery(stream));
+        CHECK_CU(cuEventQuery(past_wait));
+        CHECK_CU(cuEventDestroy(past_wait));
+        CHECK_CU(cuMemFreeHost((void *)word));
+    }
 
     CHECK_CU(cuEventDestroy(after));
     CHECK_CU(cuEventDestroy(never));
