@@ -298,6 +298,7 @@ rgpu_shim::exported_api! {
     fn cuGraphExecEventRecordNodeSetEvent(hexec: CUgraphExec, hnode: CUgraphNode, event: CUevent) => graph::exec_event_record_node_set_event;
     fn cuGraphExecEventWaitNodeSetEvent(hexec: CUgraphExec, hnode: CUgraphNode, event: CUevent) => graph::exec_event_wait_node_set_event;
     fn cuGraphExecChildGraphNodeSetParams(hexec: CUgraphExec, hnode: CUgraphNode, child: CUgraph) => graph::exec_child_graph_node_set_params;
+    fn cuGraphExecHostNodeSetParams(hexec: CUgraphExec, hnode: CUgraphNode, params: *const HostNodeParams) => graph::exec_host_node_set_params;
     fn cuGraphNodeSetEnabled(hexec: CUgraphExec, hnode: CUgraphNode, is_enabled: c_uint) => graph::node_set_enabled;
     fn cuGraphNodeGetEnabled(hexec: CUgraphExec, hnode: CUgraphNode, is_enabled: *mut c_uint) => graph::node_get_enabled;
     fn cuGraphInstantiateWithParams(phgraph_exec: *mut CUgraphExec, hgraph: CUgraph, instantiate_params: *mut InstantiateParams) => graph::instantiate_with_params;

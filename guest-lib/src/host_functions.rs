@@ -114,16 +114,33 @@ struct Armed {
     once: Option<u64>,
 }
 
+/// What the runner and the graph calls share.
+#[derive(Default)]
+struct Armory {
+    armed: Vec<Armed>,
+    /// Gates the runner is running now (taken from `armed` this round).
+    running: Vec<usize>,
+    /// Gates let go while the GPU may still reset them: given back to
+    /// their context's pool once `done` is 0 again.
+    retired: Vec<(u64, Gate)>,
+}
+
 struct Runner {
-    armed: Mutex<Vec<Armed>>,
+    armory: Mutex<Armory>,
     wake: Condvar,
+}
+
+impl Runner {
+    fn armory(&self) -> std::sync::MutexGuard<'_, Armory> {
+        self.armory.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 fn runner() -> &'static Runner {
     static RUNNER: OnceLock<&'static Runner> = OnceLock::new();
     RUNNER.get_or_init(|| {
         let runner: &'static Runner = Box::leak(Box::new(Runner {
-            armed: Mutex::new(Vec::new()),
+            armory: Mutex::new(Armory::default()),
             wake: Condvar::new(),
         }));
         let started = std::thread::Builder::new()
@@ -145,21 +162,23 @@ fn run(runner: &'static Runner) {
     let mut quiet_rounds = 0u32;
     loop {
         let raised: Vec<(Gate, HostFunction, usize, Option<u64>)> = {
-            let mut armed = runner.armed.lock().unwrap_or_else(PoisonError::into_inner);
-            while armed.is_empty() && draining.is_empty() {
-                armed = runner
+            let mut armory = runner.armory();
+            while armory.armed.is_empty() && armory.retired.is_empty() && draining.is_empty() {
+                armory = runner
                     .wake
-                    .wait(armed)
+                    .wait(armory)
                     .unwrap_or_else(PoisonError::into_inner);
             }
+            draining.append(&mut armory.retired);
             let mut raised = Vec::new();
-            armed.retain(|a| {
+            armory.armed.retain(|a| {
                 if a.gate.request().load(Ordering::Acquire) != 1 {
                     return true;
                 }
                 raised.push((a.gate, a.function, a.data, a.once));
                 a.once.is_none()
             });
+            armory.running = raised.iter().map(|(gate, ..)| gate.host).collect();
             raised
         };
         for (gate, function, data, once) in &raised {
@@ -171,6 +190,12 @@ fn run(runner: &'static Runner) {
             if let Some(context) = once {
                 draining.push((*context, *gate));
             }
+        }
+        if !raised.is_empty() {
+            // A gate let go while it ran goes back once the GPU reset it.
+            let mut armory = runner.armory();
+            armory.running.clear();
+            draining.append(&mut armory.retired);
         }
         draining.retain(|(context, gate)| {
             let reset = gate.done().load(Ordering::Acquire) == 0;
@@ -203,16 +228,12 @@ fn arm(
     gate.request().store(0, Ordering::Release);
     gate.done().store(0, Ordering::Release);
     let runner = runner();
-    runner
-        .armed
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(Armed {
-            gate,
-            function,
-            data: data as usize,
-            once,
-        });
+    runner.armory().armed.push(Armed {
+        gate,
+        function,
+        data: data as usize,
+        once,
+    });
     runner.wake.notify_one();
     runner
 }
@@ -254,11 +275,7 @@ pub(crate) fn launch(
     if let Err(code) = sent {
         // Nothing reached the stream (a transport failure): the gate is
         // dropped, not reused.
-        runner
-            .armed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|a| a.gate.host != gate.host);
+        runner.armory().armed.retain(|a| a.gate.host != gate.host);
         return Err(code);
     }
     Ok(true)
@@ -297,9 +314,34 @@ pub(crate) fn arm_for_graph(
 /// The armed gate at `host` runs `function(data)` from now on.
 pub(crate) fn rearm(host: usize, function: HostFunction, data: *mut c_void) {
     let runner = runner();
-    let mut armed = runner.armed.lock().unwrap_or_else(PoisonError::into_inner);
-    for a in armed.iter_mut().filter(|a| a.gate.host == host) {
+    let mut armory = runner.armory();
+    for a in armory.armed.iter_mut().filter(|a| a.gate.host == host) {
         a.function = function;
         a.data = data as usize;
+    }
+}
+
+/// Lets go of the gate at `host` of context `context` (its graph or
+/// executable graph is gone): back to the pool once idle. A launch still
+/// in flight may reach it, as natively (an executable graph destroyed in
+/// flight finishes): one the GPU raised runs once more first.
+pub(crate) fn disarm(context: u64, host: usize) {
+    let runner = runner();
+    let mut armory = runner.armory();
+    let Some(i) = armory.armed.iter().position(|a| a.gate.host == host) else {
+        return;
+    };
+    if armory.armed[i].gate.request().load(Ordering::Acquire) == 1 {
+        armory.armed[i].once = Some(context);
+        return;
+    }
+    let gate = armory.armed.remove(i).gate;
+    let idle = !armory.running.contains(&host) && gate.done().load(Ordering::Acquire) == 0;
+    if idle {
+        drop(armory);
+        give_back(context, gate);
+    } else {
+        armory.retired.push((context, gate));
+        runner.wake.notify_one();
     }
 }

@@ -138,6 +138,20 @@ impl BatchMemOp {
     }
 }
 
+/// A memory-operation node's parameters: `op`, one operation of `ctx`
+/// (borrowed by the pointer: `op` must outlive the call that reads them).
+fn batch_mem_op_params(
+    ctx: sys::CUcontext,
+    op: &mut BatchMemOp,
+) -> sys::CUDA_BATCH_MEM_OP_NODE_PARAMS {
+    sys::CUDA_BATCH_MEM_OP_NODE_PARAMS {
+        ctx,
+        count: 1,
+        paramArray: (op as *mut BatchMemOp).cast(),
+        flags: 0,
+    }
+}
+
 type GraphExecUpdateFn =
     unsafe extern "C" fn(sys::CUgraphExec, sys::CUgraph, *mut ExecUpdateResultInfo) -> u32;
 
@@ -1949,12 +1963,7 @@ impl ContextExecutor for CudaContext {
             }
             GraphNode::MemOp(ref op) => {
                 let mut op = BatchMemOp::new(op);
-                let p = sys::CUDA_BATCH_MEM_OP_NODE_PARAMS {
-                    ctx: self.ctx,
-                    count: 1,
-                    paramArray: (&mut op as *mut BatchMemOp).cast(),
-                    flags: 0,
-                };
+                let p = batch_mem_op_params(self.ctx, &mut op);
                 // SAFETY: as above; one operation laid out as
                 // CUstreamBatchMemOpParams, read during the call only; the
                 // session checked the word is this process's memory.
@@ -2055,6 +2064,16 @@ impl ContextExecutor for CudaContext {
                     sys::cuGraphEventWaitNodeSetEvent(hnode, event)
                 })
             }
+            GraphNode::MemOp(ref op) => {
+                let mut op = BatchMemOp::new(op);
+                let p = batch_mem_op_params(self.ctx, &mut op);
+                // SAFETY: as above; one operation laid out as
+                // CUstreamBatchMemOpParams, read during the call only; the
+                // session checked the word is this process's memory.
+                check("cuGraphBatchMemOpNodeSetParams", unsafe {
+                    sys::cuGraphBatchMemOpNodeSetParams(hnode, &p)
+                })
+            }
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
     }
@@ -2104,6 +2123,14 @@ impl ContextExecutor for CudaContext {
                 // SAFETY: as above.
                 check("cuGraphExecEventWaitNodeSetEvent", unsafe {
                     sys::cuGraphExecEventWaitNodeSetEvent(hexec, hnode, event)
+                })
+            }
+            GraphNode::MemOp(ref op) => {
+                let mut op = BatchMemOp::new(op);
+                let p = batch_mem_op_params(self.ctx, &mut op);
+                // SAFETY: as above.
+                check("cuGraphExecBatchMemOpNodeSetParams", unsafe {
+                    sys::cuGraphExecBatchMemOpNodeSetParams(hexec, hnode, &p)
                 })
             }
             GraphNode::Child(graph) => {

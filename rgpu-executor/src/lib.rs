@@ -489,7 +489,8 @@ pub trait ContextExecutor {
     fn graph_destroy_node(&mut self, _node: u64) -> CuResult<()> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
-    /// New parameters of kernel, memset, memcpy or event node `node`
+    /// New parameters of kernel, memset, memcpy, event or memory-operation
+    /// node `node`
     /// (`params` of the same kind; another kind is
     /// `CUDA_ERROR_INVALID_VALUE`). Executable graphs made before keep the
     /// old ones.

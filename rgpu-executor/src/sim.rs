@@ -790,6 +790,7 @@ fn same_kind(held: &GraphOp, new: &GraphOp) -> bool {
         | (GraphOp::Copy(_), GraphOp::Copy(_))
         | (GraphOp::EventRecord(_), GraphOp::EventRecord(_))
         | (GraphOp::EventWait(_), GraphOp::EventWait(_))
+        | (GraphOp::MemOp(_), GraphOp::MemOp(_))
         | (GraphOp::Empty, GraphOp::Empty) => true,
         (GraphOp::Child(held), GraphOp::Child(new)) => {
             held.len() == new.len() && held.iter().zip(new).all(|(h, n)| same_kind(h, n))

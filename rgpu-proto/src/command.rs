@@ -925,6 +925,10 @@ fn graph_flags(command: &Command) -> Result<(), DecodeError> {
         Command::GraphEventNodeSetEvent { wait, .. }
         | Command::GraphExecEventNodeSetEvent { wait, .. } => ("graph event node wait", *wait),
         Command::GraphExecNodeSetEnabled { enabled, .. } => ("graph node enabled", *enabled),
+        Command::GraphMemOpNodeSetParams { wait, .. }
+        | Command::GraphExecMemOpNodeSetParams { wait, .. } => {
+            ("memory-operation node wait", *wait)
+        }
         _ => return Ok(()),
     };
     if value > 1 {
@@ -1249,6 +1253,28 @@ commands! {
         check graph_flags;
     /// `cuGraphNodeGetEnabled`; answers a `u64`, 1 or 0.
     GraphExecNodeGetEnabled = 0x072d { exec: u32, node: u32 };
+    /// New parameters of memory-operation node `node` (as
+    /// `GraphAddMemOpNode` gives them): where a host node's gate is.
+    GraphMemOpNodeSetParams = 0x072e {
+        node: u32,
+        wait: u32,
+        width: u32,
+        address: u64,
+        value: u64,
+        flags: u32,
+    }
+        check graph_flags;
+    /// As `GraphMemOpNodeSetParams`, in executable graph `exec` only.
+    GraphExecMemOpNodeSetParams = 0x072f {
+        exec: u32,
+        node: u32,
+        wait: u32,
+        width: u32,
+        address: u64,
+        value: u64,
+        flags: u32,
+    }
+        check graph_flags;
     /// `cuGraphExecUpdate_v2` of `exec` from `graph`; answers the call's
     /// result, the `CUgraphExecUpdateResult` and the guest handle of the
     /// node that failed it (0: none), each a `u64`.

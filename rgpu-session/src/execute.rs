@@ -373,6 +373,17 @@ fn memset_node(
     })
 }
 
+/// A memory operation as a command gives it (`wait` 1: a wait).
+fn memory_op(wait: u32, width: u32, address: u64, value: u64, flags: u32) -> MemoryOp {
+    MemoryOp {
+        wait: wait == 1,
+        address,
+        value,
+        width,
+        flags,
+    }
+}
+
 /// An event node's parameters: it records (`wait` 0) or waits for (1)
 /// the session's event `event`.
 fn event_node(handles: &Handles, event: u32, wait: u32) -> CuResult<GraphNode<'static>> {
@@ -1610,13 +1621,7 @@ impl Worker {
                 if *wait > 1 {
                     return Err(CUDA_ERROR_INVALID_VALUE);
                 }
-                let op = MemoryOp {
-                    wait: *wait == 1,
-                    address: *address,
-                    value: *value,
-                    width: *width,
-                    flags: *flags,
-                };
+                let op = memory_op(*wait, *width, *address, *value, *flags);
                 check_memory_op(tenant, ctx_id, "memory-operation node", &op)?;
                 add_graph_node(
                     ctx,
@@ -1794,6 +1799,35 @@ impl Worker {
                     &GraphNode::Child(created_child),
                 )
                 .map(empty)
+            }
+            Command::GraphMemOpNodeSetParams {
+                node,
+                wait,
+                width,
+                address,
+                value,
+                flags,
+            } => {
+                let created = handles.graph_node(*node, None)?;
+                let op = memory_op(*wait, *width, *address, *value, *flags);
+                check_memory_op(tenant, ctx_id, "memory-operation node", &op)?;
+                ctx.graph_node_set_params(created, &GraphNode::MemOp(op))
+                    .map(empty)
+            }
+            Command::GraphExecMemOpNodeSetParams {
+                exec,
+                node,
+                wait,
+                width,
+                address,
+                value,
+                flags,
+            } => {
+                let (created_exec, created) = exec_node(handles, *exec, *node)?;
+                let op = memory_op(*wait, *width, *address, *value, *flags);
+                check_memory_op(tenant, ctx_id, "memory-operation node", &op)?;
+                ctx.graph_exec_node_set_params(created_exec, created, &GraphNode::MemOp(op))
+                    .map(empty)
             }
             Command::GraphExecNodeSetEnabled {
                 exec,

@@ -26,7 +26,10 @@
  * frees, launched twice (parameters read back, node types); a free node
  * of cuMemAlloc memory and a graph with memory nodes as a child are
  * refused. Host nodes (cuGraphAddHostNode and cuGraphAddNode) run once
- * per launch, in order with the nodes around them. Memcpy nodes between
+ * per launch, in order with the nodes around them; each executable graph
+ * and each clone keeps its own function and argument (set in the graph,
+ * in one executable graph, in a clone, brought by an update); a host
+ * node's edges added and removed, and a host node destroyed. Memcpy nodes between
  * page-locked host memory and the device, a 2D copy between pitches with
  * unified addresses and a 3D copy of two slices, every byte checked; their
  * parameters read back, set in an executable graph (a second source
@@ -255,6 +258,8 @@ CUresult cuGraphAddHostNode(CUgraphNode *node, CUgraph graph, const CUgraphNode 
                             const HostNodeParams *params);
 CUresult cuGraphHostNodeGetParams(CUgraphNode node, HostNodeParams *params);
 CUresult cuGraphHostNodeSetParams(CUgraphNode node, const HostNodeParams *params);
+CUresult cuGraphExecHostNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                      const HostNodeParams *params);
 CUresult cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *deps, size_t *count);
 CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps, EdgeData *edges,
                                        size_t *count);
@@ -872,6 +877,86 @@ int main(int argc, char **argv) {
         CHECK_EQ_INT(other.calls, 1);
         CHECK_EQ_INT(seen.calls, 5);
         CHECK_EQ_INT((int)other.first_word, 500);
+
+        /* Each executable graph keeps its own: one made before a set in
+         * the graph keeps its function; a set in one executable graph
+         * (cuGraphExecHostNodeSetParams, cuGraphExecNodeSetParams) reaches
+         * it alone. */
+        struct host_seen third = {seen.words, 0, 0}, fourth = {seen.words, 0, 0};
+        CUgraphExec kept = NULL;
+        CHECK_CU(cuGraphInstantiateWithFlags(&kept, hosts, 0));
+        HostNodeParams back = {host_fn, &seen}, to_third = {host_fn, &third};
+        CHECK_CU(cuGraphHostNodeSetParams(h_first, &back));
+        CHECK_CU(cuGraphLaunch(kept, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(other.calls, 2);
+        CHECK_EQ_INT(seen.calls, 6);
+        CHECK_CU(cuGraphExecHostNodeSetParams(hosts_exec, h_first, &to_third));
+        CHECK_CU(cuGraphLaunch(hosts_exec, stream));
+        CHECK_CU(cuGraphLaunch(kept, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(third.calls, 1);
+        CHECK_EQ_INT(other.calls, 3);
+        CHECK_EQ_INT(seen.calls, 8);
+        memset(&params, 0, sizeof params);
+        params.type = 3;
+        params.u.host.fn = host_fn;
+        params.u.host.userData = &fourth;
+        CHECK_CU(cuGraphExecNodeSetParams(kept, h_first, &params));
+        CHECK_CU(cuGraphLaunch(kept, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(fourth.calls, 1);
+        CHECK_EQ_INT(other.calls, 3);
+
+        /* A clone runs them through its own: a set in it reaches neither
+         * the original nor its executable graphs, until an update brings
+         * the clone's to one. */
+        CUgraph twin = NULL;
+        CUgraphExec twin_exec = NULL;
+        CUgraphNode twin_first = NULL, twin_second = NULL, twin_set = NULL, t_empty = NULL;
+        CHECK_CU(cuGraphClone(&twin, hosts));
+        CHECK_CU(cuGraphNodeFindInClone(&twin_first, h_first, twin));
+        CHECK_CU(cuGraphNodeFindInClone(&twin_second, h_second, twin));
+        CHECK_CU(cuGraphNodeFindInClone(&twin_set, h_set, twin));
+        CHECK_CU(cuGraphHostNodeSetParams(twin_first, &to_third));
+        CHECK_CU(cuGraphInstantiateWithFlags(&twin_exec, twin, 0));
+        CHECK_CU(cuGraphLaunch(twin_exec, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(third.calls, 2);
+        CHECK_EQ_INT(seen.calls, 10);
+        CHECK_CU(cuGraphLaunch(hosts_exec, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(third.calls, 3);
+        ExecUpdateResultInfo update;
+        CHECK_CU(cuGraphExecUpdate_v2(kept, twin, &update));
+        CHECK_CU(cuGraphLaunch(kept, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(third.calls, 4);
+        CHECK_EQ_INT(fourth.calls, 1);
+        CHECK_EQ_INT(seen.calls, 12);
+
+        /* A host node's edges, and a host node destroyed: the clone's
+         * second host node goes, an empty node after the first and before
+         * the copy takes its place. */
+        CHECK_CU(cuGraphDestroyNode(twin_second));
+        CHECK_CU(cuGraphAddEmptyNode(&t_empty, twin, NULL, 0));
+        CHECK_CU(cuGraphAddDependencies(twin, &twin_first, &t_empty, 1));
+        CHECK_CU(cuGraphRemoveDependencies(twin, &twin_set, &twin_first, 1));
+        CHECK_CU(cuGraphAddDependencies(twin, &twin_set, &twin_first, 1));
+        CHECK_CU(cuGraphExecDestroy(twin_exec));
+        CHECK_CU(cuGraphInstantiateWithFlags(&twin_exec, twin, 0));
+        CHECK_CU(cuGraphLaunch(twin_exec, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(third.calls, 5);
+        CHECK_EQ_INT(seen.calls, 12);
+        CHECK_CU(cuGraphExecDestroy(twin_exec));
+        CHECK_CU(cuGraphDestroy(twin));
+        /* The original's executable graphs run on after the clone went. */
+        CHECK_CU(cuGraphLaunch(hosts_exec, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(third.calls, 6);
+        CHECK_EQ_INT(seen.calls, 13);
+        CHECK_CU(cuGraphExecDestroy(kept));
         CHECK_CU(cuGraphExecDestroy(hosts_exec));
         CHECK_CU(cuGraphDestroy(hosts));
         CHECK_CU(cuMemFree(d_word));

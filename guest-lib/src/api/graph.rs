@@ -41,6 +41,7 @@ use crate::abi::{write_optional, write_out, CUdeviceptr, CUevent, CUfunction, CU
 use crate::api::context::same_context;
 use crate::api::library::function_or_kernel;
 use crate::device_ranges;
+use crate::host_functions::GateAddresses;
 use crate::params::marshal;
 use crate::state::{current, driver, resolve_stream, Context, Registry};
 use rgpu_proto::command::{Copy3D, PitchedSide};
@@ -265,6 +266,9 @@ pub(crate) struct Graph {
     captured: std::sync::atomic::AtomicBool,
     /// A clone's nodes by the original's (`cuGraphNodeFindInClone`).
     originals: Mutex<HashMap<usize, usize>>,
+    /// Copied into another graph as a child: the copy's host nodes use
+    /// this graph's gates, which then stay for the process's life.
+    embedded: std::sync::atomic::AtomicBool,
 }
 
 impl Graph {
@@ -275,7 +279,24 @@ impl Graph {
             nodes: Mutex::new(Vec::new()),
             captured: std::sync::atomic::AtomicBool::new(captured),
             originals: Mutex::new(HashMap::new()),
+            embedded: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Its host nodes' gates (and whose they are), unless it was copied
+    /// into another graph.
+    fn own_gates(&self) -> Vec<usize> {
+        if self.embedded.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        self.nodes()
+            .iter()
+            .filter_map(|n| NODES.get(*n as *mut c_void))
+            .filter_map(|node| match *node.params() {
+                NodeParams::Host { gate, .. } => Some(gate.host),
+                _ => None,
+            })
+            .collect()
     }
 
     fn captured(&self) -> bool {
@@ -315,12 +336,14 @@ impl Node {
 #[derive(Clone)]
 enum NodeParams {
     None,
-    /// A host node: its function and argument, and its gate (the request
-    /// word's address in this process).
+    /// A host node: its function and argument, its gate, and its three
+    /// memory-operation nodes on the host (raise, wait, reset: the last is
+    /// the node's handle).
     Host {
         function: crate::host_functions::HostFunction,
         data: usize,
-        gate: usize,
+        gate: GateAddresses,
+        nodes: [u32; 3],
     },
     Kernel(Arc<HeldKernelParams>),
     Memset(MemsetNodeParams),
@@ -424,6 +447,95 @@ pub(crate) struct GraphExec {
     graph: u32,
     /// The flags it was instantiated with (`cuGraphExecGetFlags`).
     flags: c_ulonglong,
+    /// A gate of its own per host node of its graph, in the graph's order.
+    gates: Mutex<Vec<ExecGate>>,
+}
+
+/// A host node's gate in one executable graph: its node (registry
+/// handle), the node's three memory-operation nodes, and the gate.
+#[derive(Clone, Copy)]
+struct ExecGate {
+    node: usize,
+    nodes: [u32; 3],
+    gate: GateAddresses,
+}
+
+impl GraphExec {
+    fn gates(&self) -> std::sync::MutexGuard<'_, Vec<ExecGate>> {
+        self.gates.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Lets go of its gates (it is gone).
+    fn release_gates(&self) {
+        for held in self.gates().drain(..) {
+            crate::host_functions::disarm(self.context.id, held.gate.host);
+        }
+    }
+
+    /// Points the host node `held` of this executable graph at its gate.
+    fn point_at_gate(&self, held: &ExecGate) -> Result<(), u32> {
+        for (node, (wait, address, value, flags)) in held.nodes.iter().zip(gate_ops(&held.gate)) {
+            self.context.send(&Command::GraphExecMemOpNodeSetParams {
+                exec: self.handle,
+                node: *node,
+                wait,
+                width: 4,
+                address,
+                value,
+                flags,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// A host node's three memory operations at `gate` (wait, address, value,
+/// flags): raise the request, wait until it is done, reset done.
+fn gate_ops(gate: &GateAddresses) -> [(u32, u64, u64, u32); 3] {
+    let wait_equal = crate::host_functions::WAIT_EQUAL;
+    [
+        (0, gate.request, 1, 0),
+        (1, gate.done, 1, wait_equal),
+        (0, gate.done, 0, 0),
+    ]
+}
+
+/// The host nodes of `graph` with a gate of their own for an executable
+/// graph: each armed with the node's function and argument as they are
+/// now. `CUDA_ERROR_OUT_OF_MEMORY` (nothing kept) when gates run out.
+fn exec_gates(graph: &Graph) -> Result<Vec<ExecGate>, u32> {
+    let host_nodes: Vec<(usize, Arc<Node>)> = graph
+        .nodes()
+        .iter()
+        .filter_map(|n| NODES.get(*n as *mut c_void).map(|node| (*n, node)))
+        .filter(|(_, node)| node.kind == NODE_HOST)
+        .collect();
+    let mut gates: Vec<ExecGate> = Vec::with_capacity(host_nodes.len());
+    for (key, node) in host_nodes {
+        let NodeParams::Host {
+            function,
+            data,
+            nodes,
+            ..
+        } = *node.params()
+        else {
+            continue;
+        };
+        let Some(gate) =
+            crate::host_functions::arm_for_graph(&graph.context, function, data as *mut c_void)
+        else {
+            for taken in &gates {
+                crate::host_functions::disarm(graph.context.id, taken.gate.host);
+            }
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        };
+        gates.push(ExecGate {
+            node: key,
+            nodes,
+            gate,
+        });
+    }
+    Ok(gates)
 }
 
 static GRAPHS: Registry<Graph> = Registry::new();
@@ -656,20 +768,36 @@ pub(crate) fn instantiate_with_flags(
     let graph = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let ctx = graph.context.clone();
     let exec_handle = ctx.new_handle()?;
-    ctx.call(&Command::GraphInstantiate {
+    // Its host nodes run through gates of its own, so that setting their
+    // parameters in it reaches no other (natively each executable graph
+    // holds its own copy).
+    let gates = exec_gates(&graph)?;
+    let made = Arc::new(GraphExec {
+        context: ctx.clone(),
+        handle: exec_handle,
+        graph: graph.handle,
+        flags,
+        gates: Mutex::new(gates),
+    });
+    if let Err(code) = ctx.call(&Command::GraphInstantiate {
         graph: graph.handle,
         exec: exec_handle,
         flags,
-    })?;
-    write_out(
-        exec,
-        GRAPH_EXECS.insert(Arc::new(GraphExec {
-            context: ctx,
-            handle: exec_handle,
-            graph: graph.handle,
-            flags,
-        })),
-    )
+    }) {
+        made.release_gates();
+        return Err(code);
+    }
+    let pointed = made
+        .gates()
+        .clone()
+        .iter()
+        .try_for_each(|held| made.point_at_gate(held));
+    if let Err(code) = pointed {
+        made.release_gates();
+        let _ = ctx.send(&Command::GraphExecDestroy { exec: exec_handle });
+        return Err(code);
+    }
+    write_out(exec, GRAPH_EXECS.insert(made))
 }
 
 /// The older form (`cuGraphInstantiate`, `_v2`): no error node and an
@@ -710,6 +838,9 @@ pub(crate) fn launch_ptsz(exec: CUgraphExec, stream: CUstream) -> Result<(), u32
 pub(crate) fn exec_destroy(exec: CUgraphExec) -> Result<(), u32> {
     driver()?;
     let exec = GRAPH_EXECS.remove(exec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    // A launch in flight still runs its host nodes (the runner lets a
+    // raised gate go after its run).
+    exec.release_gates();
     exec.context
         .send(&Command::GraphExecDestroy { exec: exec.handle })
 }
@@ -718,6 +849,10 @@ pub(crate) fn destroy(graph: CUgraph) -> Result<(), u32> {
     driver()?;
     let graph = GRAPHS.remove(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let context_id = graph.context.id;
+    // Its executable graphs and clones have gates of their own.
+    for gate in graph.own_gates() {
+        crate::host_functions::disarm(context_id, gate);
+    }
     NODES.retain(|n| !(n.context.id == context_id && n.graph == graph.handle));
     graph.context.send(&Command::GraphDestroy {
         graph: graph.handle,
@@ -755,23 +890,39 @@ pub(crate) fn clone(clone: *mut CUgraph, original: CUgraph) -> Result<(), u32> {
         .iter()
         .map(|n| (*n, NODES.get(*n as *mut c_void)))
         .collect();
-    // A host node is three nodes on the host: the clone's nodes would not
-    // line up with the guest's.
-    if originals
-        .iter()
-        .any(|(_, n)| n.as_ref().is_some_and(|n| n.kind == NODE_HOST))
-    {
-        log::warn!("rgpu: cuGraphClone of a graph with host nodes is not supported");
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    // A host node is three nodes on the host, copied in order; the copy
+    // gets a gate of its own (armed with the same function).
+    let on_host = |node: &Option<Arc<Node>>| match node.as_ref().map(|n| n.params().clone()) {
+        Some(NodeParams::Host { function, data, .. }) => Some((function, data)),
+        _ => None,
+    };
+    let mut gates: Vec<GateAddresses> = Vec::new();
+    for (function, data) in originals.iter().filter_map(|(_, n)| on_host(n)) {
+        match crate::host_functions::arm_for_graph(&ctx, function, data as *mut c_void) {
+            Some(gate) => gates.push(gate),
+            None => {
+                for gate in &gates {
+                    crate::host_functions::disarm(ctx.id, gate.host);
+                }
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+        }
     }
-    let count = u32::try_from(originals.len()).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+    let host_nodes = originals.len().saturating_add(2 * gates.len());
+    let count = u32::try_from(host_nodes).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
     let handle = ctx.new_handle()?;
     let first_node = ctx.new_handles(count)?;
-    ctx.call(&Command::GraphClone {
+    if let Err(code) = ctx.call(&Command::GraphClone {
         graph: handle,
         original: original.handle,
         first_node,
-    })?;
+    }) {
+        for gate in &gates {
+            crate::host_functions::disarm(ctx.id, gate.host);
+        }
+        return Err(code);
+    }
+    let mut gates = gates.into_iter();
     let graph = Arc::new(Graph::new(ctx.clone(), handle, original.captured()));
     {
         let mut nodes = graph.nodes();
@@ -779,15 +930,40 @@ pub(crate) fn clone(clone: *mut CUgraph, original: CUgraph) -> Result<(), u32> {
         // dependencies (an edge added later may point to a later node).
         let mut copies: HashMap<usize, usize> = HashMap::new();
         let mut made: Vec<(Arc<Node>, Vec<usize>)> = Vec::new();
-        for (i, (old, node)) in (0..count).zip(originals) {
-            let (kind, dependencies, params) = node.map_or_else(
+        let mut next = first_node;
+        for (old, node) in originals {
+            let (kind, dependencies, mut params) = node.map_or_else(
                 || (NODE_EMPTY, Vec::new(), NodeParams::None),
                 |n| (n.kind, n.dependencies().clone(), n.params().clone()),
             );
+            let mut copy_handle = next;
+            if let NodeParams::Host { function, data, .. } = params {
+                let nodes = [next, next + 1, next + 2];
+                let gate = gates.next().ok_or(CUDA_ERROR_UNKNOWN)?;
+                for (node, (wait, address, value, flags)) in nodes.iter().zip(gate_ops(&gate)) {
+                    ctx.send(&Command::GraphMemOpNodeSetParams {
+                        node: *node,
+                        wait,
+                        width: 4,
+                        address,
+                        value,
+                        flags,
+                    })?;
+                }
+                params = NodeParams::Host {
+                    function,
+                    data,
+                    gate,
+                    nodes,
+                };
+                copy_handle = next + 2;
+                next += 2;
+            }
+            next += 1;
             let copy = Arc::new(Node {
                 context: ctx.clone(),
                 graph: handle,
-                handle: first_node + i,
+                handle: copy_handle,
                 kind,
                 dependencies: Mutex::new(Vec::new()),
                 params: Mutex::new(params),
@@ -1306,6 +1482,8 @@ pub(crate) fn add_child_graph_node(
     child: CUgraph,
 ) -> Result<(), u32> {
     let child = GRAPHS.get(child).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    // The copy's host nodes run through the child's gates.
+    child.embedded.store(true, Ordering::Release);
     add_node(
         out,
         graph,
@@ -1733,6 +1911,25 @@ fn exec_update_on(exec: CUgraphExec, graph: CUgraph) -> Result<UpdateAnswer, u32
     })?;
     let [result, update_result, failed] =
         decode_u64s::<3>(&payload).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    if result == u64::from(CUDA_SUCCESS) {
+        // The executable graph's host nodes now name `graph`'s gates: back
+        // to its own, which take `graph`'s functions (paired in order, as
+        // the update pairs nodes).
+        let functions: Vec<(crate::host_functions::HostFunction, usize)> = graph
+            .nodes()
+            .iter()
+            .filter_map(|n| NODES.get(*n as *mut c_void))
+            .filter_map(|node| match *node.params() {
+                NodeParams::Host { function, data, .. } => Some((function, data)),
+                _ => None,
+            })
+            .collect();
+        let gates = exec.gates().clone();
+        for (held, (function, data)) in gates.iter().zip(functions) {
+            crate::host_functions::rearm(held.gate.host, function, data as *mut c_void);
+            exec.point_at_gate(held)?;
+        }
+    }
     let error_node = graph
         .nodes()
         .iter()
@@ -2130,6 +2327,7 @@ pub(crate) fn exec_child_graph_node_set_params(
     let (exec, node) = exec_node(exec, node, NODE_GRAPH)?;
     let child = GRAPHS.get(child).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     same_context(&exec.context, &child.context)?;
+    child.embedded.store(true, Ordering::Release);
     exec.context
         .call(&Command::GraphExecChildGraphNodeSetParams {
             exec: exec.handle,
@@ -2279,7 +2477,6 @@ fn edge_ends(
     graph: &Graph,
     nodes: *const CUgraphNode,
     count: usize,
-    call: &str,
 ) -> Result<Vec<(usize, Arc<Node>)>, u32> {
     // SAFETY: the caller checked `nodes` non-NULL and `count` bounded; the
     // API contract gives `count` handles there.
@@ -2290,10 +2487,6 @@ fn edge_ends(
             let node = NODES.get(*h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
             if !Arc::ptr_eq(&node.context, &graph.context) || node.graph != graph.handle {
                 return Err(CUDA_ERROR_INVALID_VALUE);
-            }
-            if node.kind == NODE_HOST {
-                log::warn!("rgpu: {call}: edges of host nodes are not supported");
-                return Err(CUDA_ERROR_NOT_SUPPORTED);
             }
             Ok((*h as usize, node))
         })
@@ -2309,11 +2502,6 @@ fn change_edges(
     add: bool,
 ) -> Result<(), u32> {
     driver()?;
-    let call = if add {
-        "cuGraphAddDependencies"
-    } else {
-        "cuGraphRemoveDependencies"
-    };
     let graph = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if count == 0 {
         return Ok(());
@@ -2321,10 +2509,19 @@ fn change_edges(
     if from.is_null() || to.is_null() || count > MAX_NODE_DEPENDENCIES {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let from = edge_ends(&graph, from, count, call)?;
-    let to = edge_ends(&graph, to, count, call)?;
-    let handles = |ends: &[(usize, Arc<Node>)]| ends.iter().map(|(_, n)| n.handle).collect();
-    let (graph_handle, from_handles, to_handles) = (graph.handle, handles(&from), handles(&to));
+    let from = edge_ends(&graph, from, count)?;
+    let to = edge_ends(&graph, to, count)?;
+    // A host node's edges start at its last node on the host (its
+    // handle) and end at its first.
+    let from_handles = from.iter().map(|(_, n)| n.handle).collect();
+    let to_handles = to
+        .iter()
+        .map(|(_, n)| match *n.params() {
+            NodeParams::Host { nodes, .. } => nodes[0],
+            _ => n.handle,
+        })
+        .collect();
+    let graph_handle = graph.handle;
     graph.context.call(&if add {
         Command::GraphAddDependencies {
             graph: graph_handle,
@@ -2399,15 +2596,35 @@ pub(crate) fn remove_dependencies_v2(
 pub(crate) fn destroy_node(node: CUgraphNode) -> Result<(), u32> {
     driver()?;
     let held = NODES.get(node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    if held.kind == NODE_HOST {
-        log::warn!("rgpu: cuGraphDestroyNode of a host node is not supported");
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    let host = match *held.params() {
+        NodeParams::Host { gate, nodes, .. } => Some((gate, nodes)),
+        _ => None,
+    };
+    match host {
+        // Its three nodes on the host, the last (its handle) first.
+        Some((_, nodes)) => {
+            for node in nodes.iter().rev() {
+                held.context
+                    .call(&Command::GraphDestroyNode { node: *node })?;
+            }
+        }
+        None => {
+            held.context
+                .call(&Command::GraphDestroyNode { node: held.handle })?;
+        }
     }
-    held.context
-        .call(&Command::GraphDestroyNode { node: held.handle })?;
     NODES.remove(node);
     let key = node as usize;
-    if let Some(graph) = graph_of(&held) {
+    let graph = graph_of(&held);
+    if let Some((gate, _)) = host {
+        if !graph
+            .as_ref()
+            .is_some_and(|g| g.embedded.load(Ordering::Acquire))
+        {
+            crate::host_functions::disarm(held.context.id, gate.host);
+        }
+    }
+    if let Some(graph) = graph {
         graph.nodes().retain(|n| *n != key);
         for other in graph
             .nodes()
@@ -2588,8 +2805,8 @@ pub(crate) fn node_set_params_generic(
     }
 }
 
-/// `cuGraphExecNodeSetParams`: kernel, memset, memcpy, event and child
-/// graph nodes.
+/// `cuGraphExecNodeSetParams`: kernel, memset, memcpy, event, host and
+/// child graph nodes.
 pub(crate) fn exec_node_set_params_generic(
     exec: CUgraphExec,
     node: CUgraphNode,
@@ -2607,6 +2824,7 @@ pub(crate) fn exec_node_set_params_generic(
             exec_node_set_event(exec, node, kind, union_field(params)?)
         }
         NODE_GRAPH => exec_child_graph_node_set_params(exec, node, union_field(params)?),
+        NODE_HOST => exec_host_node_set_params(exec, node, union_of(params)),
         other => Err(unsupported_node_type("cuGraphExecNodeSetParams", other)),
     }
 }
@@ -2649,40 +2867,35 @@ pub(crate) fn add_host_node(
         );
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     };
-    let (raise, wait, reset) = (ctx.new_handle()?, ctx.new_handle()?, ctx.new_handle()?);
-    let op =
-        |node: u32, dependencies: Vec<u32>, wait: u32, address: u64, value: u64, flags: u32| {
-            Command::GraphAddMemOpNode {
-                graph: graph.handle,
-                node,
-                dependencies,
-                wait,
-                width: 4,
-                address,
-                value,
-                flags,
-            }
-        };
-    ctx.call(&op(raise, deps, 0, gate.request, 1, 0))?;
-    ctx.call(&op(
-        wait,
-        vec![raise],
-        1,
-        gate.done,
-        1,
-        crate::host_functions::WAIT_EQUAL,
-    ))?;
-    ctx.call(&op(reset, vec![wait], 0, gate.done, 0, 0))?;
+    let nodes = [ctx.new_handle()?, ctx.new_handle()?, ctx.new_handle()?];
+    let mut after = deps;
+    for (node, (wait, address, value, flags)) in nodes.iter().zip(gate_ops(&gate)) {
+        let added = ctx.call(&Command::GraphAddMemOpNode {
+            graph: graph.handle,
+            node: *node,
+            dependencies: std::mem::replace(&mut after, vec![*node]),
+            wait,
+            width: 4,
+            address,
+            value,
+            flags,
+        });
+        if let Err(code) = added {
+            crate::host_functions::disarm(ctx.id, gate.host);
+            return Err(code);
+        }
+    }
     let node = Arc::new(Node {
         context: ctx,
         graph: graph.handle,
-        handle: reset,
+        handle: nodes[2],
         kind: NODE_HOST,
         dependencies: Mutex::new(registered),
         params: Mutex::new(NodeParams::Host {
             function,
             data: p.data as usize,
-            gate: gate.host,
+            gate,
+            nodes,
         }),
     });
     let key = NODES.insert(node);
@@ -2708,11 +2921,9 @@ pub(crate) fn host_node_get_params(
     )
 }
 
-/// `cuGraphHostNodeSetParams`: the node's gate runs the new function and
-/// argument from its next launch on. The gate serves every executable
-/// graph made from the graph, so this reaches them too (natively only
-/// the graph changes): not what `cuGraphExecHostNodeSetParams` may do,
-/// which stays unsupported.
+/// `cuGraphHostNodeSetParams`: the graph's gate for the node (clones and
+/// child copies share it; executable graphs made from now on take the
+/// new function, those made before keep theirs, as natively).
 pub(crate) fn host_node_set_params(
     node: CUgraphNode,
     params: *const HostNodeParams,
@@ -2725,14 +2936,40 @@ pub(crate) fn host_node_set_params(
     let p = unsafe { params.read() };
     let function = crate::host_functions::checked(p.function)?;
     let mut held = node.params();
-    let NodeParams::Host { gate, .. } = *held else {
+    let NodeParams::Host { gate, nodes, .. } = *held else {
         return Err(CUDA_ERROR_INVALID_VALUE);
     };
-    crate::host_functions::rearm(gate, function, p.data);
+    crate::host_functions::rearm(gate.host, function, p.data);
     *held = NodeParams::Host {
         function,
         data: p.data as usize,
         gate,
+        nodes,
     };
+    Ok(())
+}
+
+/// `cuGraphExecHostNodeSetParams`: the host node's gate in `exec` (each
+/// executable graph has its own) runs the new function and argument from
+/// its next launch on.
+pub(crate) fn exec_host_node_set_params(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: *const HostNodeParams,
+) -> Result<(), u32> {
+    let (exec, _) = exec_node(exec, node, NODE_HOST)?;
+    if params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable CUDA_HOST_NODE_PARAMS.
+    let p = unsafe { params.read() };
+    let function = crate::host_functions::checked(p.function)?;
+    let key = node as usize;
+    let gates = exec.gates();
+    let held = gates
+        .iter()
+        .find(|g| g.node == key)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    crate::host_functions::rearm(held.gate.host, function, p.data);
     Ok(())
 }
