@@ -13,8 +13,8 @@ use crate::api::context::CtxCreateParams;
 use crate::api::copy_2d::Memcpy2D;
 use crate::api::graph::{
     CUgraph, CUgraphExec, CUgraphNode, EdgeData, ExecUpdateResultInfo, GraphNodeParams,
-    HostNodeParams, InstantiateParams, KernelNodeParams, KernelNodeParamsV1, MemAllocNodeParams,
-    Memcpy3D, MemsetNodeParams,
+    HostNodeParams, InstantiateParams, KernelNodeAttributeValue, KernelNodeParams,
+    KernelNodeParamsV1, MemAllocNodeParams, Memcpy3D, MemsetNodeParams,
 };
 use crate::api::ipc::IpcHandle;
 use crate::api::launch::LaunchConfig;
@@ -299,6 +299,9 @@ rgpu_shim::exported_api! {
     fn cuGraphExecEventWaitNodeSetEvent(hexec: CUgraphExec, hnode: CUgraphNode, event: CUevent) => graph::exec_event_wait_node_set_event;
     fn cuGraphExecChildGraphNodeSetParams(hexec: CUgraphExec, hnode: CUgraphNode, child: CUgraph) => graph::exec_child_graph_node_set_params;
     fn cuGraphExecHostNodeSetParams(hexec: CUgraphExec, hnode: CUgraphNode, params: *const HostNodeParams) => graph::exec_host_node_set_params;
+    fn cuGraphKernelNodeSetAttribute(hnode: CUgraphNode, attr: c_int, value: *const KernelNodeAttributeValue) => graph::kernel_node_set_attribute;
+    fn cuGraphKernelNodeGetAttribute(hnode: CUgraphNode, attr: c_int, value_out: *mut KernelNodeAttributeValue) => graph::kernel_node_get_attribute;
+    fn cuGraphKernelNodeCopyAttributes(dst: CUgraphNode, src: CUgraphNode) => graph::kernel_node_copy_attributes;
     fn cuGraphNodeSetEnabled(hexec: CUgraphExec, hnode: CUgraphNode, is_enabled: c_uint) => graph::node_set_enabled;
     fn cuGraphNodeGetEnabled(hexec: CUgraphExec, hnode: CUgraphNode, is_enabled: *mut c_uint) => graph::node_get_enabled;
     fn cuGraphInstantiateWithParams(phgraph_exec: *mut CUgraphExec, hgraph: CUgraph, instantiate_params: *mut InstantiateParams) => graph::instantiate_with_params;

@@ -35,7 +35,8 @@ use crate::image::{classify, ImageKind};
 use crate::nvml::HostNvml;
 use crate::{
     ptx, ContextExecutor, Copy3D, CuResult, DeviceStatus, ExecUpdate, Executor, ExecutorError,
-    GraphNode, HostRun, LaunchHint, LaunchOptions, MemoryOp, PitchedSide, StreamRef,
+    GraphNode, HostRun, KernelNodeAttribute, LaunchHint, LaunchOptions, MemoryOp, PitchedSide,
+    StreamRef,
 };
 
 /// Exported by rgpu's guest library so the daemon can tell it apart from
@@ -65,6 +66,10 @@ type FuncGetAttributeFn = unsafe extern "C" fn(*mut c_int, c_int, sys::CUfunctio
 type FuncSetAttributeFn = unsafe extern "C" fn(sys::CUfunction, c_int, c_int) -> u32;
 type OccupancyMaxActiveClustersFn =
     unsafe extern "C" fn(*mut c_int, sys::CUfunction, *const LaunchConfig) -> u32;
+type KernelNodeSetAttributeFn =
+    unsafe extern "C" fn(sys::CUgraphNode, c_int, *const [u32; 16]) -> u32;
+type KernelNodeGetAttributeFn =
+    unsafe extern "C" fn(sys::CUgraphNode, c_int, *mut [u32; 16]) -> u32;
 type LaunchKernelExFn = unsafe extern "C" fn(
     *const LaunchConfig,
     sys::CUfunction,
@@ -176,18 +181,12 @@ struct LaunchAttribute {
 impl LaunchAttribute {
     /// Attribute `id` whose value union starts with `words` (the rest zero).
     fn new(id: u32, words: &[u32]) -> Self {
-        let mut value = [0u32; 16];
-        for (slot, word) in value.iter_mut().zip(words) {
-            *slot = *word;
+        Self {
+            id,
+            pad: 0,
+            value: crate::value_union(words),
         }
-        Self { id, pad: 0, value }
     }
-}
-
-/// The two halves of a 64-bit value (a pointer, a size) as the value
-/// union holds them.
-fn words(v: u64) -> [u32; 2] {
-    [v as u32, (v >> 32) as u32]
 }
 
 /// `CUlaunchConfig`, built here from plain integers rather than through
@@ -215,6 +214,8 @@ struct IntegerEntryPoints {
     occupancy_max_potential_cluster_size: OccupancyMaxActiveClustersFn,
     launch_kernel_ex: LaunchKernelExFn,
     graph_exec_update: GraphExecUpdateFn,
+    kernel_node_set_attribute: KernelNodeSetAttributeFn,
+    kernel_node_get_attribute: KernelNodeGetAttributeFn,
     tensor_map_encode_tiled: TensorMapEncodeTiledFn,
     tensor_map_encode_im2col: TensorMapEncodeIm2colFn,
     tensor_map_replace_address: TensorMapReplaceAddressFn,
@@ -236,6 +237,8 @@ impl IntegerEntryPoints {
             )?,
             launch_kernel_ex: driver_symbol(library, "cuLaunchKernelEx")?,
             graph_exec_update: driver_symbol(library, "cuGraphExecUpdate_v2")?,
+            kernel_node_set_attribute: driver_symbol(library, "cuGraphKernelNodeSetAttribute")?,
+            kernel_node_get_attribute: driver_symbol(library, "cuGraphKernelNodeGetAttribute")?,
             tensor_map_encode_tiled: driver_symbol(library, "cuTensorMapEncodeTiled")?,
             tensor_map_encode_im2col: driver_symbol(library, "cuTensorMapEncodeIm2col")?,
             tensor_map_replace_address: driver_symbol(library, "cuTensorMapReplaceAddress")?,
@@ -852,71 +855,16 @@ impl CudaContext {
     /// `hint` as the driver's `CUlaunchAttribute` (its value union laid
     /// out as cuda.h has it), with this context's event objects.
     fn launch_attribute(&self, hint: &LaunchHint) -> CuResult<LaunchAttribute> {
-        use launch_attribute as id;
-        Ok(match *hint {
-            LaunchHint::AccessPolicyWindow {
-                base,
-                bytes,
-                hit_ratio,
-                hit_property,
-                miss_property,
-            } => {
-                let [base_low, base_high] = words(base);
-                let [bytes_low, bytes_high] = words(bytes);
-                LaunchAttribute::new(
-                    id::ACCESS_POLICY_WINDOW,
-                    &[
-                        base_low,
-                        base_high,
-                        bytes_low,
-                        bytes_high,
-                        hit_ratio.to_bits(),
-                        hit_property,
-                        miss_property,
-                    ],
-                )
-            }
-            LaunchHint::SynchronizationPolicy(policy) => {
-                LaunchAttribute::new(id::SYNCHRONIZATION_POLICY, &[policy])
-            }
-            LaunchHint::ClusterSchedulingPolicy(policy) => {
-                LaunchAttribute::new(id::CLUSTER_SCHEDULING_POLICY_PREFERENCE, &[policy])
-            }
-            LaunchHint::ProgrammaticStreamSerialization(allowed) => {
-                LaunchAttribute::new(id::PROGRAMMATIC_STREAM_SERIALIZATION, &[u32::from(allowed)])
-            }
-            LaunchHint::ProgrammaticEvent {
-                event,
-                flags,
-                trigger_at_block_start,
-            } => {
-                let [low, high] = words(self.event(event)? as u64);
-                LaunchAttribute::new(
-                    id::PROGRAMMATIC_EVENT,
-                    &[low, high, flags, u32::from(trigger_at_block_start)],
-                )
-            }
-            LaunchHint::Priority(priority) => {
-                LaunchAttribute::new(id::PRIORITY, &[priority as u32])
-            }
-            LaunchHint::MemSyncDomainMap { default, remote } => LaunchAttribute::new(
-                id::MEM_SYNC_DOMAIN_MAP,
-                &[u32::from(default) | u32::from(remote) << 8],
-            ),
-            LaunchHint::MemSyncDomain(domain) => {
-                LaunchAttribute::new(id::MEM_SYNC_DOMAIN, &[domain])
-            }
-            LaunchHint::PreferredClusterDimension(dims) => {
-                LaunchAttribute::new(id::PREFERRED_CLUSTER_DIMENSION, &dims)
-            }
-            LaunchHint::LaunchCompletionEvent { event, flags } => {
-                let [low, high] = words(self.event(event)? as u64);
-                LaunchAttribute::new(id::LAUNCH_COMPLETION_EVENT, &[low, high, flags])
-            }
-            LaunchHint::PreferredSharedMemoryCarveout(carveout) => {
-                LaunchAttribute::new(id::PREFERRED_SHARED_MEMORY_CARVEOUT, &[carveout])
-            }
-        })
+        let (id, value) = hint.driver_words(|event| self.event(event).map(|e| e as u64))?;
+        Ok(LaunchAttribute { id, pad: 0, value })
+    }
+
+    /// The driver's graph node `node`.
+    fn graph_node(&self, node: u64) -> CuResult<sys::CUgraphNode> {
+        self.graph_nodes
+            .get(&node)
+            .map(|(_, hnode)| *hnode)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
     }
 
     /// The driver's executable graph `exec` and graph node `node`.
@@ -2146,6 +2094,39 @@ impl ContextExecutor for CudaContext {
         }
     }
 
+    fn graph_kernel_node_set_attribute(
+        &mut self,
+        node: u64,
+        attribute: &KernelNodeAttribute,
+    ) -> CuResult<()> {
+        let hnode = self.graph_node(node)?;
+        let (id, value) = attribute.driver_words()?;
+        // SAFETY: a live node of this context (the driver refuses one of
+        // another kind); the value union is read during the call only.
+        check_code("cuGraphKernelNodeSetAttribute", unsafe {
+            (self.entry.kernel_node_set_attribute)(hnode, id as c_int, &value)
+        })
+    }
+
+    fn graph_kernel_node_get_attribute(&mut self, node: u64, id: u32) -> CuResult<[u32; 16]> {
+        let hnode = self.graph_node(node)?;
+        let mut value = [0u32; 16];
+        // SAFETY: as above; the union is written during the call.
+        check_code("cuGraphKernelNodeGetAttribute", unsafe {
+            (self.entry.kernel_node_get_attribute)(hnode, id as c_int, &mut value)
+        })?;
+        Ok(value)
+    }
+
+    fn graph_kernel_node_copy_attributes(&mut self, dst: u64, src: u64) -> CuResult<()> {
+        let (hdst, hsrc) = (self.graph_node(dst)?, self.graph_node(src)?);
+        // SAFETY: two live nodes of this context (the driver refuses nodes
+        // of another kind).
+        check("cuGraphKernelNodeCopyAttributes", unsafe {
+            sys::cuGraphKernelNodeCopyAttributes(hdst, hsrc)
+        })
+    }
+
     fn graph_exec_node_set_enabled(&mut self, exec: u64, node: u64, enabled: bool) -> CuResult<()> {
         let (hexec, hnode) = self.exec_and_node(exec, node)?;
         // SAFETY: a live executable graph and node of this context (the
@@ -2515,7 +2496,22 @@ mod tests {
         assert_eq!(cluster.id, launch_attribute::CLUSTER_DIMENSION);
         assert_eq!(cluster.value[..4], [2, 1, 1, 0]);
         assert!(cluster.value[3..].iter().all(|w| *w == 0));
-        assert_eq!(words(0x1234_5678_9abc_def0), [0x9abc_def0, 0x1234_5678]);
+        let window = LaunchHint::AccessPolicyWindow {
+            base: 0x1234_5678_9abc_def0,
+            bytes: 16,
+            hit_ratio: 0.5,
+            hit_property: 1,
+            miss_property: 2,
+        };
+        assert_eq!(
+            window
+                .driver_words(Ok)
+                .map(|(id, value)| (id, value[..8].to_vec())),
+            Ok((
+                launch_attribute::ACCESS_POLICY_WINDOW,
+                vec![0x9abc_def0, 0x1234_5678, 16, 0, 0.5f32.to_bits(), 1, 2, 0]
+            ))
+        );
     }
     use std::process::Command;
 

@@ -26,7 +26,9 @@ pub mod ptx;
 pub mod sim;
 
 use rgpu_proto::capset::DeviceInfo;
-use rgpu_proto::command::{ClusterQuery, IpcHandle, TensorMapSpec, TENSOR_MAP_BYTES};
+use rgpu_proto::command::{
+    launch_attribute, ClusterQuery, IpcHandle, TensorMapSpec, TENSOR_MAP_BYTES,
+};
 pub use rgpu_proto::command::{Copy3D, PitchedSide};
 use rgpu_proto::cuda_result::CUDA_ERROR_NOT_SUPPORTED;
 use rgpu_proto::reply::FunctionInfo;
@@ -198,6 +200,123 @@ pub enum LaunchHint {
         flags: u32,
     },
     PreferredSharedMemoryCarveout(u32),
+}
+
+/// A `CUlaunchAttributeValue` union as 16 words, its first `words` given.
+pub(crate) fn value_union(words: &[u32]) -> [u32; 16] {
+    let mut value = [0u32; 16];
+    for (slot, word) in value.iter_mut().zip(words) {
+        *slot = *word;
+    }
+    value
+}
+
+/// The two halves of a 64-bit value (a pointer, a size) as the value
+/// union holds them.
+fn halves(v: u64) -> [u32; 2] {
+    [v as u32, (v >> 32) as u32]
+}
+
+impl LaunchHint {
+    /// The driver's attribute id and value union (laid out as cuda.h has
+    /// it), `event` giving the driver's handle of an executor event.
+    pub fn driver_words(&self, event: impl Fn(u64) -> CuResult<u64>) -> CuResult<(u32, [u32; 16])> {
+        use launch_attribute as id;
+        Ok(match *self {
+            LaunchHint::AccessPolicyWindow {
+                base,
+                bytes,
+                hit_ratio,
+                hit_property,
+                miss_property,
+            } => {
+                let [base_low, base_high] = halves(base);
+                let [bytes_low, bytes_high] = halves(bytes);
+                (
+                    id::ACCESS_POLICY_WINDOW,
+                    value_union(&[
+                        base_low,
+                        base_high,
+                        bytes_low,
+                        bytes_high,
+                        hit_ratio.to_bits(),
+                        hit_property,
+                        miss_property,
+                    ]),
+                )
+            }
+            LaunchHint::SynchronizationPolicy(policy) => {
+                (id::SYNCHRONIZATION_POLICY, value_union(&[policy]))
+            }
+            LaunchHint::ClusterSchedulingPolicy(policy) => (
+                id::CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+                value_union(&[policy]),
+            ),
+            LaunchHint::ProgrammaticStreamSerialization(allowed) => (
+                id::PROGRAMMATIC_STREAM_SERIALIZATION,
+                value_union(&[u32::from(allowed)]),
+            ),
+            LaunchHint::ProgrammaticEvent {
+                event: held,
+                flags,
+                trigger_at_block_start,
+            } => {
+                let [low, high] = halves(event(held)?);
+                (
+                    id::PROGRAMMATIC_EVENT,
+                    value_union(&[low, high, flags, u32::from(trigger_at_block_start)]),
+                )
+            }
+            LaunchHint::Priority(priority) => (id::PRIORITY, value_union(&[priority as u32])),
+            LaunchHint::MemSyncDomainMap { default, remote } => (
+                id::MEM_SYNC_DOMAIN_MAP,
+                value_union(&[u32::from(default) | u32::from(remote) << 8]),
+            ),
+            LaunchHint::MemSyncDomain(domain) => (id::MEM_SYNC_DOMAIN, value_union(&[domain])),
+            LaunchHint::PreferredClusterDimension(dims) => {
+                (id::PREFERRED_CLUSTER_DIMENSION, value_union(&dims))
+            }
+            LaunchHint::LaunchCompletionEvent { event: held, flags } => {
+                let [low, high] = halves(event(held)?);
+                (
+                    id::LAUNCH_COMPLETION_EVENT,
+                    value_union(&[low, high, flags]),
+                )
+            }
+            LaunchHint::PreferredSharedMemoryCarveout(carveout) => (
+                id::PREFERRED_SHARED_MEMORY_CARVEOUT,
+                value_union(&[carveout]),
+            ),
+        })
+    }
+}
+
+/// An attribute of a graph's kernel node (`cuGraphKernelNodeSetAttribute`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum KernelNodeAttribute {
+    ClusterDimension([u32; 3]),
+    Cooperative(bool),
+    /// One that launches take too (no events: a node's launch records
+    /// none).
+    Hint(LaunchHint),
+}
+
+impl KernelNodeAttribute {
+    /// The driver's attribute id and value union.
+    pub fn driver_words(&self) -> CuResult<(u32, [u32; 16])> {
+        match self {
+            KernelNodeAttribute::ClusterDimension(dims) => {
+                Ok((launch_attribute::CLUSTER_DIMENSION, value_union(dims)))
+            }
+            KernelNodeAttribute::Cooperative(on) => Ok((
+                launch_attribute::COOPERATIVE,
+                value_union(&[u32::from(*on)]),
+            )),
+            KernelNodeAttribute::Hint(hint) => {
+                hint.driver_words(|_| Err(rgpu_proto::cuda_result::CUDA_ERROR_INVALID_VALUE))
+            }
+        }
+    }
 }
 
 /// What a `cuLaunchKernelEx` asks beyond an ordinary launch.
@@ -520,6 +639,23 @@ pub trait ContextExecutor {
     }
     /// `cuGraphNodeGetEnabled`.
     fn graph_exec_node_enabled(&mut self, _exec: u64, _node: u64) -> CuResult<bool> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuGraphKernelNodeSetAttribute` of kernel node `node`.
+    fn graph_kernel_node_set_attribute(
+        &mut self,
+        _node: u64,
+        _attribute: &KernelNodeAttribute,
+    ) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuGraphKernelNodeGetAttribute`: the value union of attribute `id`
+    /// of kernel node `node`.
+    fn graph_kernel_node_get_attribute(&mut self, _node: u64, _id: u32) -> CuResult<[u32; 16]> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuGraphKernelNodeCopyAttributes`: `dst` takes `src`'s attributes.
+    fn graph_kernel_node_copy_attributes(&mut self, _dst: u64, _src: u64) -> CuResult<()> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
     /// `cuGraphExecUpdate_v2`: `exec` takes the parameters of `graph`'s

@@ -40,7 +40,8 @@ use crate::image::{classify, ImageKind};
 use crate::occupancy::{self, KernelResources};
 use crate::{
     exec_update, ptx, ContextExecutor, Copy3D, CuResult, DeviceStatus, ExecUpdate, Executor,
-    GraphNode, HostRun, LaunchHint, LaunchOptions, MemoryOp, PitchedSide, StreamRef,
+    GraphNode, HostRun, KernelNodeAttribute, LaunchHint, LaunchOptions, MemoryOp, PitchedSide,
+    StreamRef,
 };
 
 /// What `rgpu_spin` with a duration past the clock's range waits: forever,
@@ -634,6 +635,9 @@ pub struct SimContext {
     /// Executable graphs: a copy of their graph's nodes when instantiated
     /// (the handles stay those of that graph's nodes).
     graph_execs: HashMap<u64, Vec<SimNode>>,
+    /// Kernel nodes' attributes as set (the driver's value unions, by id):
+    /// kept, not acted on.
+    node_attributes: HashMap<u64, BTreeMap<u32, [u32; 16]>>,
     /// Memory-allocation nodes' memory: how many graphs and executable
     /// graphs hold each node (by address).
     graph_allocations: HashMap<u64, u32>,
@@ -835,6 +839,7 @@ impl SimContext {
             invalidated_captures: HashSet::new(),
             graphs: HashMap::new(),
             graph_execs: HashMap::new(),
+            node_attributes: HashMap::new(),
             graph_allocations: HashMap::new(),
         }
     }
@@ -1085,6 +1090,22 @@ impl SimContext {
 
     /// What a node of a built graph does, checked as the driver checks it
     /// when the node is added.
+    /// Kernel node `node` of one of the context's graphs.
+    fn kernel_node(&self, node: u64) -> CuResult<()> {
+        match self
+            .graphs
+            .values()
+            .flat_map(|nodes| nodes.iter())
+            .find(|n| n.handle == node)
+        {
+            Some(SimNode {
+                op: GraphOp::Launch { .. },
+                ..
+            }) => Ok(()),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
     /// Node `node` of executable graph `exec`: a kernel, memset or memcpy
     /// node (the kinds the driver enables and disables).
     fn exec_node(&mut self, exec: u64, node: u64) -> CuResult<&mut SimNode> {
@@ -2511,6 +2532,38 @@ impl ContextExecutor for SimContext {
             .find(|n| n.handle == node)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         replace_params(&mut held.op, op)
+    }
+
+    fn graph_kernel_node_set_attribute(
+        &mut self,
+        node: u64,
+        attribute: &KernelNodeAttribute,
+    ) -> CuResult<()> {
+        self.kernel_node(node)?;
+        let (id, value) = attribute.driver_words()?;
+        self.node_attributes
+            .entry(node)
+            .or_default()
+            .insert(id, value);
+        Ok(())
+    }
+
+    fn graph_kernel_node_get_attribute(&mut self, node: u64, id: u32) -> CuResult<[u32; 16]> {
+        self.kernel_node(node)?;
+        Ok(self
+            .node_attributes
+            .get(&node)
+            .and_then(|held| held.get(&id))
+            .copied()
+            .unwrap_or_default())
+    }
+
+    fn graph_kernel_node_copy_attributes(&mut self, dst: u64, src: u64) -> CuResult<()> {
+        self.kernel_node(dst)?;
+        self.kernel_node(src)?;
+        let copied = self.node_attributes.get(&src).cloned().unwrap_or_default();
+        self.node_attributes.insert(dst, copied);
+        Ok(())
     }
 
     fn graph_exec_node_set_enabled(&mut self, exec: u64, node: u64, enabled: bool) -> CuResult<()> {

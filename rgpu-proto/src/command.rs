@@ -1264,6 +1264,15 @@ commands! {
         flags: u32,
     }
         check graph_flags;
+    /// `cuGraphKernelNodeSetAttribute` of kernel node `node`: one
+    /// attribute, as `LaunchKernelEx` carries them (a cluster dimension and
+    /// cooperativity among them; no events).
+    GraphKernelNodeSetAttribute = 0x0730 { node: u32, attribute: Vec<LaunchAttr> };
+    /// `cuGraphKernelNodeGetAttribute`; answers the attribute's 64-byte
+    /// value union as the host's driver holds it.
+    GraphKernelNodeGetAttribute = 0x0731 { node: u32, id: u32 };
+    /// `cuGraphKernelNodeCopyAttributes`: kernel node `dst` takes `src`'s.
+    GraphKernelNodeCopyAttributes = 0x0732 { dst: u32, src: u32 };
     /// As `GraphMemOpNodeSetParams`, in executable graph `exec` only.
     GraphExecMemOpNodeSetParams = 0x072f {
         exec: u32,

@@ -5,8 +5,8 @@
 use std::os::fd::AsFd;
 
 use rgpu_executor::{
-    exec_update, ContextExecutor, Copy3D, CuResult, Executor, GraphNode, HostRun, LaunchHint,
-    LaunchOptions, MemoryOp,
+    exec_update, ContextExecutor, Copy3D, CuResult, Executor, GraphNode, HostRun,
+    KernelNodeAttribute, LaunchHint, LaunchOptions, MemoryOp,
 };
 use rgpu_proto::command::launch_attribute;
 use rgpu_proto::cuda_result::{
@@ -180,6 +180,32 @@ fn launch_hints(
             })
         })
         .collect()
+}
+
+/// A kernel node's attribute, checked as a launch's: a cluster dimension,
+/// cooperativity, or a hint (events are for launches only).
+fn kernel_node_attribute(
+    attribute: &LaunchAttr,
+    handles: &Handles,
+    tenant: &Tenant,
+    ctx_id: u32,
+) -> CuResult<KernelNodeAttribute> {
+    let v = attribute.value;
+    Ok(match attribute.id {
+        launch_attribute::CLUSTER_DIMENSION => {
+            KernelNodeAttribute::ClusterDimension([v[0] as u32, (v[0] >> 32) as u32, v[1] as u32])
+        }
+        launch_attribute::COOPERATIVE => KernelNodeAttribute::Cooperative(v[0] as u32 != 0),
+        launch_attribute::PROGRAMMATIC_EVENT | launch_attribute::LAUNCH_COMPLETION_EVENT => {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        _ => {
+            let hints = launch_hints(std::slice::from_ref(attribute), handles, tenant, ctx_id)?;
+            let [hint] =
+                <[LaunchHint; 1]>::try_from(hints).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+            KernelNodeAttribute::Hint(hint)
+        }
+    })
 }
 
 /// Loads a module; its globals (and whatever else the driver took for it)
@@ -1828,6 +1854,35 @@ impl Worker {
                 check_memory_op(tenant, ctx_id, "memory-operation node", &op)?;
                 ctx.graph_exec_node_set_params(created_exec, created, &GraphNode::MemOp(op))
                     .map(empty)
+            }
+            Command::GraphKernelNodeSetAttribute { node, attribute } => {
+                let created = handles.graph_node(*node, None)?;
+                let [attribute] = attribute.as_slice() else {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                };
+                let spec = kernel_node_attribute(attribute, handles, tenant, ctx_id)?;
+                ctx.graph_kernel_node_set_attribute(created, &spec)
+                    .map(empty)
+            }
+            Command::GraphKernelNodeGetAttribute { node, id } => {
+                let created = handles.graph_node(*node, None)?;
+                // An event's value would be the host's handle of it.
+                if matches!(
+                    *id,
+                    launch_attribute::PROGRAMMATIC_EVENT
+                        | launch_attribute::LAUNCH_COMPLETION_EVENT
+                ) {
+                    return Err(CUDA_ERROR_NOT_SUPPORTED);
+                }
+                ctx.graph_kernel_node_get_attribute(created, *id)
+                    .map(|value| value.iter().flat_map(|w| w.to_le_bytes()).collect())
+            }
+            Command::GraphKernelNodeCopyAttributes { dst, src } => {
+                let (dst, src) = (
+                    handles.graph_node(*dst, None)?,
+                    handles.graph_node(*src, None)?,
+                );
+                ctx.graph_kernel_node_copy_attributes(dst, src).map(empty)
             }
             Command::GraphExecNodeSetEnabled {
                 exec,

@@ -276,6 +276,13 @@ CUresult cuGraphEventWaitNodeSetEvent(CUgraphNode node, CUevent event);
 CUresult cuGraphExecEventRecordNodeSetEvent(CUgraphExec exec, CUgraphNode node, CUevent event);
 CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraph child);
 CUresult cuGraphNodeSetEnabled(CUgraphExec exec, CUgraphNode node, unsigned enabled);
+CUresult cuGraphKernelNodeSetAttribute(CUgraphNode node, int attr, const unsigned value[16]);
+CUresult cuGraphKernelNodeGetAttribute(CUgraphNode node, int attr, unsigned value[16]);
+CUresult cuGraphKernelNodeCopyAttributes(CUgraphNode dst, CUgraphNode src);
+/* CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, _PRIORITY, _PROGRAMMATIC_EVENT. */
+#define ATTR_ACCESS_POLICY_WINDOW 1
+#define ATTR_PRIORITY 8
+#define ATTR_PROGRAMMATIC_EVENT 7
 CUresult cuGraphNodeGetEnabled(CUgraphExec exec, CUgraphNode node, unsigned *enabled);
 CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode *deps,
                                      const EdgeData *edges, size_t n, int mode);
@@ -1160,6 +1167,55 @@ int main(int argc, char **argv) {
         CHECK_CU(cuGraphExecDestroy(traced_exec));
         CHECK_CU(cuGraphDestroy(parent));
         CHECK_CU(cuGraphDestroy(traced));
+    }
+
+    /* Kernel node attributes: a priority and an access policy window set
+     * and read back, copied to another kernel node, and the graph runs. */
+    {
+        CUgraph ag = NULL;
+        CUgraphExec age = NULL;
+        CUgraphNode k1 = NULL, k2 = NULL;
+        void *args[] = {&d_index, &base, &count};
+        KernelNodeParams kp = fill_index_node(fill_index, args);
+        unsigned value[16], got[16];
+        float hit = 0.5f;
+        CHECK_CU(cuGraphCreate(&ag, 0));
+        CHECK_CU(cuGraphAddKernelNode_v2(&k1, ag, NULL, 0, &kp));
+        CHECK_CU(cuGraphAddKernelNode_v2(&k2, ag, &k1, 1, &kp));
+        memset(value, 0, sizeof value);
+        value[0] = (unsigned)-1;
+        CHECK_CU(cuGraphKernelNodeSetAttribute(k1, ATTR_PRIORITY, value));
+        memset(got, 0x5a, sizeof got);
+        CHECK_CU(cuGraphKernelNodeGetAttribute(k1, ATTR_PRIORITY, got));
+        CHECK_EQ_INT((int)got[0], -1);
+        memset(value, 0, sizeof value);
+        value[0] = (unsigned)d_index;
+        value[1] = (unsigned)(d_index >> 32);
+        value[2] = 4096;
+        memcpy(&value[4], &hit, 4);
+        value[5] = 1; /* persisting */
+        value[6] = 2; /* streaming */
+        CHECK_CU(cuGraphKernelNodeSetAttribute(k1, ATTR_ACCESS_POLICY_WINDOW, value));
+        CHECK_CU(cuGraphKernelNodeCopyAttributes(k2, k1));
+        memset(got, 0x5a, sizeof got);
+        CHECK_CU(cuGraphKernelNodeGetAttribute(k2, ATTR_PRIORITY, got));
+        CHECK_EQ_INT((int)got[0], -1);
+        memset(got, 0x5a, sizeof got);
+        CHECK_CU(cuGraphKernelNodeGetAttribute(k2, ATTR_ACCESS_POLICY_WINDOW, got));
+        CHECK_TRUE(got[0] == value[0] && got[1] == value[1] && got[2] == 4096 && got[3] == 0);
+        CHECK_TRUE(got[5] == 1 && got[6] == 2);
+        CHECK_CU(cuGraphInstantiateWithFlags(&age, ag, 0));
+        CHECK_CU(cuGraphLaunch(age, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(mismatches(d_index, base, 0), 0);
+        if (through_rgpu) {
+            /* An event's value would be the host's handle of it. */
+            memset(value, 0, sizeof value);
+            CHECK_RC(cuGraphKernelNodeSetAttribute(k1, ATTR_PROGRAMMATIC_EVENT, value),
+                     CUDA_ERROR_NOT_SUPPORTED);
+        }
+        CHECK_CU(cuGraphExecDestroy(age));
+        CHECK_CU(cuGraphDestroy(ag));
     }
 
     /* Node setters: event nodes, a child graph node, enabled nodes. */

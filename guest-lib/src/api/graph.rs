@@ -2376,6 +2376,96 @@ pub(crate) fn node_get_enabled(
     write_out(enabled, c_uint::from(value != 0))
 }
 
+/// `CUlaunchAttributeValue`, the value of a kernel node's attribute.
+pub type KernelNodeAttributeValue = [u32; 16];
+
+/// `cuGraphKernelNodeSetAttribute`: the host's driver sets it; a cluster
+/// dimension, cooperativity and every attribute a launch takes but events.
+pub(crate) fn kernel_node_set_attribute(
+    node: CUgraphNode,
+    id: c_int,
+    value: *const KernelNodeAttributeValue,
+) -> Result<(), u32> {
+    use rgpu_proto::command::{launch_attribute as attr, LaunchAttr};
+    let node = node_of_kind(node, NODE_KERNEL)?;
+    if value.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable CUlaunchAttributeValue.
+    let w = unsafe { value.read() };
+    let id = u32::try_from(id).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    match id {
+        attr::CLUSTER_DIMENSION
+        | attr::COOPERATIVE
+        | attr::ACCESS_POLICY_WINDOW
+        | attr::SYNCHRONIZATION_POLICY
+        | attr::CLUSTER_SCHEDULING_POLICY_PREFERENCE
+        | attr::PRIORITY
+        | attr::MEM_SYNC_DOMAIN_MAP
+        | attr::MEM_SYNC_DOMAIN
+        | attr::PREFERRED_CLUSTER_DIMENSION
+        | attr::PREFERRED_SHARED_MEMORY_CARVEOUT => {}
+        other => {
+            log::warn!(
+                "rgpu: cuGraphKernelNodeSetAttribute: attribute {other} ({:?}) is not supported",
+                &w[..4]
+            );
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+    }
+    let mut value = [0u64; 4];
+    for (i, v) in value.iter_mut().enumerate() {
+        *v = u64::from(w[2 * i]) | u64::from(w[2 * i + 1]) << 32;
+    }
+    node.context
+        .call(&Command::GraphKernelNodeSetAttribute {
+            node: node.handle,
+            attribute: vec![LaunchAttr { id, value }],
+        })
+        .map(|_| ())
+}
+
+/// `cuGraphKernelNodeGetAttribute`: as the host's driver holds it.
+pub(crate) fn kernel_node_get_attribute(
+    node: CUgraphNode,
+    id: c_int,
+    value: *mut KernelNodeAttributeValue,
+) -> Result<(), u32> {
+    let node = node_of_kind(node, NODE_KERNEL)?;
+    if value.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let id = u32::try_from(id).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    let answer = node.context.call(&Command::GraphKernelNodeGetAttribute {
+        node: node.handle,
+        id,
+    })?;
+    let mut words: KernelNodeAttributeValue = [0; 16];
+    if answer.len() != 64 {
+        return Err(CUDA_ERROR_UNKNOWN);
+    }
+    for (word, bytes) in words.iter_mut().zip(answer.chunks_exact(4)) {
+        *word = u32::from_le_bytes(bytes.try_into().map_err(|_| CUDA_ERROR_UNKNOWN)?);
+    }
+    write_out(value, words)
+}
+
+/// `cuGraphKernelNodeCopyAttributes`: `dst` takes `src`'s, two kernel
+/// nodes of one context.
+pub(crate) fn kernel_node_copy_attributes(dst: CUgraphNode, src: CUgraphNode) -> Result<(), u32> {
+    let (dst, src) = (
+        node_of_kind(dst, NODE_KERNEL)?,
+        node_of_kind(src, NODE_KERNEL)?,
+    );
+    same_context(&dst.context, &src.context)?;
+    dst.context
+        .call(&Command::GraphKernelNodeCopyAttributes {
+            dst: dst.handle,
+            src: src.handle,
+        })
+        .map(|_| ())
+}
+
 /// `cuGraphExecGetFlags`: the flags it was instantiated with.
 pub(crate) fn exec_get_flags(exec: CUgraphExec, flags: *mut c_ulonglong) -> Result<(), u32> {
     driver()?;

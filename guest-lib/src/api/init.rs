@@ -100,11 +100,11 @@ mod tests {
     #[test]
     fn unsupported_symbols_answer_not_supported() {
         assert_eq!(
-            crate::unsupported::cuGraphKernelNodeSetAttribute(),
+            crate::unsupported::cuGraphAddBatchMemOpNode(),
             CUDA_ERROR_NOT_SUPPORTED
         );
         assert_eq!(
-            crate::unsupported::cuGraphKernelNodeSetAttribute(),
+            crate::unsupported::cuGraphAddBatchMemOpNode(),
             CUDA_ERROR_NOT_SUPPORTED
         );
     }
