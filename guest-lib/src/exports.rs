@@ -129,6 +129,10 @@ rgpu_shim::exported_api! {
     fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) => memory_pool::set_attribute;
     fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) => memory_pool::get_attribute;
     fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) => memory_pool::trim_to;
+    fn cuMemPoolExportToShareableHandle(handle_out: *mut c_void, pool: CUmemoryPool, handle_type: c_int, flags: c_ulonglong) => memory_pool::export_to_shareable_handle;
+    fn cuMemPoolImportFromShareableHandle(pool_out: *mut CUmemoryPool, handle: *mut c_void, handle_type: c_int, flags: c_ulonglong) => memory_pool::import_from_shareable_handle;
+    fn cuMemPoolExportPointer(share_data_out: *mut IpcHandle, ptr: CUdeviceptr) => memory_pool::export_pointer;
+    fn cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, share_data: *const IpcHandle) => memory_pool::import_pointer;
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => stream_ordered::free_async_ptsz;
     fn cuStreamWriteValue32(stream: CUstream, address: CUdeviceptr, value: c_uint, flags: c_uint) => stream_ordered::write_value32;
     fn cuStreamWriteValue32_v2(stream: CUstream, address: CUdeviceptr, value: c_uint, flags: c_uint) => stream_ordered::write_value32;

@@ -1,7 +1,7 @@
 /* pool_test: stream-ordered memory and memory pools (issue 10), as
  * PyTorch's cudaMallocAsync backend and CuPy's pools use them.
  *
- * Usage: pool_test [--limit-mb N]
+ * Usage: pool_test [--limit-mb N] [--pool-ipc opened|not-supported]
  *
  * The device's default pool is its current one; cuMemAllocAsync takes
  * from it and the pool's used-memory statistics follow (current back to 0
@@ -12,11 +12,26 @@
  * MiB from a pool succeed and 16 MiB more fail with
  * CUDA_ERROR_OUT_OF_MEMORY.
  *
+ * Pools between processes: a pool made with POSIX file-descriptor
+ * handles exports itself and an allocation's pointer (one made without
+ * them does neither); a child process (this program again) imports the
+ * pool (from which it cannot allocate) and the pointer, reads the
+ * parent's pattern and writes one the parent reads back, then frees it
+ * (--pool-ipc opened, the default). With not-supported (the sim
+ * executor, whose workers cannot map each other's memory) the import of
+ * the pointer passes the tenant's registry and fails with
+ * CUDA_ERROR_NOT_SUPPORTED. Through rgpu, a pointer's export data with a
+ * byte changed is CUDA_ERROR_INVALID_HANDLE and a descriptor of random
+ * bytes imports no pool.
+ *
  * Prints "pool_test: N checks passed" (exit 0) or every failed check
  * (exit 1). */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 
 #include <stdint.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,11 +64,152 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool);
 CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value);
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value);
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep);
+typedef struct {
+    unsigned char reserved[64];
+} PoolPtrExportData;
+CUresult cuMemPoolExportToShareableHandle(void *handle, CUmemoryPool pool, int type,
+                                          unsigned long long flags);
+CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool, void *handle, int type,
+                                            unsigned long long flags);
+CUresult cuMemPoolExportPointer(PoolPtrExportData *data, CUdeviceptr ptr);
+CUresult cuMemPoolImportPointer(CUdeviceptr *ptr, CUmemoryPool pool, PoolPtrExportData *data);
+
+#define CUDA_ERROR_INVALID_HANDLE 400
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#define HANDLE_POSIX_FD 1
+#define PARENT_WORD 0x600dcafeu
+#define CHILD_WORD 0xb0b0b0b0u
 
 #define RELEASE_THRESHOLD 4
 #define USED_MEM_CURRENT 7
 #define USED_MEM_HIGH 8
 #define MIB (1u << 20)
+
+static void hex(char *out, const unsigned char *bytes, size_t len) {
+    for (size_t i = 0; i < len; i++) sprintf(out + 2 * i, "%02x", bytes[i]);
+}
+
+static int unhex(unsigned char *out, const char *text, size_t len) {
+    if (strlen(text) != 2 * len) return -1;
+    for (size_t i = 0; i < len; i++) {
+        unsigned byte;
+        if (sscanf(text + 2 * i, "%2x", &byte) != 1) return -1;
+        out[i] = (unsigned char)byte;
+    }
+    return 0;
+}
+
+/* The child: imports the pool from descriptor `fd` and the pointer
+ * `data_hex`; `expect` says what the pointer's import returns. */
+static int pool_child(int fd, const char *data_hex, const char *expect) {
+    CUdevice dev;
+    CUcontext ctx;
+    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) ||
+        cuCtxSetCurrent(ctx)) {
+        printf("FAIL: child: no CUDA context\n");
+        return 1;
+    }
+    PoolPtrExportData data;
+    if (unhex(data.reserved, data_hex, sizeof data.reserved)) {
+        printf("FAIL: child: bad export data\n");
+        return 1;
+    }
+    CUmemoryPool imported = NULL;
+    CHECK_CU(cuMemPoolImportFromShareableHandle(&imported, (void *)(intptr_t)fd, HANDLE_POSIX_FD,
+                                                0));
+    CUdeviceptr ptr = 0, own = 0;
+    CHECK_CU_FAILS(cuMemAllocFromPoolAsync(&own, MIB, imported, NULL));
+    CUresult rc = cuMemPoolImportPointer(&ptr, imported, &data);
+    if (!strcmp(expect, "opened")) {
+        CHECK_CU(rc);
+        uint32_t word = 0;
+        CHECK_CU(cuMemcpyDtoH(&word, ptr + 4096, 4));
+        CHECK_EQ_INT(word, PARENT_WORD);
+        CHECK_CU(cuMemsetD32(ptr, CHILD_WORD, MIB / 4));
+        CHECK_CU(cuMemFreeAsync(ptr, NULL));
+        CHECK_CU(cuCtxSynchronize());
+    } else if (!strcmp(expect, "not-supported")) {
+        CHECK_RC(rc, CUDA_ERROR_NOT_SUPPORTED);
+    } else {
+        CHECK_RC(rc, CUDA_ERROR_INVALID_HANDLE);
+    }
+    CHECK_CU(cuMemPoolDestroy(imported));
+    printf("pool_test child (%s): %ld checks passed, %ld failed\n", expect, checks_passed,
+           checks_failed);
+    return checks_failed ? 1 : 0;
+}
+
+/* Runs the child with descriptor `fd` and export data `data`; its exit
+ * status. */
+static int run_child(const char *self, int fd, const PoolPtrExportData *data,
+                     const char *expect) {
+    char fd_text[16], data_hex[2 * sizeof data->reserved + 1];
+    snprintf(fd_text, sizeof fd_text, "%d", fd);
+    hex(data_hex, data->reserved, sizeof data->reserved);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(self, "pool_test", "--pool-child", fd_text, data_hex, expect, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Pools between processes (see the comment at the top). */
+static void pools_between_processes(CUdevice dev, CUstream stream, const char *expect) {
+    int through_rgpu = getenv("RGPU_SOCKET") || getenv("RGPU_SERVER") || getenv("RGPU_DEVICES");
+    PoolProps props;
+    memset(&props, 0, sizeof props);
+    props.alloc_type = 1;
+    props.location_type = 1;
+    props.location_id = dev;
+    CUmemoryPool plain = NULL, shared = NULL;
+    CHECK_CU(cuMemPoolCreate(&plain, &props));
+    props.handle_types = HANDLE_POSIX_FD;
+    CHECK_CU(cuMemPoolCreate(&shared, &props));
+    int fd = -1;
+    CHECK_RC(cuMemPoolExportToShareableHandle(&fd, plain, HANDLE_POSIX_FD, 0),
+             CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr p = 0, q = 0;
+    CHECK_CU(cuMemAllocFromPoolAsync(&p, MIB, shared, stream));
+    CHECK_CU(cuMemAllocFromPoolAsync(&q, MIB, plain, stream));
+    CHECK_CU(cuMemsetD32Async(p, PARENT_WORD, MIB / 4, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    PoolPtrExportData data;
+    CHECK_RC(cuMemPoolExportPointer(&data, q), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cuMemPoolExportToShareableHandle(&fd, shared, HANDLE_POSIX_FD, 0));
+    CHECK_CU(cuMemPoolExportPointer(&data, p));
+    if (fd >= 0) {
+        CHECK_EQ_INT(run_child("/proc/self/exe", fd, &data, expect), 0);
+        if (!strcmp(expect, "opened")) {
+            uint32_t word = 0;
+            CHECK_CU(cuMemcpyDtoH(&word, p + 4096, 4));
+            CHECK_EQ_INT(word, CHILD_WORD);
+        }
+        if (through_rgpu) {
+            PoolPtrExportData forged = data;
+            forged.reserved[37] ^= 1;
+            CHECK_EQ_INT(run_child("/proc/self/exe", fd, &forged, "refused"), 0);
+            /* A descriptor of random bytes imports no pool. */
+            int random_fd = memfd_create("random", 0);
+            unsigned char junk[20] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+            CUmemoryPool none = NULL;
+            CHECK_TRUE(random_fd >= 0 && write(random_fd, junk, sizeof junk) == sizeof junk);
+            CHECK_RC(cuMemPoolImportFromShareableHandle(&none, (void *)(intptr_t)random_fd,
+                                                        HANDLE_POSIX_FD, 0),
+                     CUDA_ERROR_INVALID_VALUE);
+            close(random_fd);
+        }
+        close(fd);
+    }
+    CHECK_CU(cuMemFreeAsync(p, stream));
+    CHECK_CU(cuMemFreeAsync(q, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    CHECK_CU(cuMemPoolDestroy(shared));
+    CHECK_CU(cuMemPoolDestroy(plain));
+}
 
 static uint64_t attribute(CUmemoryPool pool, int attr) {
     uint64_t value = 12345;
@@ -62,7 +218,14 @@ static uint64_t attribute(CUmemoryPool pool, int attr) {
 }
 
 int main(int argc, char **argv) {
-    long limit_mb = argc == 3 && !strcmp(argv[1], "--limit-mb") ? atol(argv[2]) : 0;
+    if (argc == 5 && !strcmp(argv[1], "--pool-child"))
+        return pool_child(atoi(argv[2]), argv[3], argv[4]);
+    long limit_mb = 0;
+    const char *pool_ipc = "opened";
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--limit-mb")) limit_mb = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--pool-ipc")) pool_ipc = argv[i + 1];
+    }
     CUdevice dev;
     CUcontext ctx;
     CUstream stream;
@@ -127,6 +290,8 @@ int main(int argc, char **argv) {
         CHECK_CU(cuMemAllocAsync(&more, 16 * MIB, stream));
         CHECK_CU(cuMemFreeAsync(more, stream));
     }
+
+    pools_between_processes(dev, stream, pool_ipc);
 
     CHECK_CU(cuStreamDestroy(stream));
     cuDevicePrimaryCtxRelease(dev);

@@ -161,17 +161,35 @@ fn virtual_memory_maps_one_allocation_twice_and_counts_against_the_limit() {
 
 /// Stream-ordered memory and pools (issue 10) through a sim daemon whose
 /// tenant is limited to 64 MiB: pool statistics follow cuMemAllocAsync and
-/// cuMemFreeAsync, created pools serve and become current, and pool
-/// allocations count against the limit (tests/programs/pool_test.c).
+/// cuMemFreeAsync, created pools serve and become current, pool
+/// allocations count against the limit, and a pool and its pointer are
+/// exported to a child process, whose forged pointer is refused
+/// (tests/programs/pool_test.c).
 #[test]
 fn stream_ordered_allocations_come_from_pools_and_count_against_the_limit() {
     let guest = GuestLib::new();
     let program = guest.build_program("pool_test.c");
     let daemon = Daemon::start_with("sim", &["--memory-limit", "64MiB"], &[]);
     let mut command = guest.command(&program, &daemon);
-    command.args(["--limit-mb", "64"]);
+    // The sim's workers cannot map each other's memory: the child's
+    // import of a pool pointer passes the registry, then is not supported.
+    command.args(["--limit-mb", "64", "--pool-ipc", "not-supported"]);
     let outcome = GuestProcess::spawn(command).finish(Duration::from_secs(120));
     outcome.assert_passed("pool_test");
+    let children: Vec<&str> = outcome
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("pool_test child"))
+        .collect();
+    assert_eq!(
+        children,
+        [
+            "pool_test child (not-supported): 4 checks passed, 0 failed",
+            "pool_test child (refused): 4 checks passed, 0 failed",
+        ],
+        "{}",
+        outcome.stdout
+    );
     daemon.wait_until_idle(Duration::from_secs(15));
     assert_eq!(daemon.stats().get("device_memory_bytes"), 0);
 }

@@ -58,7 +58,11 @@ pub(crate) fn free(dptr: CUdeviceptr) -> Result<(), u32> {
     // with several carriers (`RGPU_DEVICES`) only the owner's daemon can.
     // The current context first, as addresses of two daemons may coincide.
     let is_base = |c: &Context| c.allocation_at(dptr).is_some_and(|(base, _)| base == dptr);
-    // Memory of another process opened through IPC is closed, not freed.
+    // Memory imported into a pool is closed; memory of another process
+    // opened through IPC otherwise is closed, not freed.
+    if crate::api::memory_pool::forget_imported(dptr) {
+        return crate::api::ipc::close_mem_handle(dptr);
+    }
     if current
         .allocation_at(dptr)
         .is_some_and(|(base, a)| base == dptr && a.ipc_opens > 0)

@@ -5,7 +5,12 @@
 //! when freed, so a pool holds no memory of its own. Its attributes are
 //! kept as set, and its statistics count what is allocated from it now and
 //! at most (reserved and used are the same: nothing is kept for reuse).
-//! Export, import and per-pool access are not supported.
+//! A pool made with POSIX file-descriptor handles exports itself as a
+//! sealed memfd of this library's (the importing process gets a pool of
+//! its own that only imports) and its allocations as their CUDA IPC
+//! handles (`cuMemPoolExportPointer` is `cuIpcGetMemHandle`,
+//! `cuMemPoolImportPointer` is `cuIpcOpenMemHandle`), so the tenant's IPC
+//! registry decides, as for IPC. Per-pool access is not supported.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -41,8 +46,18 @@ struct PoolState {
 
 pub(crate) struct Pool {
     device: CUdevice,
+    /// `CUmemAllocationHandleType`s it may be shared with (0 or POSIX_FD).
+    handle_types: u32,
+    /// Imported from another process: it holds only imported pointers.
+    imported: bool,
     state: Mutex<PoolState>,
 }
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+const HANDLE_TYPE_POSIX_FD: u32 = 1;
+/// The content of an exported pool's descriptor: this, then the device.
+const POOL_MAGIC: &[u8; 16] = b"rgpu-mem-pool-01";
+const POOL_SHARE_LEN: usize = POOL_MAGIC.len() + 4;
 
 static POOLS: Registry<Pool> = Registry::new();
 /// Per device: its default pool and its current pool.
@@ -55,8 +70,14 @@ impl Pool {
 }
 
 fn new_pool(device: CUdevice) -> *mut c_void {
+    new_pool_of(device, 0, false)
+}
+
+fn new_pool_of(device: CUdevice, handle_types: u32, imported: bool) -> *mut c_void {
     POOLS.insert(Arc::new(Pool {
         device,
+        handle_types,
+        imported,
         state: Mutex::new(PoolState {
             // The driver's defaults: reuse allowed.
             reuse: [1, 1, 1],
@@ -128,12 +149,18 @@ pub(crate) fn create(pool_out: *mut CUmemoryPool, props: *const PoolProps) -> Re
     // SAFETY: non-NULL; the API contract makes it a CUmemPoolProps, whose
     // first fields these are.
     let props = unsafe { props.read() };
-    // Pinned memory of a device, no shareable handles.
-    if props.alloc_type != 1 || props.location_type != 1 || props.handle_types != 0 {
+    // Pinned memory of a device, shared (if at all) by file descriptor.
+    if props.alloc_type != 1
+        || props.location_type != 1
+        || props.handle_types & !HANDLE_TYPE_POSIX_FD != 0
+    {
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
     device_pools(props.location_id)?;
-    write_out(pool_out, new_pool(props.location_id))
+    write_out(
+        pool_out,
+        new_pool_of(props.location_id, props.handle_types, false),
+    )
 }
 
 pub(crate) fn destroy(handle: CUmemoryPool) -> Result<(), u32> {
@@ -142,10 +169,16 @@ pub(crate) fn destroy(handle: CUmemoryPool) -> Result<(), u32> {
     if handle as usize == default {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    // The driver frees what is still allocated from it.
+    // The driver frees what is still allocated from it (closes what was
+    // imported into it).
     let left: Vec<u64> = pool.state().allocations.keys().copied().collect();
     for ptr in left {
-        free(ptr)?;
+        if pool.imported {
+            crate::api::ipc::close_mem_handle(ptr)?;
+            pool.state().allocations.remove(&ptr);
+        } else {
+            free(ptr)?;
+        }
     }
     POOLS.remove(handle);
     if handle as usize == current {
@@ -221,7 +254,8 @@ fn alloc_from_pool_on(
 ) -> Result<(), u32> {
     let pool = pool(handle)?;
     let (ctx, _) = resolve_stream(stream, per_thread)?;
-    if ctx.device != pool.device {
+    // An imported pool only imports.
+    if ctx.device != pool.device || pool.imported {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     alloc(dptr, size)?;
@@ -262,6 +296,115 @@ pub(crate) fn alloc_async_from_current(
     let ctx = current()?;
     let (_, pool) = device_pools(ctx.device)?;
     alloc_from_pool_on(dptr, size, pool as CUmemoryPool, stream, per_thread)
+}
+
+/// `cuMemPoolExportToShareableHandle`: a sealed memfd naming the pool's
+/// device (its number travels as the descriptor), for a pool made with
+/// POSIX file-descriptor handles.
+pub(crate) fn export_to_shareable_handle(
+    handle_out: *mut c_void,
+    handle: CUmemoryPool,
+    handle_type: c_int,
+    flags: u64,
+) -> Result<(), u32> {
+    let pool = pool(handle)?;
+    let wanted = u32::try_from(handle_type).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    if handle_out.is_null()
+        || flags != 0
+        || pool.imported
+        || wanted != HANDLE_TYPE_POSIX_FD
+        || pool.handle_types & HANDLE_TYPE_POSIX_FD == 0
+    {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut content = POOL_MAGIC.to_vec();
+    content.extend_from_slice(&pool.device.to_le_bytes());
+    let fd = crate::api::vmm::sealed_memfd(&content).map_err(|e| {
+        log::warn!("rgpu: cuMemPoolExportToShareableHandle: cannot make its descriptor: {e}");
+        CUDA_ERROR_OUT_OF_MEMORY
+    })?;
+    write_out(handle_out.cast::<c_int>(), fd)
+}
+
+/// `cuMemPoolImportFromShareableHandle`: a pool of this process that
+/// imports what the exporting process's pool exports.
+pub(crate) fn import_from_shareable_handle(
+    pool_out: *mut CUmemoryPool,
+    os_handle: *mut c_void,
+    handle_type: c_int,
+    flags: u64,
+) -> Result<(), u32> {
+    driver()?;
+    if pool_out.is_null() || flags != 0 || handle_type != HANDLE_TYPE_POSIX_FD as c_int {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // The descriptor's number travels as the pointer's value.
+    let fd = c_int::try_from(os_handle as usize).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    let mut content = [0u8; POOL_SHARE_LEN + 1];
+    // SAFETY: reads at most `content.len()` bytes into it; a bad
+    // descriptor fails.
+    let read = unsafe { libc::pread(fd, content.as_mut_ptr().cast(), content.len(), 0) };
+    let (magic, device) = content.split_at(POOL_MAGIC.len());
+    let device = device
+        .get(..4)
+        .and_then(|d| d.try_into().ok())
+        .map(CUdevice::from_le_bytes)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if usize::try_from(read).ok() != Some(POOL_SHARE_LEN) || magic != POOL_MAGIC {
+        log::debug!("rgpu: cuMemPoolImportFromShareableHandle: descriptor {fd} is none of rgpu's");
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    device_pools(device)?;
+    write_out(pool_out, new_pool_of(device, HANDLE_TYPE_POSIX_FD, true))
+}
+
+/// `cuMemPoolExportPointer`: the IPC handle of an allocation of a pool
+/// made with POSIX file-descriptor handles.
+pub(crate) fn export_pointer(
+    share_data: *mut crate::api::ipc::IpcHandle,
+    ptr: CUdeviceptr,
+) -> Result<(), u32> {
+    let exportable = POOLS.values().into_iter().any(|pool| {
+        !pool.imported
+            && pool.handle_types & HANDLE_TYPE_POSIX_FD != 0
+            && pool.state().allocations.contains_key(&ptr)
+    });
+    if !exportable {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    crate::api::ipc::get_mem_handle(share_data, ptr)
+}
+
+/// `cuMemPoolImportPointer`: opens what another process exported, in an
+/// imported pool (freed with `cuMemFree` or `cuMemFreeAsync`, which close
+/// it).
+pub(crate) fn import_pointer(
+    ptr_out: *mut CUdeviceptr,
+    handle: CUmemoryPool,
+    share_data: *const crate::api::ipc::IpcHandle,
+) -> Result<(), u32> {
+    let pool = pool(handle)?;
+    if !pool.imported || ptr_out.is_null() || share_data.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable CUmemPoolPtrExportData.
+    let data = unsafe { share_data.read() };
+    // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, as the driver opens them.
+    crate::api::ipc::open_mem_handle(ptr_out, data, 1)?;
+    // SAFETY: the open wrote the address there.
+    let ptr = unsafe { ptr_out.read() };
+    pool.state().allocations.insert(ptr, 0);
+    Ok(())
+}
+
+/// Whether `ptr` was imported into a pool of this process: it goes from
+/// that pool, and the caller closes it.
+pub(crate) fn forget_imported(ptr: CUdeviceptr) -> bool {
+    POOLS
+        .values()
+        .into_iter()
+        .filter(|pool| pool.imported)
+        .any(|pool| pool.state().allocations.remove(&ptr).is_some())
 }
 
 /// `cuMemFreeAsync` of an address: forgotten by the pool it came from.

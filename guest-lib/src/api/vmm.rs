@@ -278,7 +278,7 @@ pub(crate) fn export_to_shareable_handle(
 
 /// A memfd holding `content`, sealed against change; its descriptor, which
 /// the caller owns (not close-on-exec, as the driver's).
-fn sealed_memfd(content: &[u8]) -> std::io::Result<c_int> {
+pub(crate) fn sealed_memfd(content: &[u8]) -> std::io::Result<c_int> {
     use std::io::Write;
     use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
     // SAFETY: a NUL-terminated name and known flags.
