@@ -21,6 +21,7 @@ use crate::api::launch::LaunchConfig;
 use crate::api::library::{CUkernel, CUlibrary};
 use crate::api::memory_pool::{CUmemoryPool, PoolProps};
 use crate::api::occupancy::BlockToDynamicSmem;
+use crate::api::stream::StreamAttributeValue;
 use crate::api::stream_ordered::HostFn;
 use crate::api::vmm::{AccessDesc, AllocationProp, MemLocation};
 use crate::api::{
@@ -229,6 +230,12 @@ rgpu_shim::exported_api! {
     fn cuStreamWaitEvent(hstream: CUstream, hevent: CUevent, flags: c_uint) => stream::wait_event;
     fn cuStreamWaitEvent_ptsz(hstream: CUstream, hevent: CUevent, flags: c_uint) => stream::wait_event_ptsz;
     fn cuStreamGetPriority(hstream: CUstream, priority: *mut c_int) => stream::get_priority;
+    fn cuStreamSetAttribute(hstream: CUstream, attr: c_int, value: *const StreamAttributeValue) => stream::set_attribute;
+    fn cuStreamSetAttribute_ptsz(hstream: CUstream, attr: c_int, value: *const StreamAttributeValue) => stream::set_attribute_ptsz;
+    fn cuStreamGetAttribute(hstream: CUstream, attr: c_int, value_out: *mut StreamAttributeValue) => stream::get_attribute;
+    fn cuStreamGetAttribute_ptsz(hstream: CUstream, attr: c_int, value_out: *mut StreamAttributeValue) => stream::get_attribute_ptsz;
+    fn cuStreamCopyAttributes(dst: CUstream, src: CUstream) => stream::copy_attributes;
+    fn cuStreamCopyAttributes_ptsz(dst: CUstream, src: CUstream) => stream::copy_attributes_ptsz;
     fn cuStreamGetPriority_ptsz(hstream: CUstream, priority: *mut c_int) => stream::get_priority_ptsz;
     fn cuStreamGetFlags(hstream: CUstream, flags: *mut c_uint) => stream::get_flags;
     fn cuStreamGetFlags_ptsz(hstream: CUstream, flags: *mut c_uint) => stream::get_flags_ptsz;

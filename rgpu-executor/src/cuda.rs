@@ -66,6 +66,8 @@ type FuncGetAttributeFn = unsafe extern "C" fn(*mut c_int, c_int, sys::CUfunctio
 type FuncSetAttributeFn = unsafe extern "C" fn(sys::CUfunction, c_int, c_int) -> u32;
 type OccupancyMaxActiveClustersFn =
     unsafe extern "C" fn(*mut c_int, sys::CUfunction, *const LaunchConfig) -> u32;
+type StreamSetAttributeFn = unsafe extern "C" fn(sys::CUstream, c_int, *const [u32; 16]) -> u32;
+type StreamGetAttributeFn = unsafe extern "C" fn(sys::CUstream, c_int, *mut [u32; 16]) -> u32;
 type KernelNodeSetAttributeFn =
     unsafe extern "C" fn(sys::CUgraphNode, c_int, *const [u32; 16]) -> u32;
 type KernelNodeGetAttributeFn =
@@ -214,6 +216,8 @@ struct IntegerEntryPoints {
     occupancy_max_potential_cluster_size: OccupancyMaxActiveClustersFn,
     launch_kernel_ex: LaunchKernelExFn,
     graph_exec_update: GraphExecUpdateFn,
+    stream_set_attribute: StreamSetAttributeFn,
+    stream_get_attribute: StreamGetAttributeFn,
     kernel_node_set_attribute: KernelNodeSetAttributeFn,
     kernel_node_get_attribute: KernelNodeGetAttributeFn,
     tensor_map_encode_tiled: TensorMapEncodeTiledFn,
@@ -237,6 +241,8 @@ impl IntegerEntryPoints {
             )?,
             launch_kernel_ex: driver_symbol(library, "cuLaunchKernelEx")?,
             graph_exec_update: driver_symbol(library, "cuGraphExecUpdate_v2")?,
+            stream_set_attribute: driver_symbol(library, "cuStreamSetAttribute")?,
+            stream_get_attribute: driver_symbol(library, "cuStreamGetAttribute")?,
             kernel_node_set_attribute: driver_symbol(library, "cuGraphKernelNodeSetAttribute")?,
             kernel_node_get_attribute: driver_symbol(library, "cuGraphKernelNodeGetAttribute")?,
             tensor_map_encode_tiled: driver_symbol(library, "cuTensorMapEncodeTiled")?,
@@ -2092,6 +2098,34 @@ impl ContextExecutor for CudaContext {
             }
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
+    }
+
+    fn stream_set_attribute(&mut self, stream: StreamRef, hint: &LaunchHint) -> CuResult<()> {
+        let stream = self.stream(stream)?;
+        let (id, value) = hint.driver_words(|event| self.event(event).map(|e| e as u64))?;
+        // SAFETY: a live stream of this context (or a default one); the
+        // value union is read during the call only.
+        check_code("cuStreamSetAttribute", unsafe {
+            (self.entry.stream_set_attribute)(stream, id as c_int, &value)
+        })
+    }
+
+    fn stream_get_attribute(&mut self, stream: StreamRef, id: u32) -> CuResult<[u32; 16]> {
+        let stream = self.stream(stream)?;
+        let mut value = [0u32; 16];
+        // SAFETY: as above; the union is written during the call.
+        check_code("cuStreamGetAttribute", unsafe {
+            (self.entry.stream_get_attribute)(stream, id as c_int, &mut value)
+        })?;
+        Ok(value)
+    }
+
+    fn stream_copy_attributes(&mut self, dst: StreamRef, src: StreamRef) -> CuResult<()> {
+        let (dst, src) = (self.stream(dst)?, self.stream(src)?);
+        // SAFETY: two live streams of this context (or default ones).
+        check("cuStreamCopyAttributes", unsafe {
+            sys::cuStreamCopyAttributes(dst, src)
+        })
     }
 
     fn graph_kernel_node_set_attribute(

@@ -565,6 +565,20 @@ pub trait ContextExecutor {
     fn stream_memory_op(&mut self, _stream: StreamRef, _op: MemoryOp) -> CuResult<()> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
+    /// `cuStreamSetAttribute`: one of the hints a stream takes (an access
+    /// policy window, a synchronization policy, a priority, memory sync
+    /// domains).
+    fn stream_set_attribute(&mut self, _stream: StreamRef, _hint: &LaunchHint) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuStreamGetAttribute`: the value union of attribute `id`.
+    fn stream_get_attribute(&mut self, _stream: StreamRef, _id: u32) -> CuResult<[u32; 16]> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuStreamCopyAttributes`: `dst` takes `src`'s.
+    fn stream_copy_attributes(&mut self, _dst: StreamRef, _src: StreamRef) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
     /// Ends a capture: the graph recorded.
     fn stream_end_capture(&mut self, _stream: StreamRef) -> CuResult<u64> {
         Err(CUDA_ERROR_NOT_SUPPORTED)

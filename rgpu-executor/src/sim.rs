@@ -638,6 +638,8 @@ pub struct SimContext {
     /// Kernel nodes' attributes as set (the driver's value unions, by id):
     /// kept, not acted on.
     node_attributes: HashMap<u64, BTreeMap<u32, [u32; 16]>>,
+    /// Streams' attributes as set, likewise (by `stream_key`).
+    stream_attributes: HashMap<u64, BTreeMap<u32, [u32; 16]>>,
     /// Memory-allocation nodes' memory: how many graphs and executable
     /// graphs hold each node (by address).
     graph_allocations: HashMap<u64, u32>,
@@ -840,6 +842,7 @@ impl SimContext {
             graphs: HashMap::new(),
             graph_execs: HashMap::new(),
             node_attributes: HashMap::new(),
+            stream_attributes: HashMap::new(),
             graph_allocations: HashMap::new(),
         }
     }
@@ -2532,6 +2535,38 @@ impl ContextExecutor for SimContext {
             .find(|n| n.handle == node)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         replace_params(&mut held.op, op)
+    }
+
+    fn stream_set_attribute(&mut self, stream: StreamRef, hint: &LaunchHint) -> CuResult<()> {
+        self.check_stream(stream)?;
+        let (id, value) = hint.driver_words(|event| self.event(event).map(|_| event))?;
+        self.stream_attributes
+            .entry(stream_key(stream))
+            .or_default()
+            .insert(id, value);
+        Ok(())
+    }
+
+    fn stream_get_attribute(&mut self, stream: StreamRef, id: u32) -> CuResult<[u32; 16]> {
+        self.check_stream(stream)?;
+        Ok(self
+            .stream_attributes
+            .get(&stream_key(stream))
+            .and_then(|held| held.get(&id))
+            .copied()
+            .unwrap_or_default())
+    }
+
+    fn stream_copy_attributes(&mut self, dst: StreamRef, src: StreamRef) -> CuResult<()> {
+        self.check_stream(dst)?;
+        self.check_stream(src)?;
+        let copied = self
+            .stream_attributes
+            .get(&stream_key(src))
+            .cloned()
+            .unwrap_or_default();
+        self.stream_attributes.insert(stream_key(dst), copied);
+        Ok(())
     }
 
     fn graph_kernel_node_set_attribute(

@@ -1076,6 +1076,14 @@ commands! {
     /// `cuStreamWaitValue32/64`: the stream waits until the `width`-byte
     /// word at `address` meets `flags`' condition against `value`.
     StreamWaitValue = 0x0409 { stream: u32, width: u32, address: u64, value: u64, flags: u32 };
+    /// `cuStreamSetAttribute`: one attribute as `LaunchKernelEx` carries
+    /// them (those a stream takes).
+    StreamSetAttribute = 0x040a { stream: u32, attribute: Vec<LaunchAttr> };
+    /// `cuStreamGetAttribute`; answers the 64-byte value union as the
+    /// host's driver holds it.
+    StreamGetAttribute = 0x040b { stream: u32, id: u32 };
+    /// `cuStreamCopyAttributes`: stream `dst` takes `src`'s.
+    StreamCopyAttributes = 0x040c { dst: u32, src: u32 };
     EventCreate = 0x0500 { event: u32, flags: u32 };
     EventDestroy = 0x0501 { event: u32 };
     EventRecord = 0x0502 { event: u32, stream: u32 };

@@ -182,6 +182,15 @@ fn launch_hints(
         .collect()
 }
 
+/// The attributes a stream takes (`CUstreamAttrID`).
+const STREAM_ATTRIBUTES: [u32; 5] = [
+    launch_attribute::ACCESS_POLICY_WINDOW,
+    launch_attribute::SYNCHRONIZATION_POLICY,
+    launch_attribute::PRIORITY,
+    launch_attribute::MEM_SYNC_DOMAIN_MAP,
+    launch_attribute::MEM_SYNC_DOMAIN,
+];
+
 /// A kernel node's attribute, checked as a launch's: a cluster dimension,
 /// cooperativity, or a hint (events are for launches only).
 fn kernel_node_attribute(
@@ -1854,6 +1863,31 @@ impl Worker {
                 check_memory_op(tenant, ctx_id, "memory-operation node", &op)?;
                 ctx.graph_exec_node_set_params(created_exec, created, &GraphNode::MemOp(op))
                     .map(empty)
+            }
+            Command::StreamSetAttribute { stream, attribute } => {
+                let stream = handles.stream(*stream)?;
+                let [attribute] = attribute.as_slice() else {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                };
+                if !STREAM_ATTRIBUTES.contains(&attribute.id) {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                let hints = launch_hints(std::slice::from_ref(attribute), handles, tenant, ctx_id)?;
+                let [hint] =
+                    <[LaunchHint; 1]>::try_from(hints).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+                ctx.stream_set_attribute(stream, &hint).map(empty)
+            }
+            Command::StreamGetAttribute { stream, id } => {
+                let stream = handles.stream(*stream)?;
+                if !STREAM_ATTRIBUTES.contains(id) {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                ctx.stream_get_attribute(stream, *id)
+                    .map(|value| value.iter().flat_map(|w| w.to_le_bytes()).collect())
+            }
+            Command::StreamCopyAttributes { dst, src } => {
+                let (dst, src) = (handles.stream(*dst)?, handles.stream(*src)?);
+                ctx.stream_copy_attributes(dst, src).map(empty)
             }
             Command::GraphKernelNodeSetAttribute { node, attribute } => {
                 let created = handles.graph_node(*node, None)?;

@@ -10,7 +10,10 @@
  *   its buffer, read back;
  * - a launch completion event: NOT_READY behind a 20 ms kernel, then
  *   complete after cuEventSynchronize; a programmatic event completes too;
- * - an attribute only graph nodes take fails.
+ * - an attribute only graph nodes take fails;
+ * - stream attributes: a priority and an access policy window set on a
+ *   stream and read back, copied to another stream, whose launch fills
+ *   its buffer.
  * Through rgpu (RGPU_SOCKET set), also: an access policy window over memory
  * the process does not own is refused (the next synchronize returns
  * CUDA_ERROR_INVALID_VALUE), as are an event that is not one and an event
@@ -33,6 +36,9 @@
 
 CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice device);
 CUresult cuCtxDestroy(CUcontext ctx);
+CUresult cuStreamSetAttribute(CUstream stream, int attr, const void *value);
+CUresult cuStreamGetAttribute(CUstream stream, int attr, void *value);
+CUresult cuStreamCopyAttributes(CUstream dst, CUstream src);
 
 #define N 256
 #define EVENT_DISABLE_TIMING 2
@@ -174,6 +180,47 @@ static int run(int through_rgpu, CUdevice dev, CUcontext primary) {
     }
     CHECK_CU(cuEventDestroy(done));
     CHECK_CU(cuEventDestroy(programmatic));
+
+    /* Stream attributes. */
+    {
+        CUstream first = NULL, second = NULL;
+        LaunchAttribute set, got;
+        CHECK_CU(cuStreamCreate(&first, 0));
+        CHECK_CU(cuStreamCreate(&second, 0));
+        memset(&set, 0, sizeof set);
+        set.value.number = -1;
+        CHECK_CU(cuStreamSetAttribute(first, LAUNCH_ATTRIBUTE_PRIORITY, &set.value));
+        memset(&got, 0x5a, sizeof got);
+        CHECK_CU(cuStreamGetAttribute(first, LAUNCH_ATTRIBUTE_PRIORITY, &got.value));
+        CHECK_EQ_INT(got.value.number, -1);
+        memset(&set, 0, sizeof set);
+        set.value.window.base = (void *)(uintptr_t)out;
+        set.value.window.bytes = N * sizeof(unsigned int);
+        set.value.window.hit_ratio = 0.5f;
+        set.value.window.hit_property = 1;
+        set.value.window.miss_property = 2;
+        CHECK_CU(cuStreamSetAttribute(first, LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, &set.value));
+        CHECK_CU(cuStreamCopyAttributes(second, first));
+        memset(&got, 0x5a, sizeof got);
+        CHECK_CU(cuStreamGetAttribute(second, LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, &got.value));
+        CHECK_TRUE(got.value.window.base == set.value.window.base &&
+                   got.value.window.bytes == set.value.window.bytes &&
+                   got.value.window.hit_property == 1 && got.value.window.miss_property == 2);
+        memset(&got, 0x5a, sizeof got);
+        CHECK_CU(cuStreamGetAttribute(second, LAUNCH_ATTRIBUTE_PRIORITY, &got.value));
+        CHECK_EQ_INT(got.value.number, -1);
+        unsigned int base = 7000, n = N;
+        void *params[] = {&out, &base, &n};
+        CHECK_CU(cuLaunchKernel(fill, 1, 1, 1, N, 1, 1, 0, second, params, NULL));
+        CHECK_CU(cuStreamSynchronize(second));
+        unsigned int host[N];
+        CHECK_CU(cuMemcpyDtoH(host, out, sizeof host));
+        int wrong = 0;
+        for (int i = 0; i < N; i++) wrong += host[i] != base + (unsigned int)i;
+        CHECK_EQ_INT(wrong, 0);
+        CHECK_CU(cuStreamDestroy(second));
+        CHECK_CU(cuStreamDestroy(first));
+    }
     CHECK_CU(cuMemFree(out));
     return 0;
 }

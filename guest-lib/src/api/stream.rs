@@ -364,3 +364,104 @@ pub(crate) fn get_device(stream: CUstream, device: *mut CUdevice) -> Result<(), 
 pub(crate) fn get_device_ptsz(stream: CUstream, device: *mut CUdevice) -> Result<(), u32> {
     get_device_on(stream, device, true)
 }
+
+/// `CUstreamAttrValue` (the launch attribute value union).
+pub type StreamAttributeValue = [u32; 16];
+
+/// `cuStreamSetAttribute`: the host's driver sets it (an access policy
+/// window, a synchronization policy, a priority, memory sync domains).
+fn set_attribute_on(
+    stream: CUstream,
+    id: c_int,
+    value: *const StreamAttributeValue,
+    per_thread: bool,
+) -> Result<(), u32> {
+    let (ctx, handle) = resolve_stream(stream, per_thread)?;
+    if value.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable CUstreamAttrValue.
+    let w = unsafe { value.read() };
+    let id = u32::try_from(id).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    let mut words = [0u64; 4];
+    for (i, v) in words.iter_mut().enumerate() {
+        *v = u64::from(w[2 * i]) | u64::from(w[2 * i + 1]) << 32;
+    }
+    ctx.call(&Command::StreamSetAttribute {
+        stream: handle,
+        attribute: vec![rgpu_proto::command::LaunchAttr { id, value: words }],
+    })
+    .map(|_| ())
+}
+
+pub(crate) fn set_attribute(
+    stream: CUstream,
+    id: c_int,
+    value: *const StreamAttributeValue,
+) -> Result<(), u32> {
+    set_attribute_on(stream, id, value, false)
+}
+
+pub(crate) fn set_attribute_ptsz(
+    stream: CUstream,
+    id: c_int,
+    value: *const StreamAttributeValue,
+) -> Result<(), u32> {
+    set_attribute_on(stream, id, value, true)
+}
+
+/// `cuStreamGetAttribute`: as the host's driver holds it.
+fn get_attribute_on(
+    stream: CUstream,
+    id: c_int,
+    value: *mut StreamAttributeValue,
+    per_thread: bool,
+) -> Result<(), u32> {
+    let (ctx, handle) = resolve_stream(stream, per_thread)?;
+    if value.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let id = u32::try_from(id).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    let answer = ctx.call(&Command::StreamGetAttribute { stream: handle, id })?;
+    if answer.len() != 64 {
+        return Err(CUDA_ERROR_UNKNOWN);
+    }
+    let mut words: StreamAttributeValue = [0; 16];
+    for (word, bytes) in words.iter_mut().zip(answer.chunks_exact(4)) {
+        *word = u32::from_le_bytes(bytes.try_into().map_err(|_| CUDA_ERROR_UNKNOWN)?);
+    }
+    write_out(value, words)
+}
+
+pub(crate) fn get_attribute(
+    stream: CUstream,
+    id: c_int,
+    value: *mut StreamAttributeValue,
+) -> Result<(), u32> {
+    get_attribute_on(stream, id, value, false)
+}
+
+pub(crate) fn get_attribute_ptsz(
+    stream: CUstream,
+    id: c_int,
+    value: *mut StreamAttributeValue,
+) -> Result<(), u32> {
+    get_attribute_on(stream, id, value, true)
+}
+
+/// `cuStreamCopyAttributes`: two streams of one context.
+fn copy_attributes_on(dst: CUstream, src: CUstream, per_thread: bool) -> Result<(), u32> {
+    let (ctx, dst) = resolve_stream(dst, per_thread)?;
+    let (src_ctx, src) = resolve_stream(src, per_thread)?;
+    same_context(&ctx, &src_ctx)?;
+    ctx.call(&Command::StreamCopyAttributes { dst, src })
+        .map(|_| ())
+}
+
+pub(crate) fn copy_attributes(dst: CUstream, src: CUstream) -> Result<(), u32> {
+    copy_attributes_on(dst, src, false)
+}
+
+pub(crate) fn copy_attributes_ptsz(dst: CUstream, src: CUstream) -> Result<(), u32> {
+    copy_attributes_on(dst, src, true)
+}
