@@ -321,6 +321,75 @@ pub(crate) fn rearm(host: usize, function: HostFunction, data: *mut c_void) {
     }
 }
 
+/// Gates of `ctx` to let go once each of `streams` has passed the work
+/// queued on it now (the last launch of their executable graph).
+struct Retirement {
+    context: u64,
+    gates: Vec<usize>,
+    /// Streams still to pass; the last lets the gates go.
+    streams_left: AtomicU32,
+}
+
+/// A host function queued after the last launches: counts the streams
+/// down and lets the gates go after the last.
+unsafe extern "C" fn retire(data: *mut c_void) {
+    let retirement = data.cast::<Retirement>().cast_const();
+    // SAFETY: `data` is the leaked `Retirement` of `disarm_after`, alive
+    // until the last stream's call below takes it back.
+    let left = unsafe { &*retirement }
+        .streams_left
+        .fetch_sub(1, Ordering::AcqRel);
+    if left == 1 {
+        // SAFETY: the last of its calls: nothing else holds it now.
+        let retirement = unsafe { Box::from_raw(retirement.cast_mut()) };
+        for host in &retirement.gates {
+            disarm(retirement.context, *host);
+        }
+    }
+}
+
+/// Lets go of `gates` of `ctx` (an executable graph is gone) once each of
+/// `streams` has passed what is queued on it now, through a host function
+/// queued on each; at once without streams. Where one cannot be queued
+/// (no gate for it, a capturing stream) the gates stay armed for good.
+pub(crate) fn disarm_after(ctx: &Arc<Context>, gates: Vec<usize>, streams: &[u32]) {
+    if gates.is_empty() {
+        return;
+    }
+    if streams.is_empty() {
+        for host in gates {
+            disarm(ctx.id, host);
+        }
+        return;
+    }
+    if streams
+        .iter()
+        .any(|s| crate::api::graph::capture_of(ctx, *s).is_some())
+    {
+        return;
+    }
+    let retirement = Box::into_raw(Box::new(Retirement {
+        context: ctx.id,
+        gates,
+        streams_left: AtomicU32::new(streams.len() as u32),
+    }));
+    for (queued, stream) in streams.iter().enumerate() {
+        match launch(ctx, *stream, retire, retirement.cast(), false) {
+            Ok(true) => {}
+            _ => {
+                // The calls queued so far count down but never to zero:
+                // the gates stay armed (leaked), which is safe.
+                log::debug!("rgpu: the gates of a destroyed graph stay armed");
+                if queued == 0 {
+                    // SAFETY: nothing was queued with it.
+                    drop(unsafe { Box::from_raw(retirement) });
+                }
+                return;
+            }
+        }
+    }
+}
+
 /// Lets go of the gate at `host` of context `context` (its graph or
 /// executable graph is gone): back to the pool once idle. A launch still
 /// in flight may reach it, as natively (an executable graph destroyed in

@@ -63,6 +63,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rgpu_cuda.h"
@@ -305,6 +306,14 @@ static void host_fn(void *data) {
     seen->calls++;
     seen->first_word = seen->words[0];
     seen->words[1] = seen->first_word + 1;
+}
+
+/* A host node's function that takes its time: counts its calls after
+ * 30 ms. */
+static void slow_host_fn(void *data) {
+    struct timespec nap = {0, 30000000};
+    nanosleep(&nap, NULL);
+    (*(volatile int *)data)++;
 }
 
 static MemsetNodeParams memset32(CUdeviceptr dst, unsigned value) {
@@ -966,6 +975,24 @@ int main(int argc, char **argv) {
         CHECK_CU(cuGraphExecDestroy(kept));
         CHECK_CU(cuGraphExecDestroy(hosts_exec));
         CHECK_CU(cuGraphDestroy(hosts));
+
+        /* An executable graph destroyed while its launch runs a host node
+         * finishes that launch, as natively; its gate is let go after. */
+        {
+            volatile int slow_calls = 0;
+            CUgraph slow = NULL;
+            CUgraphExec slow_exec = NULL;
+            CUgraphNode s_host = NULL;
+            HostNodeParams slow_params = {slow_host_fn, (void *)&slow_calls};
+            CHECK_CU(cuGraphCreate(&slow, 0));
+            CHECK_CU(cuGraphAddHostNode(&s_host, slow, NULL, 0, &slow_params));
+            CHECK_CU(cuGraphInstantiateWithFlags(&slow_exec, slow, 0));
+            CHECK_CU(cuGraphLaunch(slow_exec, stream));
+            CHECK_CU(cuGraphExecDestroy(slow_exec));
+            CHECK_CU(cuGraphDestroy(slow));
+            CHECK_CU(cuStreamSynchronize(stream));
+            CHECK_EQ_INT(slow_calls, 1);
+        }
         CHECK_CU(cuMemFree(d_word));
         CHECK_CU(cuMemFreeHost((void *)(uintptr_t)seen.words));
     }

@@ -449,6 +449,10 @@ pub(crate) struct GraphExec {
     flags: c_ulonglong,
     /// A gate of its own per host node of its graph, in the graph's order.
     gates: Mutex<Vec<ExecGate>>,
+    /// The streams it was launched on (while it has gates), as the
+    /// application named them: where its gates are let go after its last
+    /// launch.
+    launched_on: Mutex<std::collections::HashSet<(usize, bool)>>,
 }
 
 /// A host node's gate in one executable graph: its node (registry
@@ -465,10 +469,30 @@ impl GraphExec {
         self.gates.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Lets go of its gates (it is gone).
+    /// Lets go of its gates (it is gone): at once if it was never
+    /// launched, else once each stream it was launched on has passed its
+    /// launches (a launch in flight finishes, as natively).
     fn release_gates(&self) {
-        for held in self.gates().drain(..) {
-            crate::host_functions::disarm(self.context.id, held.gate.host);
+        let gates: Vec<usize> = self.gates().drain(..).map(|g| g.gate.host).collect();
+        let launched: Vec<(usize, bool)> = self
+            .launched_on
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .collect();
+        // A stream destroyed since may still run a launch: its gates stay.
+        let streams: Option<Vec<u32>> = launched
+            .iter()
+            .map(|(stream, per_thread)| {
+                resolve_stream(*stream as CUstream, *per_thread)
+                    .ok()
+                    .filter(|(ctx, _)| Arc::ptr_eq(ctx, &self.context))
+                    .map(|(_, handle)| handle)
+            })
+            .collect();
+        match streams {
+            Some(streams) => crate::host_functions::disarm_after(&self.context, gates, &streams),
+            None => log::debug!("rgpu: the gates of a destroyed graph stay armed"),
         }
     }
 
@@ -778,6 +802,7 @@ pub(crate) fn instantiate_with_flags(
         graph: graph.handle,
         flags,
         gates: Mutex::new(gates),
+        launched_on: Mutex::new(std::collections::HashSet::new()),
     });
     if let Err(code) = ctx.call(&Command::GraphInstantiate {
         graph: graph.handle,
@@ -821,6 +846,12 @@ fn launch_on(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Result<()
     let exec = GRAPH_EXECS.get(exec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let (ctx, handle) = resolve_stream(stream, per_thread)?;
     same_context(&ctx, &exec.context)?;
+    if !exec.gates().is_empty() {
+        exec.launched_on
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((stream as usize, per_thread));
+    }
     ctx.send(&Command::GraphLaunch {
         exec: exec.handle,
         stream: handle,
