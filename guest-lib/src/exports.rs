@@ -22,7 +22,7 @@ use crate::api::library::{CUkernel, CUlibrary};
 use crate::api::memory_pool::{CUmemoryPool, PoolProps};
 use crate::api::occupancy::BlockToDynamicSmem;
 use crate::api::stream::StreamAttributeValue;
-use crate::api::stream_ordered::HostFn;
+use crate::api::stream_ordered::{BatchMemOpParams, HostFn};
 use crate::api::vmm::{AccessDesc, AllocationProp, MemLocation};
 use crate::api::{
     context, copy_2d, device, error, event, export_table, function, graph, host_register, init,
@@ -140,6 +140,10 @@ rgpu_shim::exported_api! {
     fn cuStreamWriteValue64(stream: CUstream, address: CUdeviceptr, value: u64, flags: c_uint) => stream_ordered::write_value64;
     fn cuStreamWriteValue64_v2(stream: CUstream, address: CUdeviceptr, value: u64, flags: c_uint) => stream_ordered::write_value64;
     fn cuStreamWaitValue32(stream: CUstream, address: CUdeviceptr, value: c_uint, flags: c_uint) => stream_ordered::wait_value32;
+    fn cuStreamBatchMemOp(stream: CUstream, count: c_uint, params: *const BatchMemOpParams, flags: c_uint) => stream_ordered::batch_mem_op;
+    fn cuStreamBatchMemOp_v2(stream: CUstream, count: c_uint, params: *const BatchMemOpParams, flags: c_uint) => stream_ordered::batch_mem_op;
+    fn cuStreamBatchMemOp_ptsz(stream: CUstream, count: c_uint, params: *const BatchMemOpParams, flags: c_uint) => stream_ordered::batch_mem_op_ptsz;
+    fn cuStreamBatchMemOp_v2_ptsz(stream: CUstream, count: c_uint, params: *const BatchMemOpParams, flags: c_uint) => stream_ordered::batch_mem_op_ptsz;
     fn cuStreamWaitValue32_v2(stream: CUstream, address: CUdeviceptr, value: c_uint, flags: c_uint) => stream_ordered::wait_value32;
     fn cuStreamWaitValue64(stream: CUstream, address: CUdeviceptr, value: u64, flags: c_uint) => stream_ordered::wait_value64;
     fn cuStreamWaitValue64_v2(stream: CUstream, address: CUdeviceptr, value: u64, flags: c_uint) => stream_ordered::wait_value64;

@@ -15,7 +15,8 @@
  * 3. Behind a stream memory operation: after a kernel the stream finished,
  *    cuStreamWaitValue32 on a word of mapped page-locked memory holds the
  *    stream (NOT_READY, and an event recorded behind it too) until this
- *    process writes the word; then both are SUCCESS.
+ *    process writes the word; then both are SUCCESS. A batch of those
+ *    operations (cuStreamBatchMemOp) writes and waits in order.
  *
  * Prints "MEASURED <what> <us>" lines and "query_test: N checks passed"
  * (exit 0) or every failed check (exit 1). */
@@ -35,6 +36,21 @@ CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuMemHostAlloc(void **pp, size_t bytes, unsigned int flags);
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags);
 CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, unsigned value, unsigned flags);
+/* CUstreamBatchMemOpParams: a wait or a write of a value. */
+typedef struct {
+    unsigned operation;
+    unsigned pad;
+    CUdeviceptr address;
+    unsigned long long value;
+    unsigned flags;
+    unsigned pad2;
+    CUdeviceptr alias;
+    unsigned long long reserved;
+} BatchMemOp;
+CUresult cuStreamBatchMemOp(CUstream stream, unsigned count, BatchMemOp *ops, unsigned flags);
+#define MEM_OP_WAIT_VALUE_32 1
+#define MEM_OP_WRITE_VALUE_32 2
+#define MEM_OP_WRITE_VALUE_64 5
 #define MEMHOSTALLOC_DEVICEMAP 0x02
 #define STREAM_WAIT_VALUE_EQ 0x1
 
@@ -185,6 +201,23 @@ int main(int argc, char **argv) {
         CHECK_CU(cuStreamSynchronize(stream));
         CHECK_CU(cuStreamQuery(stream));
         CHECK_CU(cuEventQuery(past_wait));
+        /* A batch: write 7 to the word, wait for it, write 64 bits past. */
+        BatchMemOp ops[3];
+        memset(ops, 0, sizeof ops);
+        ops[0].operation = MEM_OP_WRITE_VALUE_32;
+        ops[0].address = d_word;
+        ops[0].value = 7;
+        ops[1].operation = MEM_OP_WAIT_VALUE_32;
+        ops[1].address = d_word;
+        ops[1].value = 7;
+        ops[1].flags = STREAM_WAIT_VALUE_EQ;
+        ops[2].operation = MEM_OP_WRITE_VALUE_64;
+        ops[2].address = d_word + 8;
+        ops[2].value = 0x1122334455667788ull;
+        CHECK_CU(cuStreamBatchMemOp(stream, 3, ops, 0));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(word[0], 7);
+        CHECK_TRUE(*(volatile unsigned long long *)(word + 2) == 0x1122334455667788ull);
         CHECK_CU(cuEventDestroy(past_wait));
         CHECK_CU(cuMemFreeHost((void *)word));
     }

@@ -108,15 +108,17 @@ pub(crate) fn launch_host_func_ptsz(
 /// `cuStreamWriteValue*` / `cuStreamWaitValue*`: a stream memory operation
 /// on `width` bytes at `address`, which must be device memory of this
 /// process (an allocation, or page-locked memory by its device address).
-fn memory_operation(
+#[allow(clippy::too_many_arguments)]
+fn memory_operation_on(
     stream: CUstream,
     address: CUdeviceptr,
     value: u64,
     width: u32,
     flags: c_uint,
     wait: bool,
+    per_thread: bool,
 ) -> Result<(), u32> {
-    let (ctx, handle) = resolve_stream(stream, false)?;
+    let (ctx, handle) = resolve_stream(stream, per_thread)?;
     if !address.is_multiple_of(u64::from(width)) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -145,6 +147,95 @@ fn memory_operation(
         }
     };
     ctx.send(&command)
+}
+
+fn memory_operation(
+    stream: CUstream,
+    address: CUdeviceptr,
+    value: u64,
+    width: u32,
+    flags: c_uint,
+    wait: bool,
+) -> Result<(), u32> {
+    memory_operation_on(stream, address, value, width, flags, wait, false)
+}
+
+/// `CUstreamBatchMemOpParams`: 48 bytes, the operation first; a wait or
+/// write has its address at byte 8, its value at 16 and flags at 24.
+#[repr(C)]
+pub struct BatchMemOpParams {
+    operation: c_uint,
+    pad: c_uint,
+    address: CUdeviceptr,
+    value: u64,
+    flags: c_uint,
+    pad2: c_uint,
+    alias: CUdeviceptr,
+    reserved: u64,
+}
+
+/// Operations one `cuStreamBatchMemOp` takes at most.
+const MAX_BATCH_OPS: c_uint = 256;
+
+/// `cuStreamBatchMemOp`: its waits and writes of 32 and 64 bits, in
+/// order, as the single calls do; a memory barrier or a flush of remote
+/// writes is CUDA_ERROR_NOT_SUPPORTED (said once).
+fn batch_mem_op_on(
+    stream: CUstream,
+    count: c_uint,
+    params: *const BatchMemOpParams,
+    flags: c_uint,
+    per_thread: bool,
+) -> Result<(), u32> {
+    if count == 0 || count > MAX_BATCH_OPS || params.is_null() || flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL, `count` entries (the API contract), bounded.
+    let params = unsafe { std::slice::from_raw_parts(params, count as usize) };
+    // Checked whole before any is queued.
+    let kinds: Vec<(u32, bool)> = params
+        .iter()
+        .map(|op| match op.operation {
+            1 => Ok((4, true)),
+            2 => Ok((4, false)),
+            4 => Ok((8, true)),
+            5 => Ok((8, false)),
+            other => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    log::warn!(
+                        "rgpu: cuStreamBatchMemOp: operation {other} (a barrier or a flush) is \
+                         not supported"
+                    );
+                });
+                Err(CUDA_ERROR_NOT_SUPPORTED)
+            }
+        })
+        .collect::<Result<_, u32>>()?;
+    for (op, (width, wait)) in params.iter().zip(kinds) {
+        memory_operation_on(
+            stream, op.address, op.value, width, op.flags, wait, per_thread,
+        )?;
+    }
+    Ok(())
+}
+
+pub(crate) fn batch_mem_op(
+    stream: CUstream,
+    count: c_uint,
+    params: *const BatchMemOpParams,
+    flags: c_uint,
+) -> Result<(), u32> {
+    batch_mem_op_on(stream, count, params, flags, false)
+}
+
+pub(crate) fn batch_mem_op_ptsz(
+    stream: CUstream,
+    count: c_uint,
+    params: *const BatchMemOpParams,
+    flags: c_uint,
+) -> Result<(), u32> {
+    batch_mem_op_on(stream, count, params, flags, true)
 }
 
 pub(crate) fn write_value32(
