@@ -110,6 +110,10 @@ rgpu_shim::exported_api! {
     fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, count: usize) => unified_copy::memcpy;
     fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, count: usize) => unified_copy::memcpy_ptds;
     fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: CUstream) => unified_copy::memcpy_async;
+    fn cuMemcpyBatchAsync(dsts: *const CUdeviceptr, srcs: *const CUdeviceptr, sizes: *const usize, count: usize, attrs: *const c_void, attrs_idxs: *const usize, num_attrs: usize, fail_idx: *mut usize, stream: CUstream) => unified_copy::batch_async;
+    fn cuMemcpyBatchAsync_ptsz(dsts: *const CUdeviceptr, srcs: *const CUdeviceptr, sizes: *const usize, count: usize, attrs: *const c_void, attrs_idxs: *const usize, num_attrs: usize, fail_idx: *mut usize, stream: CUstream) => unified_copy::batch_async_ptsz;
+    fn cuMemcpyBatchAsync_v2(dsts: *const CUdeviceptr, srcs: *const CUdeviceptr, sizes: *const usize, count: usize, attrs: *const c_void, attrs_idxs: *const usize, num_attrs: usize, stream: CUstream) => unified_copy::batch_async_v2;
+    fn cuMemcpyBatchAsync_v2_ptsz(dsts: *const CUdeviceptr, srcs: *const CUdeviceptr, sizes: *const usize, count: usize, attrs: *const c_void, attrs_idxs: *const usize, num_attrs: usize, stream: CUstream) => unified_copy::batch_async_v2_ptsz;
     fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: CUstream) => unified_copy::memcpy_async_ptsz;
     fn cuMemcpy2D_v2(p: *const Memcpy2D) => copy_2d::memcpy_2d;
     fn cuMemcpy2D_v2_ptds(p: *const Memcpy2D) => copy_2d::memcpy_2d_ptds;
@@ -130,6 +134,9 @@ rgpu_shim::exported_api! {
     fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) => memory_pool::set_attribute;
     fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) => memory_pool::get_attribute;
     fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) => memory_pool::trim_to;
+    fn cuMemGetDefaultMemPool(pool_out: *mut CUmemoryPool, location: *const MemLocation, alloc_type: c_int) => memory_pool::get_default_mem_pool;
+    fn cuMemGetMemPool(pool_out: *mut CUmemoryPool, location: *const MemLocation, alloc_type: c_int) => memory_pool::get_mem_pool;
+    fn cuMemSetMemPool(location: *const MemLocation, alloc_type: c_int, pool: CUmemoryPool) => memory_pool::set_mem_pool;
     fn cuMemPoolExportToShareableHandle(handle_out: *mut c_void, pool: CUmemoryPool, handle_type: c_int, flags: c_ulonglong) => memory_pool::export_to_shareable_handle;
     fn cuMemPoolImportFromShareableHandle(pool_out: *mut CUmemoryPool, handle: *mut c_void, handle_type: c_int, flags: c_ulonglong) => memory_pool::import_from_shareable_handle;
     fn cuMemPoolExportPointer(share_data_out: *mut IpcHandle, ptr: CUdeviceptr) => memory_pool::export_pointer;

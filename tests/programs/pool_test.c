@@ -12,6 +12,11 @@
  * MiB from a pool succeed and 16 MiB more fail with
  * CUDA_ERROR_OUT_OF_MEMORY.
  *
+ * The CUDA 13 calls by location (cuMemGetDefaultMemPool, cuMemGetMemPool,
+ * cuMemSetMemPool) name the same pools. cuMemcpyBatchAsync copies from
+ * page-locked host memory and between device buffers in one call, not on
+ * the legacy stream.
+ *
  * Pools between processes: a pool made with POSIX file-descriptor
  * handles exports itself and an allocation's pointer (one made without
  * them does neither); a child process (this program again) imports the
@@ -64,6 +69,26 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool);
 CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value);
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value);
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep);
+/* CUDA 13: pools by location. */
+typedef struct {
+    int type;
+    int id;
+} MemLocation;
+CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool, MemLocation *location, int alloc_type);
+CUresult cuMemGetMemPool(CUmemoryPool *pool, MemLocation *location, int alloc_type);
+CUresult cuMemSetMemPool(MemLocation *location, int alloc_type, CUmemoryPool pool);
+/* CUmemcpyAttributes and cuMemcpyBatchAsync as CUDA 13 has them. */
+typedef struct {
+    int src_access_order;
+    MemLocation src_hint, dst_hint;
+    unsigned int flags;
+} MemcpyAttributes;
+CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                               MemcpyAttributes *attrs, size_t *attr_indices, size_t num_attrs,
+                               CUstream stream);
+#define LOCATION_DEVICE 1
+#define ALLOCATION_PINNED 1
+#define SRC_ACCESS_ORDER_STREAM 1
 typedef struct {
     unsigned char reserved[64];
 } PoolPtrExportData;
@@ -277,10 +302,53 @@ int main(int argc, char **argv) {
     CHECK_CU(cuMemAllocAsync(&c, MIB, stream));
     CHECK_EQ_INT(attribute(pool, USED_MEM_CURRENT), 3 * MIB);
     CHECK_CU(cuMemFreeAsync(c, stream));
+    /* The same pools by location. */
+    {
+        MemLocation here = {LOCATION_DEVICE, dev};
+        CUmemoryPool by_location = NULL;
+        CHECK_CU(cuMemGetDefaultMemPool(&by_location, &here, ALLOCATION_PINNED));
+        CHECK_TRUE(by_location == def);
+        CHECK_CU(cuMemGetMemPool(&by_location, &here, ALLOCATION_PINNED));
+        CHECK_TRUE(by_location == pool);
+        CHECK_CU(cuMemSetMemPool(&here, ALLOCATION_PINNED, def));
+        CHECK_CU(cuDeviceGetMemPool(&cur, dev));
+        CHECK_TRUE(cur == def);
+        CHECK_CU(cuMemSetMemPool(&here, ALLOCATION_PINNED, pool));
+    }
     CHECK_CU_FAILS(cuMemPoolDestroy(def));
     CHECK_CU(cuMemPoolDestroy(pool));
     CHECK_CU(cuDeviceGetMemPool(&cur, dev));
     CHECK_TRUE(cur == def);
+
+    /* A batch of two copies. */
+    {
+        uint32_t *host = NULL, back[2] = {0, 0};
+        CUdeviceptr from_host = 0, from_device = 0, source = 0;
+        REQUIRE_CU(cuMemAllocHost((void **)&host, 4096));
+        for (int i = 0; i < 1024; i++) host[i] = 0x11110000u + (uint32_t)i;
+        CHECK_CU(cuMemAlloc(&from_host, 4096));
+        CHECK_CU(cuMemAlloc(&from_device, 4096));
+        CHECK_CU(cuMemAlloc(&source, 4096));
+        CHECK_CU(cuMemsetD32(source, 0x22222222u, 1024));
+        CUdeviceptr dsts[2] = {from_host, from_device};
+        CUdeviceptr srcs[2] = {(CUdeviceptr)(uintptr_t)host, source};
+        size_t sizes[2] = {4096, 4096}, first = 0;
+        MemcpyAttributes attrs;
+        memset(&attrs, 0, sizeof attrs);
+        attrs.src_access_order = SRC_ACCESS_ORDER_STREAM;
+        CHECK_RC(cuMemcpyBatchAsync_v2(dsts, srcs, sizes, 2, &attrs, &first, 1, NULL),
+                 CUDA_ERROR_INVALID_VALUE);
+        CHECK_CU(cuMemcpyBatchAsync_v2(dsts, srcs, sizes, 2, &attrs, &first, 1, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_CU(cuMemcpyDtoH(&back[0], from_host + 4092, 4));
+        CHECK_CU(cuMemcpyDtoH(&back[1], from_device + 4092, 4));
+        CHECK_EQ_INT(back[0], 0x11110000u + 1023);
+        CHECK_EQ_INT(back[1], 0x22222222u);
+        CHECK_CU(cuMemFree(source));
+        CHECK_CU(cuMemFree(from_device));
+        CHECK_CU(cuMemFree(from_host));
+        CHECK_CU(cuMemFreeHost(host));
+    }
 
     if (limit_mb > 0) {
         CUdeviceptr all = 0, more = 0;

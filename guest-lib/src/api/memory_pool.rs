@@ -298,6 +298,51 @@ pub(crate) fn alloc_async_from_current(
     alloc_from_pool_on(dptr, size, pool as CUmemoryPool, stream, per_thread)
 }
 
+/// The device a `CUmemLocation` and `CUmemAllocationType` name: pinned
+/// memory of a device is what pools here hold (host and managed pools are
+/// CUDA_ERROR_NOT_SUPPORTED).
+fn device_at(
+    location: *const crate::api::vmm::MemLocation,
+    alloc_type: c_int,
+) -> Result<CUdevice, u32> {
+    if location.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable CUmemLocation.
+    let location = unsafe { location.read() };
+    if location.kind() != 1 || alloc_type != 1 {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    Ok(location.id())
+}
+
+/// `cuMemGetDefaultMemPool` (CUDA 13): a device's default pool.
+pub(crate) fn get_default_mem_pool(
+    pool_out: *mut CUmemoryPool,
+    location: *const crate::api::vmm::MemLocation,
+    alloc_type: c_int,
+) -> Result<(), u32> {
+    device_get_default_mem_pool(pool_out, device_at(location, alloc_type)?)
+}
+
+/// `cuMemGetMemPool` (CUDA 13): a device's current pool.
+pub(crate) fn get_mem_pool(
+    pool_out: *mut CUmemoryPool,
+    location: *const crate::api::vmm::MemLocation,
+    alloc_type: c_int,
+) -> Result<(), u32> {
+    device_get_mem_pool(pool_out, device_at(location, alloc_type)?)
+}
+
+/// `cuMemSetMemPool` (CUDA 13): a device's current pool.
+pub(crate) fn set_mem_pool(
+    location: *const crate::api::vmm::MemLocation,
+    alloc_type: c_int,
+    handle: CUmemoryPool,
+) -> Result<(), u32> {
+    device_set_mem_pool(device_at(location, alloc_type)?, handle)
+}
+
 /// `cuMemPoolExportToShareableHandle`: a sealed memfd naming the pool's
 /// device (its number travels as the descriptor), for a pool made with
 /// POSIX file-descriptor handles.

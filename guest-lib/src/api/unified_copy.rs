@@ -9,6 +9,8 @@
 
 use std::ffi::c_void;
 
+use rgpu_proto::cuda_result::CUDA_ERROR_INVALID_VALUE;
+
 use crate::abi::{CUdeviceptr, CUstream};
 use crate::api::memory::{dtod_unchecked, dtoh_unchecked, htod_unchecked};
 use crate::api::peer;
@@ -84,4 +86,170 @@ pub(crate) fn memcpy_async_ptsz(
 ) -> Result<(), u32> {
     let (ctx, stream) = resolve_stream(stream, true)?;
     copy(&ctx, stream, dst, src, len, false)
+}
+
+/// Copies one `cuMemcpyBatchAsync` takes at most.
+const MAX_BATCH_COPIES: usize = 65536;
+
+/// `cuMemcpyBatchAsync`: each copy as `cuMemcpyAsync` makes it, in order
+/// on `stream` (not the legacy stream). The attributes are hints (access order, location hints)
+/// that the copies, each ordered on the stream, already satisfy; `attrs`
+/// is checked present. The index of the copy that failed goes to
+/// `fail_index` (`usize::MAX`: none, or the call's shape).
+#[allow(clippy::too_many_arguments)]
+fn batch_async_on(
+    dsts: *const CUdeviceptr,
+    srcs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    attrs: *const c_void,
+    attrs_indices: *const usize,
+    num_attrs: usize,
+    fail_index: *mut usize,
+    stream: CUstream,
+    per_thread: bool,
+) -> Result<(), u32> {
+    if !fail_index.is_null() {
+        // SAFETY: non-NULL; the caller passes a writable size_t.
+        unsafe { fail_index.write(usize::MAX) };
+    }
+    if count == 0
+        || count > MAX_BATCH_COPIES
+        || dsts.is_null()
+        || srcs.is_null()
+        || sizes.is_null()
+        || num_attrs == 0
+        || num_attrs > count
+        || attrs.is_null()
+        || attrs_indices.is_null()
+    {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // Not on the legacy stream, the driver says.
+    if stream.is_null() && !per_thread {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (ctx, stream) = resolve_stream(stream, per_thread)?;
+    // SAFETY: non-NULL, `count` entries each (the API contract), bounded.
+    let (dsts, srcs, sizes) = unsafe {
+        (
+            std::slice::from_raw_parts(dsts, count),
+            std::slice::from_raw_parts(srcs, count),
+            std::slice::from_raw_parts(sizes, count),
+        )
+    };
+    for (i, ((dst, src), len)) in dsts.iter().zip(srcs).zip(sizes).enumerate() {
+        if let Err(code) = copy(&ctx, stream, *dst, *src, *len, false) {
+            if !fail_index.is_null() {
+                // SAFETY: as above.
+                unsafe { fail_index.write(i) };
+            }
+            return Err(code);
+        }
+    }
+    Ok(())
+}
+
+/// `cuMemcpyBatchAsync` (CUDA 12.8: with a failure index).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn batch_async(
+    dsts: *const CUdeviceptr,
+    srcs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    attrs: *const c_void,
+    attrs_indices: *const usize,
+    num_attrs: usize,
+    fail_index: *mut usize,
+    stream: CUstream,
+) -> Result<(), u32> {
+    batch_async_on(
+        dsts,
+        srcs,
+        sizes,
+        count,
+        attrs,
+        attrs_indices,
+        num_attrs,
+        fail_index,
+        stream,
+        false,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn batch_async_ptsz(
+    dsts: *const CUdeviceptr,
+    srcs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    attrs: *const c_void,
+    attrs_indices: *const usize,
+    num_attrs: usize,
+    fail_index: *mut usize,
+    stream: CUstream,
+) -> Result<(), u32> {
+    batch_async_on(
+        dsts,
+        srcs,
+        sizes,
+        count,
+        attrs,
+        attrs_indices,
+        num_attrs,
+        fail_index,
+        stream,
+        true,
+    )
+}
+
+/// `cuMemcpyBatchAsync_v2` (CUDA 13: no failure index).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn batch_async_v2(
+    dsts: *const CUdeviceptr,
+    srcs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    attrs: *const c_void,
+    attrs_indices: *const usize,
+    num_attrs: usize,
+    stream: CUstream,
+) -> Result<(), u32> {
+    batch_async_on(
+        dsts,
+        srcs,
+        sizes,
+        count,
+        attrs,
+        attrs_indices,
+        num_attrs,
+        std::ptr::null_mut(),
+        stream,
+        false,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn batch_async_v2_ptsz(
+    dsts: *const CUdeviceptr,
+    srcs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    attrs: *const c_void,
+    attrs_indices: *const usize,
+    num_attrs: usize,
+    stream: CUstream,
+) -> Result<(), u32> {
+    batch_async_on(
+        dsts,
+        srcs,
+        sizes,
+        count,
+        attrs,
+        attrs_indices,
+        num_attrs,
+        std::ptr::null_mut(),
+        stream,
+        true,
+    )
 }

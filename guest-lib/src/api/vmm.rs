@@ -52,6 +52,17 @@ pub struct MemLocation {
     id: c_int,
 }
 
+impl MemLocation {
+    /// `CUmemLocationType` (1: a device).
+    pub(crate) fn kind(&self) -> u32 {
+        self.kind
+    }
+
+    pub(crate) fn id(&self) -> c_int {
+        self.id
+    }
+}
+
 /// `CUmemAllocationProp`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
