@@ -60,6 +60,9 @@ const POOL_MAGIC: &[u8; 16] = b"rgpu-mem-pool-01";
 const POOL_SHARE_LEN: usize = POOL_MAGIC.len() + 4;
 
 static POOLS: Registry<Pool> = Registry::new();
+/// Pools imported from other processes, made so far: while none was,
+/// every free skips looking for imported pointers.
+static IMPORTED_POOLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 /// Per device: its default pool and its current pool.
 static DEVICE_POOLS: Mutex<Option<HashMap<CUdevice, (usize, usize)>>> = Mutex::new(None);
 
@@ -400,6 +403,7 @@ pub(crate) fn import_from_shareable_handle(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     device_pools(device)?;
+    IMPORTED_POOLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     write_out(pool_out, new_pool_of(device, HANDLE_TYPE_POSIX_FD, true))
 }
 
@@ -445,6 +449,9 @@ pub(crate) fn import_pointer(
 /// Whether `ptr` was imported into a pool of this process: it goes from
 /// that pool, and the caller closes it.
 pub(crate) fn forget_imported(ptr: CUdeviceptr) -> bool {
+    if IMPORTED_POOLS.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        return false;
+    }
     POOLS
         .values()
         .into_iter()
