@@ -15,24 +15,38 @@ use rgpu_proto::Command;
 use crate::channel::Channel;
 use crate::handles::Handles;
 
-/// How often watched items are looked at while commands keep coming.
-pub(crate) const LOOK_EVERY: Duration = Duration::from_micros(50);
 /// Items watched at most (events and streams the guest created are bounded
 /// by the session's handle limits; this bounds a pass's cost further: past
 /// it, the oldest is published as unknown, which sends the guest to ask
 /// through the ring).
 const MAX_WATCHED: usize = 1024;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Completions {
     /// Guest handles of recorded events not yet seen complete.
     events: Vec<u32>,
     /// Guest handles of streams with work not yet seen complete.
     streams: Vec<u32>,
     last_look: Option<Instant>,
+    /// How often a look is due while commands keep coming.
+    every: Duration,
 }
 
 impl Completions {
+    pub(crate) fn looking_every(every: Duration) -> Self {
+        Self {
+            events: Vec::new(),
+            streams: Vec::new(),
+            last_look: None,
+            every,
+        }
+    }
+
+    /// How often a look is due.
+    pub(crate) fn every(&self) -> Duration {
+        self.every
+    }
+
     pub(crate) fn watching(&self) -> bool {
         !self.events.is_empty() || !self.streams.is_empty()
     }
@@ -57,7 +71,7 @@ impl Completions {
         self.watching()
             && self
                 .last_look
-                .is_none_or(|t| now.saturating_duration_since(t) >= LOOK_EVERY)
+                .is_none_or(|t| now.saturating_duration_since(t) >= self.every)
     }
 
     /// The whole context synchronized: every watched item is complete up

@@ -17,7 +17,7 @@ use rgpu_proto::cuda_result::{
 use rgpu_proto::Command;
 
 use crate::channel::{Channel, RingEntry};
-use crate::completions::{Completions, LOOK_EVERY};
+use crate::completions::Completions;
 use crate::compute::{Admission, Fences, PROBATION};
 use crate::handles::Handles;
 use crate::tenant::{Tenant, Usage};
@@ -223,6 +223,7 @@ impl Worker {
         Counters::add(&counters.sessions_active, 1);
         Counters::add(&counters.sessions_total, 1);
         let usage = tenant.join(ctx_id, rgpu_proto::process_group::guest_pid(&debug_name));
+        let completions = Completions::looking_every(tenant.settings().look_every);
         Self {
             ctx_id,
             wake_queued,
@@ -244,7 +245,7 @@ impl Worker {
             tenant,
             usage,
             fences: Fences::default(),
-            completions: Completions::default(),
+            completions,
             captures: 0,
             busy_reported: false,
             probation_until: None,
@@ -367,7 +368,7 @@ impl Worker {
             let wait = match (fences, self.completions.watching()) {
                 (false, false) => return None,
                 (true, false) => IDLE_POLL,
-                (_, true) => LOOK_EVERY,
+                (_, true) => self.completions.every(),
             };
             match self.receiver.recv_timeout(wait) {
                 Err(RecvTimeoutError::Timeout) => {}

@@ -169,6 +169,12 @@ struct Args {
     /// before it sleeps, in microseconds.
     #[arg(long, value_name = "US", env = "RGPU_HOST_SPIN_US", default_value_t = rgpu_session::settings::DEFAULT_SPIN_US)]
     host_spin_us: u64,
+    /// How often, while commands keep coming, a session asks the driver
+    /// whether the events and streams the guest may query are done, in
+    /// microseconds (more: fewer driver calls between launches, staler
+    /// query answers).
+    #[arg(long, value_name = "US", env = "RGPU_HOST_LOOK_US", default_value_t = rgpu_session::settings::DEFAULT_LOOK_US)]
+    host_look_us: u64,
     /// Module images kept for reuse across the guest processes of a
     /// tenant, in MiB (0: none).
     #[arg(long, value_name = "MIB", env = "RGPU_MODULE_CACHE_MB", default_value_t = rgpu_session::module_cache::DEFAULT_CAPACITY_MB)]
@@ -570,6 +576,8 @@ fn session_args(args: &Args) -> Vec<OsString> {
     let mut out: Vec<OsString> = vec![
         "--host-spin-us".into(),
         args.host_spin_us.to_string().into(),
+        "--host-look-us".into(),
+        args.host_look_us.to_string().into(),
         "--module-cache-mb".into(),
         args.module_cache_mb.to_string().into(),
     ];
@@ -609,6 +617,7 @@ fn serve_worker(args: Args) -> Result<(), String> {
         (args.kernel_timeout_s > 0).then(|| Duration::from_secs(args.kernel_timeout_s));
     let settings = SessionSettings::new(
         args.host_spin_us,
+        args.host_look_us,
         args.module_cache_mb,
         args.module_cache_dir.clone(),
     );
