@@ -499,7 +499,7 @@ impl GraphExec {
     /// Points the host node `held` of this executable graph at its gate.
     fn point_at_gate(&self, held: &ExecGate) -> Result<(), u32> {
         for (node, (wait, address, value, flags)) in held.nodes.iter().zip(gate_ops(&held.gate)) {
-            self.context.send(&Command::GraphExecMemOpNodeSetParams {
+            self.context.call(&Command::GraphExecMemOpNodeSetParams {
                 exec: self.handle,
                 node: *node,
                 wait,
@@ -511,6 +511,17 @@ impl GraphExec {
         }
         Ok(())
     }
+}
+
+/// Says once that a host node could not be moved to a gate of its own.
+fn gates_not_moved(code: u32) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        log::warn!(
+            "rgpu: the host's driver would not move a host node to a gate of its own (error \
+             {code}): executable graphs and clones share their graph's host-node gates"
+        );
+    });
 }
 
 /// A host node's three memory operations at `gate` (wait, address, value,
@@ -818,9 +829,14 @@ pub(crate) fn instantiate_with_flags(
         .iter()
         .try_for_each(|held| made.point_at_gate(held));
     if let Err(code) = pointed {
-        made.release_gates();
-        let _ = ctx.send(&Command::GraphExecDestroy { exec: exec_handle });
-        return Err(code);
+        // The host's driver would not move a node to its gate: the
+        // executable graph runs on what it was made with (the graph's
+        // gates, kept for good now) and its host nodes take no parameters
+        // of their own; the gates it took stay armed (some nodes may have
+        // moved to them).
+        gates_not_moved(code);
+        graph.embedded.store(true, Ordering::Release);
+        made.gates().clear();
     }
     write_out(exec, GRAPH_EXECS.insert(made))
 }
@@ -968,19 +984,41 @@ pub(crate) fn clone(clone: *mut CUgraph, original: CUgraph) -> Result<(), u32> {
                 |n| (n.kind, n.dependencies().clone(), n.params().clone()),
             );
             let mut copy_handle = next;
-            if let NodeParams::Host { function, data, .. } = params {
+            if let NodeParams::Host {
+                function,
+                data,
+                gate: shared,
+                ..
+            } = params
+            {
                 let nodes = [next, next + 1, next + 2];
-                let gate = gates.next().ok_or(CUDA_ERROR_UNKNOWN)?;
-                for (node, (wait, address, value, flags)) in nodes.iter().zip(gate_ops(&gate)) {
-                    ctx.send(&Command::GraphMemOpNodeSetParams {
-                        node: *node,
-                        wait,
-                        width: 4,
-                        address,
-                        value,
-                        flags,
-                    })?;
-                }
+                let own = gates.next().ok_or(CUDA_ERROR_UNKNOWN)?;
+                let moved = nodes.iter().zip(gate_ops(&own)).try_for_each(
+                    |(node, (wait, address, value, flags))| {
+                        ctx.call(&Command::GraphMemOpNodeSetParams {
+                            node: *node,
+                            wait,
+                            width: 4,
+                            address,
+                            value,
+                            flags,
+                        })
+                        .map(|_| ())
+                    },
+                );
+                // Not moved: the copy runs through the original's gate
+                // (kept for good now); its own stays armed (some of its
+                // nodes may have moved).
+                let gate = match moved {
+                    Ok(()) => own,
+                    Err(code) => {
+                        gates_not_moved(code);
+                        // Neither graph gives that gate back now.
+                        original.embedded.store(true, Ordering::Release);
+                        graph.embedded.store(true, Ordering::Release);
+                        shared
+                    }
+                };
                 params = NodeParams::Host {
                     function,
                     data,
