@@ -34,6 +34,7 @@ use crate::ipc::{event_key, IpcKind};
 use crate::limits::{check_room, SessionLimits, LIMIT_ERROR};
 use crate::module_cache::image_hash;
 use crate::shareable::physical_key;
+use crate::shared_ledger::{token_key, ShareKey};
 use crate::tenant::Usage;
 use crate::worker::{Attached, DeviceContext, Worker};
 use crate::{clamp_to_budget, warn_limited, Counters, Tenant};
@@ -451,35 +452,34 @@ fn forget_physical(
     handle: u32,
 ) {
     if let Some(physical) = handles.physical.remove(&handle) {
-        if !physical.imported {
-            usage.sub_device_memory(physical.size);
+        let keys = handles.physical_shares.remove(&handle).unwrap_or_default();
+        let ledger = tenant.ledger();
+        if physical.imported {
+            for key in &keys {
+                ledger.let_go(usage.member, key, tenant.budget());
+            }
+            return;
         }
+        // Importers that still hold it keep it charged (the ledger takes
+        // the charge over) before this allocation's own charge goes.
+        for key in &keys {
+            ledger.unshare(usage.member, key, tenant.budget());
+        }
+        usage.sub_device_memory(physical.size);
         release_charge(tenant, counters, physical.size);
     }
 }
 
-/// Takes `size` bytes of memory another process shared with this one from
-/// the tenant's budget: past its limit the import fails with
-/// `CUDA_ERROR_OUT_OF_MEMORY`. The driver keeps imported memory alive for
-/// the importer after its exporter freed it, so an import left uncharged
-/// would let a tenant allocate, share, free and allocate again past its
-/// limit. While both hold it, it counts twice.
-fn charge_import(
-    tenant: &Tenant,
-    executor: &dyn Executor,
-    counters: &Counters,
-    size: u64,
-) -> CuResult<()> {
-    if !tenant.reserve_memory(size, executor, counters) {
-        log::debug!("an import of {size} bytes would pass the tenant's memory limit");
-        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+/// The ledger's key of a CUDA IPC handle.
+fn ipc_key(handle: &crate::ipc::IpcHandle) -> ShareKey {
+    let mut key = [0u8; 64];
+    for (slot, byte) in key.iter_mut().zip(handle.iter()) {
+        *slot = *byte;
     }
-    Counters::add(&counters.device_memory_bytes, size);
-    Ok(())
+    key
 }
 
-/// Gives back what [`charge_import`] (or a freed allocation, whose usage
-/// the caller settled) took.
+/// Gives back a freed allocation's charge (its usage the caller settled).
 fn release_charge(tenant: &Tenant, counters: &Counters, size: u64) {
     Counters::sub(&counters.device_memory_bytes, size);
     if let Some(budget) = tenant.budget() {
@@ -684,6 +684,10 @@ impl Worker {
                     return Err(code);
                 }
                 handles.allocations.remove(device_ptr);
+                // Another process that opened it keeps it charged.
+                if let Some(key) = handles.ipc_shared.remove(device_ptr) {
+                    tenant.ledger().unshare(usage.member, &key, tenant.budget());
+                }
                 usage.sub_device_memory(size);
                 release_charge(tenant, counters, size);
                 // Another process may still have it open, and the driver
@@ -1092,16 +1096,33 @@ impl Worker {
                 let token = tenant
                     .shareable()
                     .export(ctx_id, key, physical.size, fd.as_fd())?;
+                let shared = token_key(&token);
+                if !tenant.ledger().share(usage.member, &shared, physical.size) {
+                    tenant.shareable().withdraw(key);
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+                handles
+                    .physical_shares
+                    .entry(*handle)
+                    .or_default()
+                    .push(shared);
                 Ok(token.to_vec())
             }
             Command::MemImportShareable { handle, token } => {
                 check_new(&handles.physical, *handle)?;
                 check_room(handles.physical.len(), limits.allocations)?;
                 let (fd, size) = tenant.shareable().import(ctx_id, token)?;
-                charge_import(tenant, executor, counters, size)?;
+                // Held in the tenant's ledger: charged to its exporter, and
+                // to the ledger once the exporter let go while this holds it.
+                let shared = token_key(token);
+                let ledger = tenant.ledger();
+                if !ledger.hold(usage.member, &shared) {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
                 let imported = ctx
                     .mem_import_fd(fd.as_fd())
-                    .inspect_err(|_| release_charge(tenant, counters, size))?;
+                    .inspect_err(|_| ledger.let_go(usage.member, &shared, tenant.budget()))?;
+                handles.physical_shares.insert(*handle, vec![shared]);
                 handles.physical.insert(
                     *handle,
                     Physical {
@@ -1988,7 +2009,18 @@ impl Worker {
                     );
                     return Err(CUDA_ERROR_INVALID_VALUE);
                 };
+                // The session's own (the guest asks through the owning
+                // context): its free tells the ledger.
+                let size = *handles
+                    .allocations
+                    .get(&base)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
                 let handle = ctx.ipc_get_mem_handle(*device_ptr)?;
+                let shared = ipc_key(&handle);
+                if !tenant.ledger().share(usage.member, &shared, size) {
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+                handles.ipc_shared.insert(base, shared);
                 tenant
                     .ipc()
                     .export(ctx_id, IpcKind::Memory, base, &handle)?;
@@ -2004,22 +2036,29 @@ impl Worker {
                 if let Some(mapping) = handles.ipc_mappings.get_mut(&ptr) {
                     mapping.opens = mapping.opens.saturating_add(1);
                 } else {
-                    // Charged as long as it is open here (the driver keeps
-                    // it for this process); B's kernels and copies may use
-                    // it from now on.
-                    if let Err(code) = charge_import(tenant, executor, counters, size) {
+                    // Held in the tenant's ledger while open here (the
+                    // driver keeps it for this process); B's kernels and
+                    // copies may use it from now on.
+                    let shared = ipc_key(handle);
+                    let ledger = tenant.ledger();
+                    if !ledger.hold(usage.member, &shared) {
                         let _ = ctx.ipc_close_mem_handle(ptr);
-                        return Err(code);
+                        return Err(CUDA_ERROR_INVALID_HANDLE);
                     }
                     let range = owner(RangeKind::IpcMapping);
                     if let Err(code) = record_range(tenant, ctx_id, ptr, size, range) {
                         let _ = ctx.ipc_close_mem_handle(ptr);
-                        release_charge(tenant, counters, size);
+                        ledger.let_go(usage.member, &shared, tenant.budget());
                         return Err(code);
                     }
-                    handles
-                        .ipc_mappings
-                        .insert(ptr, IpcMapping { size, opens: 1 });
+                    handles.ipc_mappings.insert(
+                        ptr,
+                        IpcMapping {
+                            size,
+                            key: shared,
+                            opens: 1,
+                        },
+                    );
                 }
                 Ok(u64_payload(&[ptr, size]))
             }
@@ -2042,7 +2081,9 @@ impl Worker {
                 }
                 if last {
                     handles.ipc_mappings.remove(device_ptr);
-                    release_charge(tenant, counters, mapping.size);
+                    tenant
+                        .ledger()
+                        .let_go(usage.member, &mapping.key, tenant.budget());
                 } else if let Some(m) = handles.ipc_mappings.get_mut(device_ptr) {
                     m.opens -= 1;
                 }

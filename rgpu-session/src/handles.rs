@@ -9,6 +9,8 @@ use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALU
 use rgpu_proto::reply::FunctionInfo;
 use rgpu_proto::{STREAM_LEGACY, STREAM_PER_THREAD};
 
+use crate::shared_ledger::ShareKey;
+
 /// A physical allocation of the virtual-memory API (`cuMemCreate`).
 #[derive(Debug, Clone, Copy)]
 pub struct Physical {
@@ -19,18 +21,18 @@ pub struct Physical {
     /// The guest released its handle; the memory goes with the last
     /// mapping.
     pub released: bool,
-    /// Imported from another process's export. Charged to the tenant as
-    /// what this process holds (the driver keeps it for the importer after
-    /// its exporter is gone), but not among the process's own allocations,
-    /// which explain what NVML reports for it.
+    /// Imported from another process's export: its exporter's charge
+    /// (the tenant's ledger carries it once the exporter let go).
     pub imported: bool,
 }
 
-/// Memory of another process opened through CUDA IPC, charged to the
-/// tenant as a [`Physical`] import is.
+/// Memory of another process opened through CUDA IPC (held in the
+/// tenant's ledger as a [`Physical`] import is).
 #[derive(Debug, Clone, Copy)]
 pub struct IpcMapping {
     pub size: u64,
+    /// Its handle, as the ledger knows it.
+    pub key: ShareKey,
     /// Opens not closed yet (the driver answers a handle this context has
     /// open with the same pointer, and counts).
     pub opens: u32,
@@ -107,6 +109,12 @@ pub struct Handles {
     /// through CUDA IPC, until closed (not charged: the exporter's
     /// allocation is).
     pub ipc_mappings: HashMap<u64, IpcMapping>,
+    /// What the ledger knows of the session's physical allocations: the
+    /// tokens an exported one was shared under, the one an import holds.
+    pub physical_shares: HashMap<u32, Vec<ShareKey>>,
+    /// The session's allocations exported through CUDA IPC (by start),
+    /// under their handles.
+    pub ipc_shared: HashMap<u64, ShareKey>,
 }
 
 fn lookup(table: &HashMap<u32, u64>, handle: u32) -> CuResult<u64> {
@@ -230,14 +238,17 @@ impl Handles {
 
     /// Bytes of device memory charged to the session: still allocated
     /// (virtual-memory allocations included until their last mapping is
-    /// gone, graph allocations while held) or imported from another
-    /// process and not let go.
+    /// gone, graph allocations while held; imports are their exporters').
     pub fn allocated_bytes(&self) -> u64 {
         self.allocations
             .values()
-            .chain(self.physical.values().map(|p| &p.size))
+            .chain(
+                self.physical
+                    .values()
+                    .filter(|p| !p.imported)
+                    .map(|p| &p.size),
+            )
             .chain(self.graph_allocations.values().map(|a| &a.size))
-            .chain(self.ipc_mappings.values().map(|m| &m.size))
             .fold(0u64, |sum, size| sum.saturating_add(*size))
     }
 }

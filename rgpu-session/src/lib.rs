@@ -26,6 +26,7 @@ pub mod module_cache;
 pub mod session;
 pub mod settings;
 pub mod shareable;
+pub mod shared_ledger;
 pub mod tenant;
 mod worker;
 
@@ -40,6 +41,7 @@ pub use module_cache::ModuleCache;
 pub use session::{Completion, Session, SessionError};
 pub use settings::SessionSettings;
 pub use shareable::ShareableRegistry;
+pub use shared_ledger::ShareLedger;
 pub use tenant::{Overdue, Tenant};
 
 /// The guest memory type of the daemon (vhost-user shared memory regions).

@@ -18,8 +18,9 @@
 //! when its session ends, and when its worker process ends (the daemon's
 //! broker watches the exporters). Natively the descriptor would keep the
 //! memory alive past the exporter's release; here whoever imported it
-//! before keeps it, and later imports fail. An import is charged to the
-//! tenant while the importer holds it (the session does that).
+//! before keeps it, and later imports fail; the tenant's ledger
+//! ([`crate::shared_ledger`]) keeps it charged until the last importer
+//! lets go.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{BorrowedFd, OwnedFd};

@@ -27,6 +27,7 @@ use crate::driver_memory::{DriverMemory, Refresh};
 use crate::ipc::{IpcExports, IpcRegistry};
 use crate::limits::SessionLimits;
 use crate::shareable::{ShareableExports, ShareableRegistry};
+use crate::shared_ledger::{LocalShareLedger, ShareLedger};
 
 /// What one session of a tenant uses, updated by its worker.
 #[derive(Debug)]
@@ -115,6 +116,10 @@ pub struct Tenant {
     /// The shareable handles the tenant's processes exported (a registry of
     /// this process alone unless one is given), and this process's share.
     shareable: ShareableExports,
+    /// The memory the tenant's processes share, charged once (the daemon's
+    /// broker; `None`: `local_ledger`, of this process alone).
+    ledger: Option<Arc<dyn ShareLedger>>,
+    local_ledger: LocalShareLedger,
     /// How its sessions run (the daemon's command line).
     settings: crate::SessionSettings,
 }
@@ -169,13 +174,15 @@ impl Tenant {
     /// A tenant whose sessions take device memory from `budget` (if any)
     /// and GPU time as `compute` grants it (if any), record and check
     /// CUDA IPC handles in `ipc` and shareable handles in `shareable` (if
-    /// any; else registries of this process alone), and run as `settings`
-    /// say.
+    /// any; else registries of this process alone), keep what its
+    /// processes share in `ledger` (if any; else a ledger of this process
+    /// alone), and run as `settings` say.
     pub fn with_shares(
         budget: Option<Arc<dyn MemoryBudget>>,
         compute: Option<Arc<dyn ComputeGate>>,
         ipc: Option<Arc<dyn IpcRegistry>>,
         shareable: Option<Arc<dyn ShareableRegistry>>,
+        ledger: Option<Arc<dyn ShareLedger>>,
         settings: crate::SessionSettings,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -183,9 +190,18 @@ impl Tenant {
             compute,
             ipc: ipc.map(IpcExports::new).unwrap_or_default(),
             shareable: shareable.map(ShareableExports::new).unwrap_or_default(),
+            ledger,
             settings,
             ..Self::default()
         })
+    }
+
+    /// The ledger of what the tenant's processes share.
+    pub(crate) fn ledger(&self) -> &dyn ShareLedger {
+        match &self.ledger {
+            Some(ledger) => ledger.as_ref(),
+            None => &self.local_ledger,
+        }
     }
 
     pub(crate) fn ipc(&self) -> &IpcExports {

@@ -929,6 +929,30 @@ impl Worker {
         self.channel = None;
         self.usage.set_reply_target(None);
         self.blobs.clear();
+        // What the session shared or held goes from the tenant's ledger
+        // first (importers elsewhere keep its exports charged).
+        let ledger = self.tenant.ledger();
+        let member = self.usage.member;
+        for (handle, keys) in &self.handles.physical_shares {
+            let imported = self
+                .handles
+                .physical
+                .get(handle)
+                .is_some_and(|p| p.imported);
+            for key in keys {
+                if imported {
+                    ledger.let_go(member, key, self.tenant.budget());
+                } else {
+                    ledger.unshare(member, key, self.tenant.budget());
+                }
+            }
+        }
+        for mapping in self.handles.ipc_mappings.values() {
+            ledger.let_go(member, &mapping.key, self.tenant.budget());
+        }
+        for key in self.handles.ipc_shared.values() {
+            ledger.unshare(member, key, self.tenant.budget());
+        }
         Counters::sub(
             &self.counters.device_memory_bytes,
             self.handles.allocated_bytes(),

@@ -24,7 +24,10 @@ use rgpu_proto::cuda_result::{
 use rgpu_proto::reply::decode_u64s;
 use rgpu_proto::Command;
 use rgpu_session::ipc::LocalIpcRegistry;
-use rgpu_session::{Counters, IpcRegistry, MemoryBudget, Session, SessionSettings, Tenant};
+use rgpu_session::shared_ledger::LocalShareLedger;
+use rgpu_session::{
+    Counters, IpcRegistry, MemoryBudget, Session, SessionSettings, ShareLedger, Tenant,
+};
 
 /// A tenant's memory budget without a limit: what it counts.
 #[derive(Debug, Default)]
@@ -65,12 +68,14 @@ impl Process {
         executor: &Arc<dyn Executor>,
         budget: &Arc<Counted>,
         registry: &Arc<LocalIpcRegistry>,
+        ledger: &Arc<LocalShareLedger>,
     ) -> Self {
         let tenant = Tenant::with_shares(
             Some(budget.clone() as Arc<dyn MemoryBudget>),
             None,
             Some(registry.clone() as Arc<dyn IpcRegistry>),
             None,
+            Some(ledger.clone() as Arc<dyn ShareLedger>),
             SessionSettings::default(),
         );
         let guest = Guest::new();
@@ -155,12 +160,14 @@ fn world_limited(limit: Option<u64>) -> World {
     let executor: Arc<dyn Executor> = Arc::new(PartialNvml(sim));
     let budget = Arc::new(Counted(AtomicU64::new(0), limit));
     let tenant = Arc::new(LocalIpcRegistry::default());
+    let ledger = Arc::new(LocalShareLedger::default());
     let other_tenant = Arc::new(LocalIpcRegistry::default());
+    let other_ledger = Arc::new(LocalShareLedger::default());
     let other_budget = Arc::new(Counted::default());
     World {
-        a: Process::start(1, &executor, &budget, &tenant),
-        b: Process::start(2, &executor, &budget, &tenant),
-        c: Process::start(3, &executor, &other_budget, &other_tenant),
+        a: Process::start(1, &executor, &budget, &tenant, &ledger),
+        b: Process::start(2, &executor, &budget, &tenant, &ledger),
+        c: Process::start(3, &executor, &other_budget, &other_tenant, &other_ledger),
         executor,
         observer,
         budget,
@@ -187,8 +194,7 @@ fn an_opened_mapping_is_the_openers_memory_and_charged_while_open() {
     assert_eq!(b.memset(ptr, 0, 1), CUDA_ERROR_INVALID_VALUE);
     let (rc, mem, size) = b.open(handle);
     assert_eq!((rc, mem, size), (CUDA_SUCCESS, ptr, 4096));
-    // Charged to B too: the driver keeps it for B after A freed it.
-    assert_eq!(budget.used(), 8192, "charged to each holder");
+    assert_eq!(budget.used(), 4096, "the same memory, charged once");
     assert_eq!(b.read(mem, 8), vec![0xabcd_0123; 2]);
     assert_eq!(b.memset(mem, 0x5151_5151, 1024), CUDA_SUCCESS);
     assert_eq!(a.read(ptr + 4092, 4), vec![0x5151_5151]);
@@ -238,7 +244,8 @@ fn an_opened_mapping_is_the_openers_memory_and_charged_while_open() {
     // A session's end closes what it left open.
     assert_eq!(b.open(handle).0, CUDA_SUCCESS);
     assert_eq!(observer.ipc_opens(), 1);
-    // A frees it: B's open mapping is still charged.
+    // A frees it: the driver keeps it for B, and the tenant's ledger
+    // keeps it charged.
     assert_eq!(a.rc(Command::MemFree { device_ptr: ptr }), CUDA_SUCCESS);
     assert_eq!(budget.used(), 4096, "B's open mapping");
     b.session.shutdown();
@@ -249,6 +256,7 @@ fn an_opened_mapping_is_the_openers_memory_and_charged_while_open() {
         &executor,
         &budget,
         &Arc::new(LocalIpcRegistry::default()),
+        &Arc::new(LocalShareLedger::default()),
     );
     assert_eq!(
         b.open(handle).0,
@@ -261,7 +269,7 @@ fn an_opened_mapping_is_the_openers_memory_and_charged_while_open() {
 }
 
 #[test]
-fn an_open_past_the_tenants_limit_is_refused_and_closed() {
+fn memory_an_opener_holds_counts_after_its_exporter_freed_it() {
     let World {
         executor: _,
         observer,
@@ -272,11 +280,23 @@ fn an_open_past_the_tenants_limit_is_refused_and_closed() {
     } = world_limited(Some(6144));
     let ptr = a.alloc(4096);
     let handle = a.export_memory(ptr);
-    // A's 4096 and B's would be 8192.
-    assert_eq!(b.open(handle).0, CUDA_ERROR_OUT_OF_MEMORY);
-    assert_eq!(observer.ipc_opens(), 0, "closed again");
-    assert_eq!(b.memset(ptr, 0, 1), CUDA_ERROR_INVALID_VALUE, "not B's");
-    assert_eq!(budget.used(), 4096);
+    let (rc, mem, _) = b.open(handle);
+    assert_eq!(rc, CUDA_SUCCESS);
+    assert_eq!(budget.used(), 4096, "charged once");
+    assert_eq!(a.rc(Command::MemFree { device_ptr: ptr }), CUDA_SUCCESS);
+    assert_eq!(budget.used(), 4096, "B holds it");
+    // Without the ledger A could allocate it again, and again.
+    assert_eq!(
+        a.rc(Command::MemAlloc { size: 4096 }),
+        CUDA_ERROR_OUT_OF_MEMORY
+    );
+    assert_eq!(
+        b.rc(Command::IpcCloseMemHandle { device_ptr: mem }),
+        CUDA_SUCCESS
+    );
+    assert_eq!(observer.ipc_opens(), 0);
+    assert_eq!(budget.used(), 0);
+    assert_eq!(a.rc(Command::MemAlloc { size: 4096 }), CUDA_SUCCESS);
     c.session.shutdown();
     b.session.shutdown();
     a.session.shutdown();

@@ -622,15 +622,16 @@ fn serve_worker(args: Args) -> Result<(), String> {
         args.module_cache_dir.clone(),
     );
     // SAFETY: the connection process passed us this descriptor to own.
-    let shareable = args
+    let broker = args
         .shareable_fd
-        .map(|fd| Arc::new(unsafe { BrokerClient::inherit(fd) }) as Arc<dyn ShareableRegistry>);
+        .map(|fd| Arc::new(unsafe { BrokerClient::inherit(fd) }));
     let tenant = match inherit_tenant(args.tenant_fd)? {
         Some(page) => Tenant::with_shares(
             Some(Arc::clone(&page) as Arc<dyn MemoryBudget>),
             Some(Arc::clone(&page) as Arc<dyn ComputeGate>),
             Some(page as Arc<dyn IpcRegistry>),
-            shareable,
+            broker.clone().map(|b| b as Arc<dyn ShareableRegistry>),
+            broker.map(|b| b as Arc<dyn rgpu_session::ShareLedger>),
             settings,
         ),
         None => Tenant::with_settings(settings),

@@ -15,30 +15,44 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread;
 
 use log::{debug, warn};
 use rgpu_session::shareable::{ShareableToken, MAX_SHAREABLE_EXPORTS, SHAREABLE_TOKEN_BYTES};
-use rgpu_session::ShareableRegistry;
+use rgpu_session::shared_ledger::{Holder, Ledger, ShareKey};
+use rgpu_session::{MemoryBudget, ShareLedger, ShareableRegistry};
 
 use crate::worker_process::link::{self, Link};
 
 const DEPOSIT: u8 = 1;
 const FETCH: u8 = 2;
 const WITHDRAW: u8 = 3;
-/// Longest request: a deposit (kind, token, key, size).
-const REQUEST_BYTES: usize = 1 + SHAREABLE_TOKEN_BYTES + 16;
+/// The tenant's ledger of shared memory (rgpu_session::shared_ledger):
+/// each is (kind, key, member) and SHARE adds a size.
+const SHARE: u8 = 4;
+const HOLD: u8 = 5;
+const LET_GO: u8 = 6;
+const UNSHARE: u8 = 7;
+/// Longest request: a share (kind, key, member, size).
+const REQUEST_BYTES: usize = 1 + 64 + 16;
 /// Longest reply: a fetch's (status, size).
 const REPLY_BYTES: usize = 9;
 
-/// Starts the broker thread; answers the end every process of the tenant
+/// Starts the broker thread, whose ledger charges `budget` (the tenant's)
+/// for what it carries; answers the end every process of the tenant
 /// inherits (close-on-exec: a child is given it explicitly).
-pub fn start() -> io::Result<OwnedFd> {
+pub fn start(budget: Option<Arc<dyn MemoryBudget>>) -> io::Result<OwnedFd> {
     let (broker, clients) = link::pair()?;
     thread::Builder::new()
         .name("rgpu-shareable".into())
-        .spawn(move || Broker::default().serve(&broker))?;
+        .spawn(move || {
+            Broker {
+                budget,
+                ..Broker::default()
+            }
+            .serve(&broker)
+        })?;
     Ok(clients)
 }
 
@@ -53,8 +67,10 @@ struct Deposit {
 #[derive(Default)]
 struct Broker {
     deposits: HashMap<ShareableToken, Deposit>,
-    /// A pidfd per process with deposits.
+    /// A pidfd per process with deposits or in the ledger.
     exporters: HashMap<i32, OwnedFd>,
+    ledger: Ledger,
+    budget: Option<Arc<dyn MemoryBudget>>,
 }
 
 impl Broker {
@@ -98,6 +114,7 @@ impl Broker {
             .collect();
         for pid in ended {
             self.exporters.remove(&pid);
+            self.ledger.process_ended(pid, self.budget.as_deref());
             let before = self.deposits.len();
             self.deposits.retain(|_, d| d.pid != pid);
             debug!(
@@ -171,6 +188,33 @@ impl Broker {
                 self.deposits.retain(|_, d| !(d.pid == pid && d.key == key));
                 reply.send(&[1], &[])
             }
+            SHARE | HOLD | LET_GO | UNSHARE => {
+                let key: Option<ShareKey> = rest.get(..64).and_then(|k| k.try_into().ok());
+                let (Some(key), Some(member)) = (key, word(rest, 64)) else {
+                    return;
+                };
+                let by = Holder { pid, member };
+                let budget = self.budget.clone();
+                let budget = budget.as_deref();
+                let done = match *kind {
+                    SHARE => {
+                        let Some(size) = word(rest, 72) else {
+                            return;
+                        };
+                        self.watch(pid) && self.ledger.share(by, &key, size)
+                    }
+                    HOLD => self.watch(pid) && self.ledger.hold(by, &key),
+                    LET_GO => {
+                        self.ledger.let_go(by, &key, budget);
+                        true
+                    }
+                    _ => {
+                        self.ledger.unshare(by, &key, budget);
+                        true
+                    }
+                };
+                reply.send(&[u8::from(done)], &[])
+            }
             _ => return,
         };
         if let Err(e) = sent {
@@ -186,9 +230,16 @@ impl Broker {
         size: u64,
         fd: OwnedFd,
     ) -> bool {
-        if self.deposits.len() >= MAX_SHAREABLE_EXPORTS {
+        if self.deposits.len() >= MAX_SHAREABLE_EXPORTS || !self.watch(pid) {
             return false;
         }
+        self.deposits.insert(token, Deposit { pid, key, size, fd });
+        true
+    }
+
+    /// Watches process `pid` for its end (what it deposited, shared and
+    /// held goes then); false if it cannot be watched.
+    fn watch(&mut self, pid: i32) -> bool {
         if let std::collections::hash_map::Entry::Vacant(watch) = self.exporters.entry(pid) {
             // SAFETY: pidfd_open takes a pid and flags, and returns a new
             // descriptor or -1.
@@ -206,7 +257,6 @@ impl Broker {
             // SAFETY: a new descriptor, ours to own.
             watch.insert(unsafe { OwnedFd::from_raw_fd(raw) });
         }
-        self.deposits.insert(token, Deposit { pid, key, size, fd });
         true
     }
 }
@@ -316,6 +366,46 @@ impl ShareableRegistry for BrokerClient {
     }
 }
 
+impl BrokerClient {
+    /// Asks the ledger `kind` of `key` for session `member` (and `size`).
+    fn ledger(&self, kind: u8, member: u64, key: &ShareKey, size: Option<u64>) -> bool {
+        let mut request = Vec::with_capacity(REQUEST_BYTES);
+        request.push(kind);
+        request.extend_from_slice(key);
+        request.extend_from_slice(&member.to_le_bytes());
+        if let Some(size) = size {
+            request.extend_from_slice(&size.to_le_bytes());
+        }
+        match self.ask(&request, &[]) {
+            Ok((answer, _)) => answer.first() == Some(&1),
+            Err(e) => {
+                warn!("shareable-handle broker unreachable: {e}");
+                false
+            }
+        }
+    }
+}
+
+/// The broker charges the tenant's budget itself: the sessions' is not
+/// passed on.
+impl ShareLedger for BrokerClient {
+    fn share(&self, member: u64, key: &ShareKey, size: u64) -> bool {
+        self.ledger(SHARE, member, key, Some(size))
+    }
+
+    fn hold(&self, member: u64, key: &ShareKey) -> bool {
+        self.ledger(HOLD, member, key, None)
+    }
+
+    fn let_go(&self, member: u64, key: &ShareKey, _budget: Option<&dyn MemoryBudget>) {
+        self.ledger(LET_GO, member, key, None);
+    }
+
+    fn unshare(&self, member: u64, key: &ShareKey, _budget: Option<&dyn MemoryBudget>) {
+        self.ledger(UNSHARE, member, key, None);
+    }
+}
+
 impl AsFd for BrokerClient {
     fn as_fd(&self) -> BorrowedFd<'_> {
         // Only for tests that hand the end to a child; the lock guards
@@ -354,7 +444,7 @@ mod tests {
 
     #[test]
     fn deposits_are_fetched_by_token_and_withdrawn_by_key() {
-        let end = start().unwrap();
+        let end = start(None).unwrap();
         let (exporter, importer) = (client(&end), client(&end));
         let memory = memfd_with(b"physical");
         let token = [7u8; SHAREABLE_TOKEN_BYTES];

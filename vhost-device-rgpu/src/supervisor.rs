@@ -291,6 +291,12 @@ impl Supervisor {
                 }
             }
         };
+        // The broker's ledger carries what importers hold after their
+        // exporter let go: charged to the tenant.
+        let shareable = crate::shareable_broker::start(Some(
+            Arc::clone(&tenant) as Arc<dyn rgpu_session::MemoryBudget>
+        ))
+        .map_err(SupervisorError::Spawn)?;
         Ok(Self {
             executable,
             gate: Gate::start(listener, handshake_timeout).map_err(SupervisorError::Gate)?,
@@ -298,7 +304,7 @@ impl Supervisor {
             max_connections: max_connections.max(1),
             module_directory,
             tenant,
-            shareable: crate::shareable_broker::start().map_err(SupervisorError::Spawn)?,
+            shareable,
             state: Mutex::default(),
             changed: Condvar::new(),
         })
