@@ -493,4 +493,68 @@ mod tests {
         );
         assert!(!broker.exporters.contains_key(&pid));
     }
+
+    /// A budget that counts (no limit).
+    #[derive(Debug, Default)]
+    struct Counted(std::sync::atomic::AtomicU64);
+
+    impl MemoryBudget for Counted {
+        fn try_reserve(&self, bytes: u64) -> bool {
+            self.charge(bytes);
+            true
+        }
+        fn charge(&self, bytes: u64) {
+            self.0.fetch_add(bytes, std::sync::atomic::Ordering::SeqCst);
+        }
+        fn release(&self, bytes: u64) {
+            self.0.fetch_sub(bytes, std::sync::atomic::Ordering::SeqCst);
+        }
+        fn limit(&self) -> Option<u64> {
+            None
+        }
+        fn used(&self) -> u64 {
+            self.0.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    #[test]
+    fn a_killed_exporter_leaves_what_others_hold_charged_until_they_let_go() {
+        let (link, _clients) = link::pair().unwrap();
+        let budget = Arc::new(Counted::default());
+        let mut broker = Broker {
+            budget: Some(budget.clone() as Arc<dyn MemoryBudget>),
+            ..Broker::default()
+        };
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.1")
+            .spawn()
+            .unwrap();
+        let exporter = Holder {
+            pid: child.id() as i32,
+            member: 1,
+        };
+        let importer = Holder {
+            pid: std::process::id() as i32,
+            member: 1,
+        };
+        let key = rgpu_session::shared_ledger::token_key(&[3; 32]);
+        assert!(broker.watch(exporter.pid) && broker.ledger.share(exporter, &key, 4096));
+        assert!(broker.watch(importer.pid) && broker.ledger.hold(importer, &key));
+        assert_eq!(
+            budget.used(),
+            0,
+            "the exporter's own allocation is charged elsewhere"
+        );
+        child.wait().unwrap();
+        // Its end (the pidfd) unshares: the ledger carries the charge.
+        let mut buf = vec![0u8; 64];
+        assert!(broker.serve_once(&link, &mut buf));
+        assert_eq!(budget.used(), 4096);
+        assert!(
+            !broker.ledger.hold(importer, &key),
+            "nobody shares it any more"
+        );
+        broker.ledger.let_go(importer, &key, Some(budget.as_ref()));
+        assert_eq!(budget.used(), 0);
+    }
 }
