@@ -635,11 +635,10 @@ pub struct SimContext {
     /// Executable graphs: a copy of their graph's nodes when instantiated
     /// (the handles stay those of that graph's nodes).
     graph_execs: HashMap<u64, Vec<SimNode>>,
-    /// Kernel nodes' attributes as set (the driver's value unions, by id):
-    /// kept, not acted on.
-    node_attributes: HashMap<u64, BTreeMap<u32, [u32; 16]>>,
+    /// Kernel nodes' attributes as set: kept, not acted on.
+    node_attributes: AttributeStore,
     /// Streams' attributes as set, likewise (by `stream_key`).
-    stream_attributes: HashMap<u64, BTreeMap<u32, [u32; 16]>>,
+    stream_attributes: AttributeStore,
     /// Memory-allocation nodes' memory: how many graphs and executable
     /// graphs hold each node (by address).
     graph_allocations: HashMap<u64, u32>,
@@ -776,6 +775,31 @@ fn stream_key(stream: StreamRef) -> u64 {
     }
 }
 
+/// Attributes as set on streams or kernel nodes (by a key of the object):
+/// the driver's value unions, by attribute id; one never set reads zero.
+#[derive(Debug, Default)]
+struct AttributeStore(HashMap<u64, BTreeMap<u32, [u32; 16]>>);
+
+impl AttributeStore {
+    fn set(&mut self, object: u64, (id, value): (u32, [u32; 16])) {
+        self.0.entry(object).or_default().insert(id, value);
+    }
+
+    fn get(&self, object: u64, id: u32) -> [u32; 16] {
+        self.0
+            .get(&object)
+            .and_then(|held| held.get(&id))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// `dst` takes `src`'s attributes.
+    fn copy(&mut self, dst: u64, src: u64) {
+        let copied = self.0.get(&src).cloned().unwrap_or_default();
+        self.0.insert(dst, copied);
+    }
+}
+
 /// A kernel or memset node's new parameters: `new` must be of the kind
 /// `held` is (the driver refuses another kind with INVALID_VALUE).
 fn replace_params(held: &mut GraphOp, new: GraphOp) -> CuResult<()> {
@@ -841,8 +865,8 @@ impl SimContext {
             invalidated_captures: HashSet::new(),
             graphs: HashMap::new(),
             graph_execs: HashMap::new(),
-            node_attributes: HashMap::new(),
-            stream_attributes: HashMap::new(),
+            node_attributes: AttributeStore::default(),
+            stream_attributes: AttributeStore::default(),
             graph_allocations: HashMap::new(),
         }
     }
@@ -2539,33 +2563,21 @@ impl ContextExecutor for SimContext {
 
     fn stream_set_attribute(&mut self, stream: StreamRef, hint: &LaunchHint) -> CuResult<()> {
         self.check_stream(stream)?;
-        let (id, value) = hint.driver_words(|event| self.event(event).map(|_| event))?;
-        self.stream_attributes
-            .entry(stream_key(stream))
-            .or_default()
-            .insert(id, value);
+        let words = hint.driver_words(|event| self.event(event).map(|_| event))?;
+        self.stream_attributes.set(stream_key(stream), words);
         Ok(())
     }
 
     fn stream_get_attribute(&mut self, stream: StreamRef, id: u32) -> CuResult<[u32; 16]> {
         self.check_stream(stream)?;
-        Ok(self
-            .stream_attributes
-            .get(&stream_key(stream))
-            .and_then(|held| held.get(&id))
-            .copied()
-            .unwrap_or_default())
+        Ok(self.stream_attributes.get(stream_key(stream), id))
     }
 
     fn stream_copy_attributes(&mut self, dst: StreamRef, src: StreamRef) -> CuResult<()> {
         self.check_stream(dst)?;
         self.check_stream(src)?;
-        let copied = self
-            .stream_attributes
-            .get(&stream_key(src))
-            .cloned()
-            .unwrap_or_default();
-        self.stream_attributes.insert(stream_key(dst), copied);
+        self.stream_attributes
+            .copy(stream_key(dst), stream_key(src));
         Ok(())
     }
 
@@ -2575,29 +2587,19 @@ impl ContextExecutor for SimContext {
         attribute: &KernelNodeAttribute,
     ) -> CuResult<()> {
         self.kernel_node(node)?;
-        let (id, value) = attribute.driver_words()?;
-        self.node_attributes
-            .entry(node)
-            .or_default()
-            .insert(id, value);
+        self.node_attributes.set(node, attribute.driver_words()?);
         Ok(())
     }
 
     fn graph_kernel_node_get_attribute(&mut self, node: u64, id: u32) -> CuResult<[u32; 16]> {
         self.kernel_node(node)?;
-        Ok(self
-            .node_attributes
-            .get(&node)
-            .and_then(|held| held.get(&id))
-            .copied()
-            .unwrap_or_default())
+        Ok(self.node_attributes.get(node, id))
     }
 
     fn graph_kernel_node_copy_attributes(&mut self, dst: u64, src: u64) -> CuResult<()> {
         self.kernel_node(dst)?;
         self.kernel_node(src)?;
-        let copied = self.node_attributes.get(&src).cloned().unwrap_or_default();
-        self.node_attributes.insert(dst, copied);
+        self.node_attributes.copy(dst, src);
         Ok(())
     }
 

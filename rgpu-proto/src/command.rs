@@ -233,6 +233,21 @@ pub struct LaunchAttr {
     pub value: [u64; 4],
 }
 
+impl LaunchAttr {
+    /// Attribute `id` whose value union (as `CUlaunchAttributeValue`, 16
+    /// words) is `union`: its first 32 bytes travel.
+    pub fn from_union(id: u32, union: &[u32; 16]) -> Self {
+        let mut value = [0u64; 4];
+        for (v, pair) in value.iter_mut().zip(union.chunks_exact(2)) {
+            *v = pair
+                .iter()
+                .rev()
+                .fold(0u64, |high, word| high << 32 | u64::from(*word));
+        }
+        Self { id, value }
+    }
+}
+
 /// A value of a command body on the wire: how it is read (never trusting
 /// a length), written, and how long it is written, so a command's size is
 /// known without encoding it. [`commands!`] builds every command from these.

@@ -201,9 +201,40 @@ pub fn decode_u64s<const N: usize>(bytes: &[u8]) -> Result<[u64; N], DecodeError
     Ok(out)
 }
 
+/// Encodes an attribute's 64-byte value union (`CUlaunchAttributeValue`,
+/// the answer of the attribute queries).
+pub fn value_union_payload(union: &[u32; 16]) -> Vec<u8> {
+    let mut w = WireWriter::with_capacity(64);
+    for word in union {
+        w.u32(*word);
+    }
+    w.into_bytes()
+}
+
+/// Decodes [`value_union_payload`].
+pub fn decode_value_union(bytes: &[u8]) -> Result<[u32; 16], DecodeError> {
+    let mut r = WireReader::new(bytes);
+    let mut out = [0u32; 16];
+    for word in out.iter_mut() {
+        *word = r.u32()?;
+    }
+    r.finish()?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn value_unions_round_trip_and_launch_attributes_take_their_head() {
+        let union: [u32; 16] = std::array::from_fn(|i| 0x1000 + i as u32);
+        assert_eq!(decode_value_union(&value_union_payload(&union)), Ok(union));
+        assert!(decode_value_union(&[0; 60]).is_err());
+        let attr = crate::command::LaunchAttr::from_union(8, &union);
+        assert_eq!(attr.value[0], 0x1001 << 32 | 0x1000);
+        assert_eq!(attr.value[3], 0x1007 << 32 | 0x1006);
+    }
 
     #[test]
     fn device_status_round_trip_and_limits() {

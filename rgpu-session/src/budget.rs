@@ -3,6 +3,8 @@
 //! when freed. The daemon keeps it in memory shared by every process that
 //! serves the tenant; a session only sees this trait.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 /// Device memory a tenant may take.
 pub trait MemoryBudget: Send + Sync + std::fmt::Debug {
     /// Takes `bytes`; false (and nothing taken) past the limit.
@@ -26,6 +28,58 @@ pub trait MemoryBudget: Send + Sync + std::fmt::Debug {
     /// `None`: the budget keeps no such list.
     fn processes(&self) -> Option<Vec<rgpu_proto::reply::SessionUsage>> {
         None
+    }
+}
+
+/// A budget of this process alone (tests, and tenants of one process):
+/// what is taken, against a limit if one is given.
+#[derive(Debug, Default)]
+pub struct LocalBudget {
+    used: AtomicU64,
+    limit: Option<u64>,
+}
+
+impl LocalBudget {
+    pub fn with_limit(limit: Option<u64>) -> Self {
+        Self {
+            used: AtomicU64::new(0),
+            limit,
+        }
+    }
+}
+
+impl MemoryBudget for LocalBudget {
+    fn try_reserve(&self, bytes: u64) -> bool {
+        let limit = self.limit.unwrap_or(u64::MAX);
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                used.checked_add(bytes).filter(|total| *total <= limit)
+            })
+            .is_ok()
+    }
+
+    fn charge(&self, bytes: u64) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                Some(used.saturating_add(bytes))
+            });
+    }
+
+    fn release(&self, bytes: u64) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                Some(used.saturating_sub(bytes))
+            });
+    }
+
+    fn limit(&self) -> Option<u64> {
+        self.limit
+    }
+
+    fn used(&self) -> u64 {
+        self.used.load(Ordering::SeqCst)
     }
 }
 

@@ -18,7 +18,7 @@ use rgpu_proto::cuda_result::{
 /// `cuIpcOpenMemHandle` (NVIDIA documents it as required; 0 is taken too).
 const IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 0x1;
 use rgpu_proto::command::Launch;
-use rgpu_proto::reply::{u64_payload, DeviceStatus, UTILIZATION_UNKNOWN};
+use rgpu_proto::reply::{u64_payload, value_union_payload, DeviceStatus, UTILIZATION_UNKNOWN};
 use rgpu_proto::wire::WireWriter;
 use rgpu_proto::{BlobRange, Command, LaunchAttr, STREAM_PER_THREAD};
 
@@ -183,6 +183,18 @@ fn launch_hints(
         .collect()
 }
 
+/// One attribute as [`launch_hints`] checks it.
+fn launch_hint(
+    attribute: &LaunchAttr,
+    handles: &Handles,
+    tenant: &Tenant,
+    ctx_id: u32,
+) -> CuResult<LaunchHint> {
+    let hints = launch_hints(std::slice::from_ref(attribute), handles, tenant, ctx_id)?;
+    let [hint] = <[LaunchHint; 1]>::try_from(hints).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    Ok(hint)
+}
+
 /// The attributes a stream takes (`CUstreamAttrID`).
 const STREAM_ATTRIBUTES: [u32; 5] = [
     launch_attribute::ACCESS_POLICY_WINDOW,
@@ -209,12 +221,7 @@ fn kernel_node_attribute(
         launch_attribute::PROGRAMMATIC_EVENT | launch_attribute::LAUNCH_COMPLETION_EVENT => {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
-        _ => {
-            let hints = launch_hints(std::slice::from_ref(attribute), handles, tenant, ctx_id)?;
-            let [hint] =
-                <[LaunchHint; 1]>::try_from(hints).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-            KernelNodeAttribute::Hint(hint)
-        }
+        _ => KernelNodeAttribute::Hint(launch_hint(attribute, handles, tenant, ctx_id)?),
     })
 }
 
@@ -409,15 +416,26 @@ fn memset_node(
     })
 }
 
-/// A memory operation as a command gives it (`wait` 1: a wait).
-fn memory_op(wait: u32, width: u32, address: u64, value: u64, flags: u32) -> MemoryOp {
-    MemoryOp {
+/// A memory-operation node's operation as a command gives it (`wait` 1:
+/// a wait), checked: its word is the process's own memory.
+fn node_memory_op(
+    tenant: &Tenant,
+    ctx_id: u32,
+    wait: u32,
+    width: u32,
+    address: u64,
+    value: u64,
+    flags: u32,
+) -> CuResult<MemoryOp> {
+    let op = MemoryOp {
         wait: wait == 1,
         address,
         value,
         width,
         flags,
-    }
+    };
+    check_memory_op(tenant, ctx_id, "memory-operation node", &op)?;
+    Ok(op)
 }
 
 /// An event node's parameters: it records (`wait` 0) or waits for (1)
@@ -1677,8 +1695,7 @@ impl Worker {
                 if *wait > 1 {
                     return Err(CUDA_ERROR_INVALID_VALUE);
                 }
-                let op = memory_op(*wait, *width, *address, *value, *flags);
-                check_memory_op(tenant, ctx_id, "memory-operation node", &op)?;
+                let op = node_memory_op(tenant, ctx_id, *wait, *width, *address, *value, *flags)?;
                 add_graph_node(
                     ctx,
                     handles,
@@ -1865,8 +1882,7 @@ impl Worker {
                 flags,
             } => {
                 let created = handles.graph_node(*node, None)?;
-                let op = memory_op(*wait, *width, *address, *value, *flags);
-                check_memory_op(tenant, ctx_id, "memory-operation node", &op)?;
+                let op = node_memory_op(tenant, ctx_id, *wait, *width, *address, *value, *flags)?;
                 ctx.graph_node_set_params(created, &GraphNode::MemOp(op))
                     .map(empty)
             }
@@ -1880,8 +1896,7 @@ impl Worker {
                 flags,
             } => {
                 let (created_exec, created) = exec_node(handles, *exec, *node)?;
-                let op = memory_op(*wait, *width, *address, *value, *flags);
-                check_memory_op(tenant, ctx_id, "memory-operation node", &op)?;
+                let op = node_memory_op(tenant, ctx_id, *wait, *width, *address, *value, *flags)?;
                 ctx.graph_exec_node_set_params(created_exec, created, &GraphNode::MemOp(op))
                     .map(empty)
             }
@@ -1893,9 +1908,7 @@ impl Worker {
                 if !STREAM_ATTRIBUTES.contains(&attribute.id) {
                     return Err(CUDA_ERROR_INVALID_VALUE);
                 }
-                let hints = launch_hints(std::slice::from_ref(attribute), handles, tenant, ctx_id)?;
-                let [hint] =
-                    <[LaunchHint; 1]>::try_from(hints).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+                let hint = launch_hint(attribute, handles, tenant, ctx_id)?;
                 ctx.stream_set_attribute(stream, &hint).map(empty)
             }
             Command::StreamGetAttribute { stream, id } => {
@@ -1904,7 +1917,7 @@ impl Worker {
                     return Err(CUDA_ERROR_INVALID_VALUE);
                 }
                 ctx.stream_get_attribute(stream, *id)
-                    .map(|value| value.iter().flat_map(|w| w.to_le_bytes()).collect())
+                    .map(|value| value_union_payload(&value))
             }
             Command::StreamCopyAttributes { dst, src } => {
                 let (dst, src) = (handles.stream(*dst)?, handles.stream(*src)?);
@@ -1930,7 +1943,7 @@ impl Worker {
                     return Err(CUDA_ERROR_NOT_SUPPORTED);
                 }
                 ctx.graph_kernel_node_get_attribute(created, *id)
-                    .map(|value| value.iter().flat_map(|w| w.to_le_bytes()).collect())
+                    .map(|value| value_union_payload(&value))
             }
             Command::GraphKernelNodeCopyAttributes { dst, src } => {
                 let (dst, src) = (

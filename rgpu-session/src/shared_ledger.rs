@@ -236,36 +236,14 @@ impl ShareLedger for LocalShareLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    #[derive(Debug, Default)]
-    struct Counted(AtomicU64);
-
-    impl MemoryBudget for Counted {
-        fn try_reserve(&self, bytes: u64) -> bool {
-            self.0.fetch_add(bytes, Ordering::SeqCst);
-            true
-        }
-        fn charge(&self, bytes: u64) {
-            self.0.fetch_add(bytes, Ordering::SeqCst);
-        }
-        fn release(&self, bytes: u64) {
-            self.0.fetch_sub(bytes, Ordering::SeqCst);
-        }
-        fn limit(&self) -> Option<u64> {
-            None
-        }
-        fn used(&self) -> u64 {
-            self.0.load(Ordering::SeqCst)
-        }
-    }
+    use crate::budget::LocalBudget;
 
     const A: Holder = Holder { pid: 1, member: 1 };
     const B: Holder = Holder { pid: 2, member: 1 };
 
     #[test]
     fn the_last_holder_carries_the_charge() {
-        let budget = Counted::default();
+        let budget = LocalBudget::default();
         let mut ledger = Ledger::default();
         let key = token_key(&[7; 32]);
         assert!(ledger.share(A, &key, 100));
@@ -283,7 +261,7 @@ mod tests {
 
     #[test]
     fn an_unheld_share_costs_nothing_and_ends_with_processes() {
-        let budget = Counted::default();
+        let budget = LocalBudget::default();
         let mut ledger = Ledger::default();
         let key = token_key(&[9; 32]);
         assert!(ledger.share(A, &key, 100));

@@ -11,7 +11,6 @@
 
 mod guest;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use guest::*;
@@ -23,38 +22,12 @@ use rgpu_proto::cuda_result::{
 };
 use rgpu_proto::reply::decode_u64s;
 use rgpu_proto::Command;
+use rgpu_session::budget::LocalBudget;
 use rgpu_session::ipc::LocalIpcRegistry;
 use rgpu_session::shared_ledger::LocalShareLedger;
 use rgpu_session::{
     Counters, IpcRegistry, MemoryBudget, Session, SessionSettings, ShareLedger, Tenant,
 };
-
-/// A tenant's memory budget without a limit: what it counts.
-#[derive(Debug, Default)]
-struct Counted(AtomicU64, Option<u64>);
-
-impl MemoryBudget for Counted {
-    fn try_reserve(&self, bytes: u64) -> bool {
-        let limit = self.1.unwrap_or(u64::MAX);
-        self.0
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
-                used.checked_add(bytes).filter(|total| *total <= limit)
-            })
-            .is_ok()
-    }
-    fn charge(&self, bytes: u64) {
-        self.0.fetch_add(bytes, Ordering::SeqCst);
-    }
-    fn release(&self, bytes: u64) {
-        self.0.fetch_sub(bytes, Ordering::SeqCst);
-    }
-    fn limit(&self) -> Option<u64> {
-        self.1
-    }
-    fn used(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
 
 /// A guest process: its own guest memory and one session.
 struct Process {
@@ -66,7 +39,7 @@ impl Process {
     fn start(
         ctx_id: u32,
         executor: &Arc<dyn Executor>,
-        budget: &Arc<Counted>,
+        budget: &Arc<LocalBudget>,
         registry: &Arc<LocalIpcRegistry>,
         ledger: &Arc<LocalShareLedger>,
     ) -> Self {
@@ -143,7 +116,7 @@ impl Process {
 struct World {
     executor: Arc<dyn Executor>,
     observer: SimObserver,
-    budget: Arc<Counted>,
+    budget: Arc<LocalBudget>,
     a: Process,
     b: Process,
     c: Process,
@@ -158,12 +131,12 @@ fn world_limited(limit: Option<u64>) -> World {
     let observer = sim.observer();
     // No per-process device memory: the three processes share the executor.
     let executor: Arc<dyn Executor> = Arc::new(PartialNvml(sim));
-    let budget = Arc::new(Counted(AtomicU64::new(0), limit));
+    let budget = Arc::new(LocalBudget::with_limit(limit));
     let tenant = Arc::new(LocalIpcRegistry::default());
     let ledger = Arc::new(LocalShareLedger::default());
     let other_tenant = Arc::new(LocalIpcRegistry::default());
     let other_ledger = Arc::new(LocalShareLedger::default());
-    let other_budget = Arc::new(Counted::default());
+    let other_budget = Arc::new(LocalBudget::default());
     World {
         a: Process::start(1, &executor, &budget, &tenant, &ledger),
         b: Process::start(2, &executor, &budget, &tenant, &ledger),

@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Unused by programs that only print what they saw for a caller to judge. */
 static long checks_passed __attribute__((unused));
@@ -35,6 +36,23 @@ static inline char *read_file_len(const char *path, size_t *len) {
 }
 
 static inline char *read_file(const char *path) { return read_file_len(path, NULL); }
+
+/* `len` bytes as 2 `len` hex digits and a NUL at `out` (a handle passed to
+ * a child process on its command line), and back: -1 unless `text` is
+ * exactly that. */
+static inline void hex(char *out, const unsigned char *bytes, size_t len) {
+    for (size_t i = 0; i < len; i++) snprintf(out + 2 * i, 3, "%02x", bytes[i]);
+}
+
+static inline int unhex(unsigned char *out, const char *text, size_t len) {
+    if (strlen(text) != 2 * len) return -1;
+    for (size_t i = 0; i < len; i++) {
+        unsigned byte;
+        if (sscanf(text + 2 * i, "%2x", &byte) != 1) return -1;
+        out[i] = (unsigned char)byte;
+    }
+    return 0;
+}
 
 static inline const char *error_name(CUresult rc) {
     const char *name = NULL;

@@ -110,20 +110,6 @@ CUresult cuMemPoolImportPointer(CUdeviceptr *ptr, CUmemoryPool pool, PoolPtrExpo
 #define USED_MEM_HIGH 8
 #define MIB (1u << 20)
 
-static void hex(char *out, const unsigned char *bytes, size_t len) {
-    for (size_t i = 0; i < len; i++) sprintf(out + 2 * i, "%02x", bytes[i]);
-}
-
-static int unhex(unsigned char *out, const char *text, size_t len) {
-    if (strlen(text) != 2 * len) return -1;
-    for (size_t i = 0; i < len; i++) {
-        unsigned byte;
-        if (sscanf(text + 2 * i, "%2x", &byte) != 1) return -1;
-        out[i] = (unsigned char)byte;
-    }
-    return 0;
-}
-
 /* The child: imports the pool from descriptor `fd` and the pointer
  * `data_hex`; `expect` says what the pointer's import returns. */
 static int pool_child(int fd, const char *data_hex, const char *expect) {

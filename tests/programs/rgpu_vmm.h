@@ -6,6 +6,7 @@
 #define RGPU_VMM_H
 
 #include <stddef.h>
+#include <string.h>
 
 typedef unsigned long long MemHandle;
 typedef struct {
@@ -53,5 +54,16 @@ CUresult cuMemImportFromShareableHandle(MemHandle *handle, void *os_handle, unsi
 #define READ_WRITE 3
 #define HANDLE_POSIX_FD 1
 #define HANDLE_FABRIC 8
+
+/* Pinned memory of `device`, shareable as `handle_types` (0: not). */
+static inline AllocationProp device_prop(int device, unsigned int handle_types) {
+    AllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = PINNED;
+    prop.requested_handle_types = handle_types;
+    prop.location.type = DEVICE;
+    prop.location.id = device;
+    return prop;
+}
 
 #endif

@@ -43,23 +43,13 @@
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #define WRITTEN 0xB0B0B0B0u
 
-static AllocationProp device_prop(unsigned int handle_types) {
-    AllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = PINNED;
-    prop.requested_handle_types = handle_types;
-    prop.location.type = DEVICE;
-    prop.location.id = 0;
-    return prop;
-}
-
 static CUresult setup(CUcontext *ctx, size_t *granularity) {
     CUdevice dev;
     CUresult rc = cuInit(0);
     if (rc == CUDA_SUCCESS) rc = cuDeviceGet(&dev, 0);
     if (rc == CUDA_SUCCESS) rc = cuDevicePrimaryCtxRetain(ctx, dev);
     if (rc == CUDA_SUCCESS) rc = cuCtxSetCurrent(*ctx);
-    AllocationProp prop = device_prop(HANDLE_POSIX_FD);
+    AllocationProp prop = device_prop(0, HANDLE_POSIX_FD);
     if (rc == CUDA_SUCCESS) rc = cuMemGetAllocationGranularity(granularity, &prop, 0);
     return rc;
 }
@@ -156,8 +146,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     size_t words = granularity / 4;
-    AllocationProp shareable = device_prop(HANDLE_POSIX_FD);
-    AllocationProp private_ = device_prop(0);
+    AllocationProp shareable = device_prop(0, HANDLE_POSIX_FD);
+    AllocationProp private_ = device_prop(0, 0);
     MemHandle handle = 0, unshared = 0;
     CUdeviceptr at = 0;
     int fd = -1;

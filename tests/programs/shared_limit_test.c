@@ -57,16 +57,6 @@ static void check(int ok, const char *what) {
     }
 }
 
-static AllocationProp exportable(void) {
-    AllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = PINNED;
-    prop.requested_handle_types = HANDLE_POSIX_FD;
-    prop.location.type = DEVICE;
-    prop.location.id = 0;
-    return prop;
-}
-
 static int context(void) {
     CUdevice dev;
     CUcontext ctx;
@@ -88,7 +78,7 @@ typedef struct {
 
 static CUresult allocate(Shared *s) {
     if (s->shareable) {
-        AllocationProp prop = exportable();
+        AllocationProp prop = device_prop(0, HANDLE_POSIX_FD);
         return cuMemCreate(&s->physical, s->size, &prop, 0);
     }
     return cuMemAlloc(&s->ptr, s->size);
@@ -96,20 +86,6 @@ static CUresult allocate(Shared *s) {
 
 static CUresult release(Shared *s) {
     return s->shareable ? cuMemRelease(s->physical) : cuMemFree(s->ptr);
-}
-
-static void hex(char *out, const unsigned char *bytes, size_t len) {
-    for (size_t i = 0; i < len; i++) sprintf(out + 2 * i, "%02x", bytes[i]);
-}
-
-static int unhex(unsigned char *out, const char *text, size_t len) {
-    if (strlen(text) != 2 * len) return -1;
-    for (size_t i = 0; i < len; i++) {
-        unsigned byte;
-        if (sscanf(text + 2 * i, "%2x", &byte) != 1) return -1;
-        out[i] = (unsigned char)byte;
-    }
-    return 0;
 }
 
 /* Sends `text`, and `fd` when it is not -1, as one message. */

@@ -47,11 +47,7 @@ int main(int argc, char **argv) {
         printf("FAIL: no CUDA context or kernel (usage: vmm_test --ptx PTX)\n");
         return 1;
     }
-    AllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = PINNED;
-    prop.location.type = DEVICE;
-    prop.location.id = dev;
+    AllocationProp prop = device_prop(dev, 0);
     size_t granule = 0, recommended = 0;
     CHECK_CU(cuMemGetAllocationGranularity(&granule, &prop, 0));
     CHECK_CU(cuMemGetAllocationGranularity(&recommended, &prop, 1));

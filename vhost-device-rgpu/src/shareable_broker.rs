@@ -494,33 +494,10 @@ mod tests {
         assert!(!broker.exporters.contains_key(&pid));
     }
 
-    /// A budget that counts (no limit).
-    #[derive(Debug, Default)]
-    struct Counted(std::sync::atomic::AtomicU64);
-
-    impl MemoryBudget for Counted {
-        fn try_reserve(&self, bytes: u64) -> bool {
-            self.charge(bytes);
-            true
-        }
-        fn charge(&self, bytes: u64) {
-            self.0.fetch_add(bytes, std::sync::atomic::Ordering::SeqCst);
-        }
-        fn release(&self, bytes: u64) {
-            self.0.fetch_sub(bytes, std::sync::atomic::Ordering::SeqCst);
-        }
-        fn limit(&self) -> Option<u64> {
-            None
-        }
-        fn used(&self) -> u64 {
-            self.0.load(std::sync::atomic::Ordering::SeqCst)
-        }
-    }
-
     #[test]
     fn a_killed_exporter_leaves_what_others_hold_charged_until_they_let_go() {
         let (link, _clients) = link::pair().unwrap();
-        let budget = Arc::new(Counted::default());
+        let budget = Arc::new(rgpu_session::budget::LocalBudget::default());
         let mut broker = Broker {
             budget: Some(budget.clone() as Arc<dyn MemoryBudget>),
             ..Broker::default()

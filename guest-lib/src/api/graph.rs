@@ -35,7 +35,7 @@ use rgpu_proto::cuda_result::*;
 use rgpu_proto::Command;
 
 use rgpu_proto::command::{Launch, MAX_NODE_DEPENDENCIES};
-use rgpu_proto::reply::{decode_u64s, FunctionInfo};
+use rgpu_proto::reply::{decode_u64s, decode_value_union, FunctionInfo};
 
 use crate::abi::{write_optional, write_out, CUdeviceptr, CUevent, CUfunction, CUstream};
 use crate::api::context::same_context;
@@ -449,6 +449,9 @@ pub(crate) struct GraphExec {
     flags: c_ulonglong,
     /// A gate of its own per host node of its graph, in the graph's order.
     gates: Mutex<Vec<ExecGate>>,
+    /// Its graph had host nodes (fixed when made: launches look at this,
+    /// not at `gates`).
+    has_host_nodes: bool,
     /// The streams it was launched on (while it has gates), as the
     /// application named them: where its gates are let go after its last
     /// launch.
@@ -812,6 +815,7 @@ pub(crate) fn instantiate_with_flags(
         handle: exec_handle,
         graph: graph.handle,
         flags,
+        has_host_nodes: !gates.is_empty(),
         gates: Mutex::new(gates),
         launched_on: Mutex::new(std::collections::HashSet::new()),
     });
@@ -862,7 +866,7 @@ fn launch_on(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Result<()
     let exec = GRAPH_EXECS.get(exec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let (ctx, handle) = resolve_stream(stream, per_thread)?;
     same_context(&ctx, &exec.context)?;
-    if !exec.gates().is_empty() {
+    if exec.has_host_nodes {
         exec.launched_on
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -2482,14 +2486,10 @@ pub(crate) fn kernel_node_set_attribute(
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
     }
-    let mut value = [0u64; 4];
-    for (i, v) in value.iter_mut().enumerate() {
-        *v = u64::from(w[2 * i]) | u64::from(w[2 * i + 1]) << 32;
-    }
     node.context
         .call(&Command::GraphKernelNodeSetAttribute {
             node: node.handle,
-            attribute: vec![LaunchAttr { id, value }],
+            attribute: vec![LaunchAttr::from_union(id, &w)],
         })
         .map(|_| ())
 }
@@ -2509,13 +2509,7 @@ pub(crate) fn kernel_node_get_attribute(
         node: node.handle,
         id,
     })?;
-    let mut words: KernelNodeAttributeValue = [0; 16];
-    if answer.len() != 64 {
-        return Err(CUDA_ERROR_UNKNOWN);
-    }
-    for (word, bytes) in words.iter_mut().zip(answer.chunks_exact(4)) {
-        *word = u32::from_le_bytes(bytes.try_into().map_err(|_| CUDA_ERROR_UNKNOWN)?);
-    }
+    let words = decode_value_union(&answer).map_err(|_| CUDA_ERROR_UNKNOWN)?;
     write_out(value, words)
 }
 

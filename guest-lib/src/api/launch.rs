@@ -79,15 +79,12 @@ fn wire_attribute(
     events: &mut Vec<Arc<Event>>,
 ) -> Result<Option<LaunchAttr>, u32> {
     let w = &attribute.value;
-    let mut value = [0u64; 4];
-    for (i, v) in value.iter_mut().enumerate() {
-        *v = u64::from(w[2 * i]) | u64::from(w[2 * i + 1]) << 32;
-    }
+    let mut wire = LaunchAttr::from_union(attribute.id, w);
     match attribute.id {
         launch_attribute::IGNORE => return Ok(None),
         launch_attribute::PROGRAMMATIC_EVENT | launch_attribute::LAUNCH_COMPLETION_EVENT => {
-            let event = crate::api::event::named(value[0] as usize as CUevent)?;
-            value[0] = u64::from(event.handle);
+            let event = crate::api::event::named(wire.value[0] as usize as CUevent)?;
+            wire.value[0] = u64::from(event.handle);
             events.push(event);
         }
         launch_attribute::ACCESS_POLICY_WINDOW
@@ -107,10 +104,7 @@ fn wire_attribute(
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
     }
-    Ok(Some(LaunchAttr {
-        id: attribute.id,
-        value,
-    }))
+    Ok(Some(wire))
 }
 
 /// Refuses a launch the device cannot run, at once, as the driver does

@@ -383,13 +383,9 @@ fn set_attribute_on(
     // SAFETY: non-NULL; the caller passes a readable CUstreamAttrValue.
     let w = unsafe { value.read() };
     let id = u32::try_from(id).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-    let mut words = [0u64; 4];
-    for (i, v) in words.iter_mut().enumerate() {
-        *v = u64::from(w[2 * i]) | u64::from(w[2 * i + 1]) << 32;
-    }
     ctx.call(&Command::StreamSetAttribute {
         stream: handle,
-        attribute: vec![rgpu_proto::command::LaunchAttr { id, value: words }],
+        attribute: vec![rgpu_proto::command::LaunchAttr::from_union(id, &w)],
     })
     .map(|_| ())
 }
@@ -423,13 +419,7 @@ fn get_attribute_on(
     }
     let id = u32::try_from(id).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
     let answer = ctx.call(&Command::StreamGetAttribute { stream: handle, id })?;
-    if answer.len() != 64 {
-        return Err(CUDA_ERROR_UNKNOWN);
-    }
-    let mut words: StreamAttributeValue = [0; 16];
-    for (word, bytes) in words.iter_mut().zip(answer.chunks_exact(4)) {
-        *word = u32::from_le_bytes(bytes.try_into().map_err(|_| CUDA_ERROR_UNKNOWN)?);
-    }
+    let words = rgpu_proto::reply::decode_value_union(&answer).map_err(|_| CUDA_ERROR_UNKNOWN)?;
     write_out(value, words)
 }
 
