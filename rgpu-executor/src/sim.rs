@@ -1133,16 +1133,21 @@ impl SimContext {
         }
     }
 
-    /// Node `node` of executable graph `exec`: a kernel, memset or memcpy
-    /// node (the kinds the driver enables and disables).
-    fn exec_node(&mut self, exec: u64, node: u64) -> CuResult<&mut SimNode> {
-        let held = self
-            .graph_execs
+    /// Node `node` of executable graph `exec` (the handle of its graph's
+    /// node).
+    fn exec_node_any(&mut self, exec: u64, node: u64) -> CuResult<&mut SimNode> {
+        self.graph_execs
             .get_mut(&exec)
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?
             .iter_mut()
             .find(|n| n.handle == node)
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
+    }
+
+    /// Node `node` of executable graph `exec`: a kernel, memset or memcpy
+    /// node (the kinds the driver enables and disables).
+    fn exec_node(&mut self, exec: u64, node: u64) -> CuResult<&mut SimNode> {
+        let held = self.exec_node_any(exec, node)?;
         match held.op {
             GraphOp::Launch { .. } | GraphOp::Memset { .. } | GraphOp::Copy(_) => Ok(held),
             _ => Err(CUDA_ERROR_INVALID_VALUE),
@@ -2551,13 +2556,7 @@ impl ContextExecutor for SimContext {
         params: &GraphNode<'_>,
     ) -> CuResult<()> {
         let op = self.graph_op(params)?;
-        let held = self
-            .graph_execs
-            .get_mut(&exec)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?
-            .iter_mut()
-            .find(|n| n.handle == node)
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let held = self.exec_node_any(exec, node)?;
         replace_params(&mut held.op, op)
     }
 
