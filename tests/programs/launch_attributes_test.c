@@ -197,15 +197,15 @@ static int run(int through_rgpu, CUdevice dev, CUcontext primary) {
         set.value.window.base = (void *)(uintptr_t)out;
         set.value.window.bytes = N * sizeof(unsigned int);
         set.value.window.hit_ratio = 0.5f;
-        set.value.window.hit_property = 1;
-        set.value.window.miss_property = 2;
+        set.value.window.hit_property = 2; /* persisting; a miss may not be */
+        set.value.window.miss_property = 1;
         CHECK_CU(cuStreamSetAttribute(first, LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, &set.value));
         CHECK_CU(cuStreamCopyAttributes(second, first));
         memset(&got, 0x5a, sizeof got);
         CHECK_CU(cuStreamGetAttribute(second, LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, &got.value));
         CHECK_TRUE(got.value.window.base == set.value.window.base &&
                    got.value.window.bytes == set.value.window.bytes &&
-                   got.value.window.hit_property == 1 && got.value.window.miss_property == 2);
+                   got.value.window.hit_property == 2 && got.value.window.miss_property == 1);
         memset(&got, 0x5a, sizeof got);
         CHECK_CU(cuStreamGetAttribute(second, LAUNCH_ATTRIBUTE_PRIORITY, &got.value));
         CHECK_EQ_INT(got.value.number, -1);

@@ -35,7 +35,14 @@
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuMemHostAlloc(void **pp, size_t bytes, unsigned int flags);
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags);
+/* What cuda.h names since CUDA 12; the names without _v2 are the
+ * pre-12 entry points, which need CAN_USE_STREAM_MEM_OPS_V1. */
 CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, unsigned value, unsigned flags);
+CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, unsigned value, unsigned flags);
+#define DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1 92
+#ifndef CUDA_ERROR_NOT_SUPPORTED
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#endif
 /* CUstreamBatchMemOpParams: a wait or a write of a value. */
 typedef struct {
     unsigned operation;
@@ -47,7 +54,7 @@ typedef struct {
     CUdeviceptr alias;
     unsigned long long reserved;
 } BatchMemOp;
-CUresult cuStreamBatchMemOp(CUstream stream, unsigned count, BatchMemOp *ops, unsigned flags);
+CUresult cuStreamBatchMemOp_v2(CUstream stream, unsigned count, BatchMemOp *ops, unsigned flags);
 #define MEM_OP_WAIT_VALUE_32 1
 #define MEM_OP_WRITE_VALUE_32 2
 #define MEM_OP_WRITE_VALUE_64 5
@@ -188,7 +195,11 @@ int main(int argc, char **argv) {
         REQUIRE_CU(cuMemHostGetDevicePointer_v2(&d_word, (void *)word, 0));
         launch_spin(1000, stream);
         CHECK_CU(cuStreamSynchronize(stream));
-        CHECK_CU(cuStreamWaitValue32(stream, d_word, 1, STREAM_WAIT_VALUE_EQ));
+        int v1_memory_ops = -1;
+        CHECK_CU(cuDeviceGetAttribute(&v1_memory_ops, DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, dev));
+        if (v1_memory_ops == 0)
+            CHECK_RC(cuStreamWaitValue32(stream, d_word, 1, STREAM_WAIT_VALUE_EQ), CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_CU(cuStreamWaitValue32_v2(stream, d_word, 1, STREAM_WAIT_VALUE_EQ));
         /* The stream alone first: an event recorded on it is work the
          * guest notes anyway. */
         CHECK_RC(cuStreamQuery(stream), CUDA_ERROR_NOT_READY);
@@ -214,7 +225,7 @@ int main(int argc, char **argv) {
         ops[2].operation = MEM_OP_WRITE_VALUE_64;
         ops[2].address = d_word + 8;
         ops[2].value = 0x1122334455667788ull;
-        CHECK_CU(cuStreamBatchMemOp(stream, 3, ops, 0));
+        CHECK_CU(cuStreamBatchMemOp_v2(stream, 3, ops, 0));
         CHECK_CU(cuStreamSynchronize(stream));
         CHECK_EQ_INT(word[0], 7);
         CHECK_TRUE(*(volatile unsigned long long *)(word + 2) == 0x1122334455667788ull);

@@ -9,7 +9,7 @@
 //! thread, so it still sees all work queued before it and nothing queued
 //! after it runs first).
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::Command;
@@ -236,6 +236,84 @@ pub(crate) fn batch_mem_op_ptsz(
     flags: c_uint,
 ) -> Result<(), u32> {
     batch_mem_op_on(stream, count, params, flags, true)
+}
+
+/// `CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1` and
+/// `..._CAN_USE_64_BIT_STREAM_MEM_OPS_V1`.
+const STREAM_MEM_OPS_V1: c_int = 92;
+const STREAM_MEM_OPS_64_BIT_V1: c_int = 93;
+
+/// The entry points without `_v2` (what programs built before CUDA 12
+/// call) work only where the host's device says so: driver 580 on the
+/// H200 answers 0 and the calls CUDA_ERROR_NOT_SUPPORTED, so rgpu does too.
+fn v1_allowed(stream: CUstream, per_thread: bool, wide: bool) -> Result<(), u32> {
+    let (ctx, _) = resolve_stream(stream, per_thread)?;
+    let can = |attribute| crate::api::device::attribute(ctx.device, attribute).unwrap_or(0) != 0;
+    if can(STREAM_MEM_OPS_V1) && (!wide || can(STREAM_MEM_OPS_64_BIT_V1)) {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+}
+
+pub(crate) fn write_value32_v1(
+    stream: CUstream,
+    address: CUdeviceptr,
+    value: c_uint,
+    flags: c_uint,
+) -> Result<(), u32> {
+    v1_allowed(stream, false, false)?;
+    write_value32(stream, address, value, flags)
+}
+
+pub(crate) fn write_value64_v1(
+    stream: CUstream,
+    address: CUdeviceptr,
+    value: u64,
+    flags: c_uint,
+) -> Result<(), u32> {
+    v1_allowed(stream, false, true)?;
+    write_value64(stream, address, value, flags)
+}
+
+pub(crate) fn wait_value32_v1(
+    stream: CUstream,
+    address: CUdeviceptr,
+    value: c_uint,
+    flags: c_uint,
+) -> Result<(), u32> {
+    v1_allowed(stream, false, false)?;
+    wait_value32(stream, address, value, flags)
+}
+
+pub(crate) fn wait_value64_v1(
+    stream: CUstream,
+    address: CUdeviceptr,
+    value: u64,
+    flags: c_uint,
+) -> Result<(), u32> {
+    v1_allowed(stream, false, true)?;
+    wait_value64(stream, address, value, flags)
+}
+
+pub(crate) fn batch_mem_op_v1(
+    stream: CUstream,
+    count: c_uint,
+    params: *const BatchMemOpParams,
+    flags: c_uint,
+) -> Result<(), u32> {
+    v1_allowed(stream, false, false)?;
+    batch_mem_op(stream, count, params, flags)
+}
+
+pub(crate) fn batch_mem_op_v1_ptsz(
+    stream: CUstream,
+    count: c_uint,
+    params: *const BatchMemOpParams,
+    flags: c_uint,
+) -> Result<(), u32> {
+    v1_allowed(stream, true, false)?;
+    batch_mem_op_ptsz(stream, count, params, flags)
 }
 
 pub(crate) fn write_value32(
