@@ -219,6 +219,8 @@ pub mod launch_attribute {
     pub const MEM_SYNC_DOMAIN: u32 = 10;
     pub const PREFERRED_CLUSTER_DIMENSION: u32 = 11;
     pub const LAUNCH_COMPLETION_EVENT: u32 = 12;
+    /// A graph kernel node's; no launch takes it.
+    pub const DEVICE_UPDATABLE_KERNEL_NODE: u32 = 13;
     pub const PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 14;
 }
 

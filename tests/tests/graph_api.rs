@@ -42,18 +42,11 @@ fn graphs_built_node_by_node_run_on_the_host_and_are_checked() {
         log.contains("which is no graph allocation of this session"),
         "{log}"
     );
-    // Host nodes ran through their gates: nothing was refused as not
-    // supported but the event attributes of a kernel node (programmatic
-    // and launch completion), each said once.
-    let refused: Vec<&str> = outcome
-        .stderr
-        .lines()
-        .filter(|l| l.contains("not supported"))
-        .collect();
+    // Host nodes ran through their gates, and event attributes of a
+    // kernel node are refused as the driver refuses them: nothing was
+    // refused as not supported.
     assert!(
-        refused.len() == 2
-            && refused[0].contains("cuGraphKernelNodeSetAttribute: attribute 7 ")
-            && refused[1].contains("cuGraphKernelNodeSetAttribute: attribute 12 "),
+        !outcome.stderr.contains("not supported"),
         "{}",
         outcome.stderr
     );

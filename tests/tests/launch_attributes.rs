@@ -34,6 +34,13 @@ fn launch_attributes_reach_the_host_and_are_checked() {
             outcome.stdout
         );
     }
+    // A node's attribute on a launch is refused as the driver refuses it,
+    // not as unsupported.
+    assert!(
+        !outcome.stderr.contains("not supported"),
+        "{}",
+        outcome.stderr
+    );
     // The refusals are the daemon's, said once each in its log.
     let log = daemon.log();
     assert!(

@@ -2478,6 +2478,11 @@ pub(crate) fn kernel_node_set_attribute(
         | attr::MEM_SYNC_DOMAIN
         | attr::PREFERRED_CLUSTER_DIMENSION
         | attr::PREFERRED_SHARED_MEMORY_CARVEOUT => {}
+        // A launch's events are no node's: driver 580 refuses them so.
+        attr::PROGRAMMATIC_EVENT | attr::LAUNCH_COMPLETION_EVENT => {
+            log::debug!("rgpu: cuGraphKernelNodeSetAttribute: attribute {id} names an event");
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
         other => {
             log::warn!(
                 "rgpu: cuGraphKernelNodeSetAttribute: attribute {other} ({:?}) is not supported",
