@@ -32,6 +32,10 @@
 
 #include "rgpu_cuda.h"
 #include "checks.h"
+
+#ifndef CUDA_ERROR_NOT_SUPPORTED
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#endif
 #include "rgpu_launch.h"
 
 CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice device);
@@ -132,11 +136,12 @@ static int run(int through_rgpu, CUdevice dev, CUcontext primary) {
     CHECK_CU(cuEventSynchronize(programmatic));
     CHECK_CU(cuEventQuery(programmatic));
 
-    /* A graph node's attribute is no launch's. */
+    /* A graph node's attribute is no launch's (driver 580 on the H200:
+     * CUDA_ERROR_NOT_SUPPORTED). */
     memset(&a, 0, sizeof a);
     a.id = LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE;
     a.value.number = 1;
-    CHECK_EQ_INT(fill_with(&a, out, 1), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ_INT(fill_with(&a, out, 1), CUDA_ERROR_NOT_SUPPORTED);
     cuCtxSynchronize();
 
     if (through_rgpu) {

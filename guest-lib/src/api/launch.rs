@@ -96,10 +96,11 @@ fn wire_attribute(
         | launch_attribute::MEM_SYNC_DOMAIN
         | launch_attribute::PREFERRED_CLUSTER_DIMENSION
         | launch_attribute::PREFERRED_SHARED_MEMORY_CARVEOUT => {}
-        // A graph node's attribute: no launch takes it.
+        // A graph node's attribute: no launch takes it, and driver 580
+        // answers so.
         launch_attribute::DEVICE_UPDATABLE_KERNEL_NODE => {
             log::debug!("rgpu: cuLaunchKernelEx: a device-updatable node attribute on a launch");
-            return Err(CUDA_ERROR_INVALID_VALUE);
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         other => {
             log::warn!(
