@@ -20,6 +20,7 @@ mod driver_memory;
 mod execute;
 mod handles;
 pub mod ipc;
+pub mod launch_profile;
 pub mod limits;
 pub mod log_limit;
 pub mod module_cache;

@@ -157,6 +157,8 @@ pub struct Worker {
     pub(crate) counters: Arc<Counters>,
     pub(crate) module_cache: Arc<ModuleCache>,
     spin: Duration,
+    /// `RGPU_PROFILE_LAUNCHES=1`: where launch time goes.
+    launch_profile: Option<crate::launch_profile::LaunchProfile>,
     pub(crate) blobs: HashMap<u32, Attached>,
     /// Blobs the worker process could not map (see [`Message::Unmappable`]).
     unmappable: std::collections::HashSet<u32>,
@@ -232,6 +234,7 @@ impl Worker {
             counters,
             module_cache: Arc::clone(&tenant.settings().module_cache),
             spin: tenant.settings().spin,
+            launch_profile: crate::launch_profile::LaunchProfile::from_env(),
             blobs: HashMap::new(),
             unmappable: std::collections::HashSet::new(),
             channel: None,
@@ -630,6 +633,7 @@ impl Worker {
                 break;
             }
             worked = true;
+            let read_at = self.launch_profile.as_ref().map(|_| Instant::now());
             let (entry, len) = channel.read();
             match entry {
                 RingEntry::Bad(reason) => {
@@ -676,6 +680,7 @@ impl Worker {
                             false => blobs_named(&decoded.command)
                                 .find(|id| self.unmappable.contains(id)),
                         };
+                        let execute_at = read_at.map(|_| Instant::now());
                         let result = match unmappable {
                             Some(id) => {
                                 crate::warn_limited!(
@@ -687,6 +692,7 @@ impl Worker {
                             }
                             None => self.execute(&decoded.command, decoded.reply_seq),
                         };
+                        let executed_at = execute_at.map(|_| Instant::now());
                         if may_wait {
                             self.usage.end_wait();
                         }
@@ -772,6 +778,16 @@ impl Worker {
                         if due {
                             let position = self.channel.as_ref().map_or(0, Channel::consumed);
                             self.look_at_completions(position);
+                        }
+                        if let (Some(profile), Some(read_at), Some(execute_at), Some(executed_at)) = (
+                            self.launch_profile.as_mut(),
+                            read_at,
+                            execute_at,
+                            executed_at,
+                        ) {
+                            if matches!(decoded.command, Command::LaunchKernel { .. }) {
+                                profile.add(read_at, execute_at, executed_at, Instant::now());
+                            }
                         }
                     } else {
                         // A Padding body may carry the data of the command
@@ -917,6 +933,9 @@ impl Worker {
 
     /// Frees everything of the session; the device context goes last.
     fn finish(mut self) {
+        if let Some(summary) = self.launch_profile.as_ref().and_then(|p| p.summary()) {
+            log::info!("ctx {}: launch profile: {summary}", self.ctx_id);
+        }
         self.complete_all();
         // Nothing may still be reading or writing guest memory we release.
         if let Some(ctx) = self.context.created() {

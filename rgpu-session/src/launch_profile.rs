@@ -1,0 +1,88 @@
+//! Where a session's launch time goes, for finding the launch-rate gap
+//! against native CUDA (issue 9): with `RGPU_PROFILE_LAUNCHES=1` in the
+//! daemon's environment, each session times the stages of every kernel
+//! launch it runs and logs the averages (info level) when it ends.
+//! Off, it costs one branch per command.
+
+use std::time::{Duration, Instant};
+
+/// The environment variable that turns profiling on.
+pub const PROFILE_ENV: &str = "RGPU_PROFILE_LAUNCHES";
+
+/// The stages of one launch: read and decode from the ring, execute (the
+/// handle lookups and the driver's call), and the bookkeeping after it.
+#[derive(Debug, Default)]
+pub struct LaunchProfile {
+    launches: u64,
+    read: Duration,
+    execute: Duration,
+    after: Duration,
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+impl LaunchProfile {
+    /// A profile if the environment asks for one.
+    pub fn from_env() -> Option<Self> {
+        match std::env::var(PROFILE_ENV).as_deref() {
+            Ok("1") => Some(Self::default()),
+            _ => None,
+        }
+    }
+
+    /// One launch: read from `read_at` to `execute_at`, executed until
+    /// `executed_at`, its bookkeeping done at `done_at`.
+    pub fn add(
+        &mut self,
+        read_at: Instant,
+        execute_at: Instant,
+        executed_at: Instant,
+        done_at: Instant,
+    ) {
+        self.launches += 1;
+        self.read += execute_at.saturating_duration_since(read_at);
+        self.execute += executed_at.saturating_duration_since(execute_at);
+        self.after += done_at.saturating_duration_since(executed_at);
+        self.first.get_or_insert(read_at);
+        self.last = Some(done_at);
+    }
+
+    /// The averages, in nanoseconds per launch; `None` before any launch.
+    pub fn summary(&self) -> Option<String> {
+        let (first, last) = (self.first?, self.last?);
+        let per = |d: Duration| d.as_nanos() / u128::from(self.launches.max(1));
+        let span = last.saturating_duration_since(first);
+        let busy = self.read + self.execute + self.after;
+        Some(format!(
+            "{} launches in {:.1} ms, {} ns each: read {} ns, execute {} ns, after {} ns, \
+             other commands and waiting {} ns",
+            self.launches,
+            span.as_secs_f64() * 1e3,
+            per(span),
+            per(self.read),
+            per(self.execute),
+            per(self.after),
+            per(span.saturating_sub(busy)),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_averages_each_stage() {
+        let mut profile = LaunchProfile::default();
+        assert_eq!(profile.summary(), None);
+        let t0 = Instant::now();
+        let us = Duration::from_micros;
+        profile.add(t0, t0 + us(1), t0 + us(4), t0 + us(5));
+        profile.add(t0 + us(10), t0 + us(12), t0 + us(16), t0 + us(17));
+        let summary = profile.summary().unwrap();
+        assert!(
+            summary.starts_with("2 launches in 0.0 ms, 8500 ns each: read 1500 ns, execute 3500 ns, after 1000 ns, other commands and waiting 2500 ns"),
+            "{summary}"
+        );
+    }
+}
