@@ -33,7 +33,7 @@ use crate::handles::{
 use crate::ipc::{event_key, IpcKind};
 use crate::limits::{check_room, SessionLimits, LIMIT_ERROR};
 use crate::module_cache::image_hash;
-use crate::shareable::physical_key;
+use crate::shareable::{physical_key, SHAREABLE_TOKEN_BYTES};
 use crate::shared_ledger::{token_key, ShareKey};
 use crate::tenant::Usage;
 use crate::worker::{Attached, DeviceContext, Worker};
@@ -1109,6 +1109,19 @@ impl Worker {
                     .copied()
                     .filter(|p| !p.released)
                     .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                // The session's own allocation exported again answers the
+                // token it has: the ledger knows shared memory by token, and
+                // a second token of it would be carried twice once the
+                // exporter let go while both were held.
+                let exported = handles
+                    .physical_shares
+                    .get(handle)
+                    .filter(|_| !physical.imported)
+                    .and_then(|keys| keys.first())
+                    .and_then(|key| key.get(..SHAREABLE_TOKEN_BYTES));
+                if let Some(token) = exported {
+                    return Ok(token.to_vec());
+                }
                 let fd = ctx.mem_export_fd(physical.handle)?;
                 let key = physical_key(usage.member, *handle);
                 let token = tenant

@@ -24,6 +24,7 @@ use rgpu_proto::reply::decode_u64s;
 use rgpu_proto::Command;
 use rgpu_session::budget::LocalBudget;
 use rgpu_session::ipc::LocalIpcRegistry;
+use rgpu_session::shareable::{LocalShareableRegistry, ShareableRegistry};
 use rgpu_session::shared_ledger::LocalShareLedger;
 use rgpu_session::{
     Counters, IpcRegistry, MemoryBudget, Session, SessionSettings, ShareLedger, Tenant,
@@ -41,13 +42,14 @@ impl Process {
         executor: &Arc<dyn Executor>,
         budget: &Arc<LocalBudget>,
         registry: &Arc<LocalIpcRegistry>,
+        shareable: &Arc<LocalShareableRegistry>,
         ledger: &Arc<LocalShareLedger>,
     ) -> Self {
         let tenant = Tenant::with_shares(
             Some(budget.clone() as Arc<dyn MemoryBudget>),
             None,
             Some(registry.clone() as Arc<dyn IpcRegistry>),
-            None,
+            Some(shareable.clone() as Arc<dyn ShareableRegistry>),
             Some(ledger.clone() as Arc<dyn ShareLedger>),
             SessionSettings::default(),
         );
@@ -133,14 +135,23 @@ fn world_limited(limit: Option<u64>) -> World {
     let executor: Arc<dyn Executor> = Arc::new(PartialNvml(sim));
     let budget = Arc::new(LocalBudget::with_limit(limit));
     let tenant = Arc::new(LocalIpcRegistry::default());
+    let shareable = Arc::new(LocalShareableRegistry::default());
     let ledger = Arc::new(LocalShareLedger::default());
     let other_tenant = Arc::new(LocalIpcRegistry::default());
+    let other_shareable = Arc::new(LocalShareableRegistry::default());
     let other_ledger = Arc::new(LocalShareLedger::default());
     let other_budget = Arc::new(LocalBudget::default());
     World {
-        a: Process::start(1, &executor, &budget, &tenant, &ledger),
-        b: Process::start(2, &executor, &budget, &tenant, &ledger),
-        c: Process::start(3, &executor, &other_budget, &other_tenant, &other_ledger),
+        a: Process::start(1, &executor, &budget, &tenant, &shareable, &ledger),
+        b: Process::start(2, &executor, &budget, &tenant, &shareable, &ledger),
+        c: Process::start(
+            3,
+            &executor,
+            &other_budget,
+            &other_tenant,
+            &other_shareable,
+            &other_ledger,
+        ),
         executor,
         observer,
         budget,
@@ -229,6 +240,7 @@ fn an_opened_mapping_is_the_openers_memory_and_charged_while_open() {
         &executor,
         &budget,
         &Arc::new(LocalIpcRegistry::default()),
+        &Arc::new(LocalShareableRegistry::default()),
         &Arc::new(LocalShareLedger::default()),
     );
     assert_eq!(
@@ -270,6 +282,58 @@ fn memory_an_opener_holds_counts_after_its_exporter_freed_it() {
     assert_eq!(observer.ipc_opens(), 0);
     assert_eq!(budget.used(), 0);
     assert_eq!(a.rc(Command::MemAlloc { size: 4096 }), CUDA_SUCCESS);
+    c.session.shutdown();
+    b.session.shutdown();
+    a.session.shutdown();
+    assert_eq!(budget.used(), 0);
+}
+
+#[test]
+fn memory_exported_twice_is_carried_once_after_its_exporter_let_go() {
+    const SIZE: u64 = 2 << 20;
+    let World {
+        executor: _,
+        observer: _,
+        budget,
+        mut a,
+        mut b,
+        c,
+    } = world_limited(Some(3 * SIZE));
+    assert_eq!(
+        a.rc(Command::MemCreate {
+            handle: 1,
+            size: SIZE
+        }),
+        CUDA_SUCCESS
+    );
+    let mut tokens = Vec::new();
+    for _ in 0..2 {
+        let (rc, token) = a.call(Command::MemExportShareable { handle: 1 });
+        assert_eq!(rc, CUDA_SUCCESS);
+        tokens.push(<[u8; 32]>::try_from(token.as_slice()).expect("a 32-byte token"));
+    }
+    for (handle, token) in (1..).zip(tokens) {
+        let (rc, size) = b.call(Command::MemImportShareable { handle, token });
+        assert_eq!(rc, CUDA_SUCCESS);
+        assert_eq!(decode_u64s::<1>(&size).expect("a size"), [SIZE]);
+    }
+    assert_eq!(budget.used(), SIZE, "charged to its exporter once");
+    assert_eq!(a.rc(Command::MemRelease { handle: 1 }), CUDA_SUCCESS);
+    // B holds it twice: the ledger carries it once (twice, the tenant
+    // could no longer allocate what its limit leaves).
+    assert_eq!(budget.used(), SIZE, "carried once");
+    assert_eq!(
+        a.rc(Command::MemCreate {
+            handle: 2,
+            size: 2 * SIZE
+        }),
+        CUDA_SUCCESS
+    );
+    assert_eq!(a.rc(Command::MemRelease { handle: 2 }), CUDA_SUCCESS);
+    assert_eq!(b.rc(Command::MemRelease { handle: 1 }), CUDA_SUCCESS);
+    assert_eq!(budget.used(), SIZE, "one import still holds it");
+    assert_eq!(b.rc(Command::MemRelease { handle: 2 }), CUDA_SUCCESS);
+    assert_eq!(budget.used(), 0);
     c.session.shutdown();
     b.session.shutdown();
     a.session.shutdown();
