@@ -1,7 +1,7 @@
 //! A batch: the payload of one `SUBMIT_3D`, a versioned header followed by
-//! back-to-back commands.
+//! back-to-back control commands (CUDA commands travel in the ring).
 
-use crate::command::{decode_all, Command, Decoded};
+use crate::command::{decode_all, ControlCommand, Decoded};
 use crate::wire::{DecodeError, WireReader, WireWriter};
 use crate::PROTOCOL_VERSION;
 
@@ -11,8 +11,8 @@ pub const BATCH_HEADER_SIZE: usize = 16;
 /// Largest SUBMIT_3D payload the host accepts.
 pub const MAX_BATCH_BYTES: usize = 1 << 20;
 
-/// Encodes commands (each with its reply number) into a batch.
-pub fn encode_batch(commands: &[(u64, Command)]) -> Vec<u8> {
+/// Encodes control commands (each with its reply number) into a batch.
+pub fn encode_batch(commands: &[(u64, ControlCommand)]) -> Vec<u8> {
     let mut w = WireWriter::new();
     w.u32(BATCH_MAGIC).u32(PROTOCOL_VERSION).u32(0).u32(0);
     for (seq, command) in commands {
@@ -51,30 +51,26 @@ pub fn batch_commands(bytes: &[u8]) -> Result<&[u8], DecodeError> {
         })
 }
 
-/// Decodes a whole batch; the first bad command fails the batch.
-pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Decoded>, DecodeError> {
+/// Decodes a whole batch; the first bad command fails the batch (a ring
+/// command among them too).
+pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Decoded<ControlCommand>>, DecodeError> {
     decode_all(batch_commands(bytes)?).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::command::BlobRange;
+    use crate::Command;
 
     #[test]
     fn batch_round_trip() {
         let commands = vec![
-            (0, Command::Doorbell { until: 4096 }),
+            (0, ControlCommand::Doorbell { until: 4096 }),
             (
                 7,
-                Command::MemcpyHtoD {
-                    stream: 3,
-                    dst: 0x7000_0000,
-                    src: BlobRange {
-                        resource_id: 9,
-                        offset: 64,
-                        length: 128,
-                    },
+                ControlCommand::PlaceNextBlob {
+                    address: 0x7000_0000,
+                    size: 1 << 20,
                 },
             ),
         ];
@@ -89,7 +85,7 @@ mod tests {
 
     #[test]
     fn batch_rejects_bad_header() {
-        let mut bytes = encode_batch(&[(0, Command::Doorbell { until: 1 })]);
+        let mut bytes = encode_batch(&[(0, ControlCommand::Doorbell { until: 1 })]);
         let mut wrong_version = bytes.clone();
         wrong_version[4] = 99;
         assert_eq!(
@@ -101,7 +97,20 @@ mod tests {
             decode_batch(&bytes),
             Err(DecodeError::BadMagic(_))
         ));
-        let short = encode_batch(&[(0, Command::Doorbell { until: 1 })]);
+        let short = encode_batch(&[(0, ControlCommand::Doorbell { until: 1 })]);
         assert!(decode_batch(&short[..short.len() - 3]).is_err());
+    }
+
+    #[test]
+    fn a_ring_command_is_no_control_command() {
+        let mut w = WireWriter::new();
+        w.u32(BATCH_MAGIC).u32(PROTOCOL_VERSION).u32(0).u32(0);
+        Command::CtxSynchronize.encode(1, &mut w);
+        let len = w.len() as u32;
+        w.patch_u32(8, len);
+        assert_eq!(
+            decode_batch(&w.into_bytes()),
+            Err(DecodeError::UnknownOpcode(0x0100))
+        );
     }
 }

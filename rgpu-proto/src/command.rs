@@ -816,27 +816,34 @@ impl Field for Vec<u32> {
     }
 }
 
-/// The command table: each command is defined once, with its wire number
-/// and its fields in wire order. It generates [`Opcode`], [`Command`], and
-/// for every command its decoding (the whole body must be consumed, and a
-/// `check` function, if named, must accept it), encoding, encoded size and
-/// a drawn example (what the round-trip and fuzz tests run over, so a new
-/// command is tested as soon as it is in the table).
+/// A command table: each command is defined once, with its wire number
+/// and its fields in wire order. It generates the opcode enum, the command
+/// enum, and for every command its decoding (the whole body must be
+/// consumed, and a `check` function, if named, must accept it), encoding,
+/// encoded size and a drawn example (what the round-trip and fuzz tests
+/// run over, so a new command is tested as soon as it is in the table).
+/// Two tables use it: the ring's [`Command`]s and the [`ControlCommand`]s
+/// of a SUBMIT_3D. A `filler` command's body is arbitrary and never
+/// decoded.
 macro_rules! commands {
-    ($(
-        $(#[$doc:meta])*
-        $name:ident = $op:literal $({
-            $($(#[$field_doc:meta])* $field:ident : $ty:ty),* $(,)?
-        })? $(check $check:path)?;
-    )*) => {
-        /// Command numbers on the wire.
+    (
+        $(#[$enum_doc:meta])* enum $command:ident;
+        $(#[$opcode_doc:meta])* opcodes $opcode:ident $(, filler $filler:ident)?;
+        $(
+            $(#[$doc:meta])*
+            $name:ident = $op:literal $({
+                $($(#[$field_doc:meta])* $field:ident : $ty:ty),* $(,)?
+            })? $(check $check:path)?;
+        )*
+    ) => {
+        $(#[$opcode_doc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(u16)]
-        pub enum Opcode { $($name = $op,)* }
+        pub enum $opcode { $($name = $op,)* }
 
-        impl Opcode {
+        impl $opcode {
             /// Every opcode, in table order.
-            pub const ALL: &'static [Opcode] = &[$(Opcode::$name,)*];
+            pub const ALL: &'static [$opcode] = &[$($opcode::$name,)*];
 
             pub fn from_u16(value: u16) -> Option<Self> {
                 match value {
@@ -846,34 +853,33 @@ macro_rules! commands {
             }
         }
 
-        /// One decoded command body. Which ones answer with data is
-        /// documented on [`crate::reply`].
+        $(#[$enum_doc])*
         #[derive(Debug, Clone, PartialEq)]
-        pub enum Command {
+        pub enum $command {
             $(
                 $(#[$doc])*
                 $name $({ $($(#[$field_doc])* $field: $ty,)* })?,
             )*
         }
 
-        impl Command {
-            pub fn opcode(&self) -> Opcode {
+        impl $command {
+            pub fn opcode(&self) -> $opcode {
                 match self {
-                    $(Command::$name { .. } => Opcode::$name,)*
+                    $($command::$name { .. } => $opcode::$name,)*
                 }
             }
 
             /// Decodes a body of the given opcode. The whole body must be
             /// consumed.
             pub fn decode_body(opcode: u16, body: &[u8]) -> Result<Self, DecodeError> {
-                let op = Opcode::from_u16(opcode).ok_or(DecodeError::UnknownOpcode(opcode))?;
-                // Padding bodies are arbitrary filler (or inline data).
-                if op == Opcode::Padding {
-                    return Ok(Command::Padding);
-                }
+                let op = $opcode::from_u16(opcode).ok_or(DecodeError::UnknownOpcode(opcode))?;
+                // Filler bodies are arbitrary (or inline data).
+                $(if op == $opcode::$filler {
+                    return Ok($command::$filler);
+                })?
                 let mut r = WireReader::new(body);
                 let command = match op {
-                    $(Opcode::$name => Command::$name $({
+                    $($opcode::$name => $command::$name $({
                         $($field: <$ty as Field>::read(&mut r)?,)*
                     })?,)*
                 };
@@ -885,16 +891,16 @@ macro_rules! commands {
             /// Appends the body (no header) to `w`.
             pub fn encode_body(&self, w: &mut WireWriter) {
                 match self {
-                    $(Command::$name $({ $($field,)* })? => {
+                    $($command::$name $({ $($field,)* })? => {
                         $($( <$ty as Field>::write($field, w); )*)?
                     })*
                 }
             }
 
-            /// The length of the body [`Command::encode_body`] writes.
+            /// The length of the body [`Self::encode_body`] writes.
             pub fn body_len(&self) -> usize {
                 match self {
-                    $(Command::$name $({ $($field,)* })? => {
+                    $($command::$name $({ $($field,)* })? => {
                         0 $($( + <$ty as Field>::wire_len($field) )*)?
                     })*
                 }
@@ -904,7 +910,7 @@ macro_rules! commands {
             /// table's `check` functions); decoding refuses one that fails.
             pub fn validate(&self) -> Result<(), DecodeError> {
                 match self {
-                    $($(Command::$name { .. } => $check(self),)?)*
+                    $($($command::$name { .. } => $check(self),)?)*
                     #[allow(unreachable_patterns)]
                     _ => Ok(()),
                 }
@@ -912,15 +918,55 @@ macro_rules! commands {
 
             /// An arbitrary command of opcode `op`, its fields drawn from
             /// `draw` (it may break a `check` rule).
-            pub fn draw(op: Opcode, draw: &mut dyn FnMut() -> u64) -> Command {
+            pub fn draw(op: $opcode, draw: &mut dyn FnMut() -> u64) -> $command {
                 match op {
-                    $(Opcode::$name => Command::$name $({
+                    $($opcode::$name => $command::$name $({
                         $($field: <$ty as Field>::draw(draw),)*
                     })?,)*
                 }
             }
+
+            /// Bytes the command takes on the wire: header, body and
+            /// padding.
+            pub fn encoded_len(&self) -> usize {
+                padded(COMMAND_HEADER_SIZE + self.body_len())
+            }
+
+            /// Appends header, body and alignment padding to `w`; returns
+            /// the number of bytes written.
+            pub fn encode(&self, reply_seq: u64, w: &mut WireWriter) -> usize {
+                let start = w.len();
+                CommandHeader {
+                    opcode: self.opcode() as u16,
+                    flags: 0,
+                    body_len: self.body_len() as u32,
+                    reply_seq,
+                }
+                .encode(w);
+                self.encode_body(w);
+                w.pad_to(COMMAND_ALIGN);
+                w.len() - start
+            }
+
+            /// Encodes into a fresh vector.
+            pub fn to_bytes(&self, reply_seq: u64) -> Vec<u8> {
+                let mut w = WireWriter::with_capacity(self.encoded_len());
+                self.encode(reply_seq, &mut w);
+                w.into_bytes()
+            }
+        }
+
+        impl WireCommand for $command {
+            fn decode_body(opcode: u16, body: &[u8]) -> Result<Self, DecodeError> {
+                $command::decode_body(opcode, body)
+            }
         }
     };
+}
+
+/// What both command tables decode with ([`decode_one_of`]).
+pub trait WireCommand: Sized {
+    fn decode_body(opcode: u16, body: &[u8]) -> Result<Self, DecodeError>;
 }
 
 /// `LaunchKernelEx`'s cooperative flag is a boolean.
@@ -1005,9 +1051,11 @@ fn memset_node_element_size(command: &Command) -> Result<(), DecodeError> {
 }
 
 commands! {
-    /// Ring filler up to the ring's end; its body is ignored.
-    Padding = 0x0000;
-    /// Attach a command ring and reply area to the session (SUBMIT_3D only).
+    /// Channel control: what a SUBMIT_3D carries (never the ring).
+    enum ControlCommand;
+    /// Control command numbers on the wire (apart from the ring's).
+    opcodes ControlOpcode;
+    /// Attach a command ring and reply area to the session.
     BindChannel = 0x0001 { layout: ChannelLayout };
     /// The ring holds commands up to byte `until`; the fence of the
     /// SUBMIT_3D that carries this, if any, signals once the host has
@@ -1015,10 +1063,20 @@ commands! {
     Doorbell = 0x0002 { until: u64 };
     /// The next blob of `size` bytes this context attaches is mapped in its
     /// worker at `address`, the guest process's own address of it, when
-    /// that range is free there (SUBMIT_3D only; the drm carrier's way to
-    /// say what the local carrier puts in the blob id, which Linux's
-    /// driver keeps at zero for guest blobs).
+    /// that range is free there (the drm carrier's way to say what the
+    /// local carrier puts in the blob id, which Linux's driver keeps at
+    /// zero for guest blobs).
     PlaceNextBlob = 0x0003 { address: u64, size: u64 };
+}
+
+commands! {
+    /// One decoded command of the ring. Which ones answer with data is
+    /// documented on [`crate::reply`].
+    enum Command;
+    /// Ring command numbers on the wire.
+    opcodes Opcode, filler Padding;
+    /// Ring filler up to the ring's end; its body is ignored.
+    Padding = 0x0000;
     CtxSynchronize = 0x0100;
     CtxGetLimit = 0x0101 { limit: u32 };
     CtxSetLimit = 0x0102 { limit: u32, value: u64 };
@@ -1398,47 +1456,25 @@ impl Command {
             other => other.work_stream(),
         }
     }
-
-    /// Bytes the command takes on the wire: header, body and padding.
-    pub fn encoded_len(&self) -> usize {
-        padded(COMMAND_HEADER_SIZE + self.body_len())
-    }
-
-    /// Appends header, body and alignment padding to `w`; returns the number
-    /// of bytes written.
-    pub fn encode(&self, reply_seq: u64, w: &mut WireWriter) -> usize {
-        let start = w.len();
-        CommandHeader {
-            opcode: self.opcode() as u16,
-            flags: 0,
-            body_len: self.body_len() as u32,
-            reply_seq,
-        }
-        .encode(w);
-        self.encode_body(w);
-        w.pad_to(COMMAND_ALIGN);
-        w.len() - start
-    }
-
-    /// Encodes into a fresh vector.
-    pub fn to_bytes(&self, reply_seq: u64) -> Vec<u8> {
-        let mut w = WireWriter::with_capacity(self.encoded_len());
-        self.encode(reply_seq, &mut w);
-        w.into_bytes()
-    }
 }
 
-/// A decoded command and the reply number it asked for.
+/// A decoded command (of the ring unless said) and the reply number it
+/// asked for.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Decoded {
+pub struct Decoded<C = Command> {
     pub reply_seq: u64,
-    pub command: Command,
+    pub command: C,
     /// Bytes the command occupies including padding.
     pub wire_len: usize,
 }
 
-/// Decodes the command at the start of `bytes`.
+/// Decodes the ring command at the start of `bytes`.
 pub fn decode_one(bytes: &[u8]) -> Result<Decoded, DecodeError> {
+    decode_one_of(bytes)
+}
+
+/// Decodes the command of table `C` at the start of `bytes`.
+pub fn decode_one_of<C: WireCommand>(bytes: &[u8]) -> Result<Decoded<C>, DecodeError> {
     let header = CommandHeader::decode(bytes)?;
     let body_end = COMMAND_HEADER_SIZE + header.body_len as usize;
     let body = bytes
@@ -1448,7 +1484,7 @@ pub fn decode_one(bytes: &[u8]) -> Result<Decoded, DecodeError> {
             needed: header.body_len as usize,
             available: bytes.len().saturating_sub(COMMAND_HEADER_SIZE),
         })?;
-    let command = Command::decode_body(header.opcode, body)?;
+    let command = C::decode_body(header.opcode, body)?;
     Ok(Decoded {
         reply_seq: header.reply_seq,
         command,
@@ -1456,9 +1492,11 @@ pub fn decode_one(bytes: &[u8]) -> Result<Decoded, DecodeError> {
     })
 }
 
-/// Iterates over a buffer of back-to-back commands (a SUBMIT_3D payload).
-/// Stops at the first error, which it yields.
-pub fn decode_all(bytes: &[u8]) -> impl Iterator<Item = Result<Decoded, DecodeError>> + '_ {
+/// Iterates over a buffer of back-to-back commands of table `C` (a
+/// SUBMIT_3D payload). Stops at the first error, which it yields.
+pub fn decode_all<C: WireCommand>(
+    bytes: &[u8],
+) -> impl Iterator<Item = Result<Decoded<C>, DecodeError>> + '_ {
     let mut offset = 0usize;
     let mut failed = false;
     std::iter::from_fn(move || {
@@ -1466,7 +1504,7 @@ pub fn decode_all(bytes: &[u8]) -> impl Iterator<Item = Result<Decoded, DecodeEr
             return None;
         }
         let rest = bytes.get(offset..)?;
-        match decode_one(rest) {
+        match decode_one_of::<C>(rest) {
             Ok(decoded) => {
                 offset = offset.saturating_add(decoded.wire_len.max(COMMAND_ALIGN));
                 Some(Ok(decoded))

@@ -21,7 +21,9 @@ pub mod reply;
 pub mod virtio_gpu;
 pub mod wire;
 
-pub use command::{BlobRange, Command, CommandHeader, LaunchAttr, Opcode};
+pub use command::{
+    BlobRange, Command, CommandHeader, ControlCommand, ControlOpcode, LaunchAttr, Opcode,
+};
 pub use wire::DecodeError;
 
 /// Version of the command stream. The guest refuses a host whose capset

@@ -14,12 +14,13 @@ use rgpu_proto::remote::{frame_length, HelloRole, Request, Response, REMOTE_VERS
 use rgpu_proto::reply::{DeviceStatus, FunctionInfo, ParamSlot};
 use rgpu_proto::virtio_gpu::{MemEntry, ResourceCreateBlob};
 use rgpu_proto::wire::{WireReader, WireWriter};
-use rgpu_proto::{Command, Opcode};
+use rgpu_proto::{Command, ControlCommand, ControlOpcode, Opcode};
 
 /// Runs every decoder over `bytes`; only a panic can fail this.
 fn decode_everything(bytes: &[u8]) {
     let _ = decode_one(bytes);
-    let _ = decode_all(bytes).count();
+    let _ = decode_all::<Command>(bytes).count();
+    let _ = decode_all::<ControlCommand>(bytes).count();
     let _ = decode_batch(bytes);
     let _ = Capset::decode(bytes);
     let _ = ResourceCreateBlob::decode(&mut WireReader::new(bytes));
@@ -110,6 +111,17 @@ fn command() -> impl Strategy<Value = Command> {
             let mut next = drawer(seed);
             let mut draw = move || if small { next() % 8 } else { next() };
             Command::draw(op, &mut draw)
+        })
+}
+
+fn control_command() -> impl Strategy<Value = ControlCommand> {
+    (
+        prop::sample::select(ControlOpcode::ALL.to_vec()),
+        any::<u64>(),
+    )
+        .prop_map(|(op, seed)| {
+            let mut draw = drawer(seed);
+            ControlCommand::draw(op, &mut draw)
         })
 }
 
@@ -329,6 +341,13 @@ proptest! {
             c.encode(*seq, &mut w);
         }
         decode_everything(&mutate(w.into_bytes(), &mutations));
+    }
+
+    #[test]
+    fn mutated_batches_never_panic(
+        commands in proptest::collection::vec((any::<u64>(), control_command()), 1..6),
+        mutations in proptest::collection::vec(mutation(), 1..4),
+    ) {
         decode_everything(&mutate(encode_batch(&commands), &mutations));
     }
 
@@ -375,7 +394,7 @@ proptest! {
 
     #[test]
     fn batches_round_trip(
-        commands in proptest::collection::vec((any::<u64>(), command()), 0..8)
+        commands in proptest::collection::vec((any::<u64>(), control_command()), 0..8)
             .prop_filter("commands a check accepts", |cs| cs.iter().all(|(_, c)| c.validate().is_ok())),
     ) {
         let decoded = decode_batch(&encode_batch(&commands)).expect("a valid batch decodes");

@@ -574,10 +574,6 @@ impl Worker {
     pub(crate) fn execute(&mut self, command: &Command, reply_seq: u64) -> CuResult<Vec<u8>> {
         match command {
             Command::Padding => return Ok(Vec::new()),
-            // Channel control travels only in SUBMIT_3D.
-            Command::BindChannel { .. } | Command::Doorbell { .. } => {
-                return Err(CUDA_ERROR_INVALID_VALUE)
-            }
             Command::DeviceStatus { device } => return self.device_status(*device),
             _ => {}
         }
@@ -631,11 +627,7 @@ impl Worker {
         };
         match command {
             // Answered above, before the context.
-            Command::Padding
-            | Command::BindChannel { .. }
-            | Command::Doorbell { .. }
-            | Command::PlaceNextBlob { .. }
-            | Command::DeviceStatus { .. } => Err(CUDA_ERROR_INVALID_VALUE),
+            Command::Padding | Command::DeviceStatus { .. } => Err(CUDA_ERROR_INVALID_VALUE),
             Command::CtxSynchronize => ctx.synchronize().map(empty),
             Command::CtxGetLimit { limit } => ctx.get_limit(*limit).map(|v| u64_payload(&[v])),
             Command::CtxSetLimit { limit, value } => {

@@ -14,7 +14,7 @@
 //!   guest (`spawn` gives each session a tenant of its own);
 //! - `attach_blob(Arc<Blob>)`, `detach_blob(resource_id)`,
 //!   `detach_blob_then(resource_id, completion)`;
-//! - `submit(commands: Vec<rgpu_proto::command::Decoded>, completion: Option<Box<dyn Completion>>)`:
+//! - `submit(commands: Vec<Decoded<ControlCommand>>, completion: Option<Box<dyn Completion>>)`:
 //!   a decoded SUBMIT_3D batch (BindChannel, Doorbell); the completion is
 //!   completed once the worker has executed the ring up to the doorbell's
 //!   `until` (or at once for a batch without a doorbell, or on shutdown);
@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use rgpu_executor::Executor;
-use rgpu_proto::command::Decoded;
+use rgpu_proto::command::{ControlCommand, Decoded};
 use rgpu_proto::cuda_result::CUDA_ERROR_INVALID_DEVICE;
 
 use crate::worker::{Message, Worker};
@@ -185,7 +185,11 @@ impl Session {
         }
     }
 
-    pub fn submit(&self, commands: Vec<Decoded>, completion: Option<Box<dyn Completion>>) {
+    pub fn submit(
+        &self,
+        commands: Vec<Decoded<ControlCommand>>,
+        completion: Option<Box<dyn Completion>>,
+    ) {
         if let Err(mpsc::SendError(message)) = self.sender.send(Message::Submit {
             commands,
             completion,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rgpu_executor::{ContextExecutor, CuResult, Executor};
-use rgpu_proto::command::{ChannelLayout, Decoded};
+use rgpu_proto::command::{ChannelLayout, ControlCommand, Decoded};
 use rgpu_proto::cuda_result::{
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
 };
@@ -83,7 +83,7 @@ pub enum Message {
     /// GPU work of the session can touch it any more and it was let go.
     Detach(u32, Option<Box<dyn Completion>>),
     Submit {
-        commands: Vec<Decoded>,
+        commands: Vec<Decoded<ControlCommand>>,
         completion: Option<Box<dyn Completion>>,
     },
     /// Look at the ring (an unfenced doorbell). At most one is queued at a
@@ -547,18 +547,23 @@ impl Worker {
         log::debug!("ctx {}: detached blob {resource_id}", self.ctx_id);
     }
 
-    fn submit(&mut self, commands: Vec<Decoded>, completion: Option<Box<dyn Completion>>) {
+    fn submit(
+        &mut self,
+        commands: Vec<Decoded<ControlCommand>>,
+        completion: Option<Box<dyn Completion>>,
+    ) {
         let mut until: Option<u64> = None;
         for decoded in commands {
             match decoded.command {
-                Command::BindChannel { layout } => self.bind(layout),
-                Command::Doorbell { until: u } => until = Some(until.map_or(u, |v| v.max(u))),
-                other => {
+                ControlCommand::BindChannel { layout } => self.bind(layout),
+                ControlCommand::Doorbell { until: u } => {
+                    until = Some(until.map_or(u, |v| v.max(u)));
+                }
+                // The device model's, which takes it out of a submission.
+                ControlCommand::PlaceNextBlob { .. } => {
                     crate::warn_limited!(
-                        "ctx {}: {:?} is not allowed in SUBMIT_3D (CUDA commands travel in the \
-                         ring); ignored",
-                        self.ctx_id,
-                        other.opcode()
+                        "ctx {}: PlaceNextBlob reached the session; ignored",
+                        self.ctx_id
                     );
                     Counters::add(&self.counters.command_errors, 1);
                 }

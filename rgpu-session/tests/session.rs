@@ -19,7 +19,7 @@ use rgpu_proto::cuda_result::{
 };
 use rgpu_proto::reply::{decode_u64s, FunctionInfo};
 use rgpu_proto::wire::WireWriter;
-use rgpu_proto::{BlobRange, Command};
+use rgpu_proto::{BlobRange, Command, ControlCommand};
 use rgpu_session::{Blob, Counters, Session};
 
 /// The reference kernels (the sim runs them by name).
@@ -455,7 +455,7 @@ fn idle_host_needs_a_doorbell() {
     );
     // An unfenced doorbell wakes it.
     session.submit(
-        vec![decoded(Command::Doorbell {
+        vec![decoded(ControlCommand::Doorbell {
             until: guest.produced,
         })],
         None,
@@ -487,7 +487,7 @@ fn shutdown_completes_pending_and_frees_everything() {
     // A fence for commands the guest never writes stays pending...
     let (done, rx) = signal();
     session.submit(
-        vec![decoded(Command::Doorbell {
+        vec![decoded(ControlCommand::Doorbell {
             until: guest.produced + 4096,
         })],
         Some(done),
@@ -521,7 +521,7 @@ fn detached_blobs_are_gone() {
     session.detach_blob(CHANNEL_BLOB);
     let (done, rx) = signal();
     session.submit(
-        vec![decoded(Command::Doorbell {
+        vec![decoded(ControlCommand::Doorbell {
             until: guest.produced + 64,
         })],
         Some(done),
@@ -541,7 +541,7 @@ fn submit_rejects_bad_channels_and_ring_commands() {
     // Not attached yet.
     let (done, rx) = signal();
     session.submit(
-        vec![decoded(Command::BindChannel { layout: layout() })],
+        vec![decoded(ControlCommand::BindChannel { layout: layout() })],
         Some(done),
     );
     rx.recv_timeout(WAIT).unwrap();
@@ -563,9 +563,13 @@ fn submit_rejects_bad_channels_and_ring_commands() {
     let (done, rx) = signal();
     session.submit(
         vec![
-            decoded(Command::BindChannel { layout: layout() }),
-            decoded(Command::CtxSynchronize),
-            decoded(Command::Doorbell { until: 64 }),
+            decoded(ControlCommand::BindChannel { layout: layout() }),
+            // The device model's, never the session's.
+            decoded(ControlCommand::PlaceNextBlob {
+                address: 0x7000_0000,
+                size: 4096,
+            }),
+            decoded(ControlCommand::Doorbell { until: 64 }),
         ],
         Some(done),
     );
@@ -615,7 +619,7 @@ fn a_command_waits_for_the_attach_of_the_blob_it_names() {
     ));
     let (done, rx) = signal();
     session.submit(
-        vec![decoded(Command::BindChannel { layout: layout() })],
+        vec![decoded(ControlCommand::BindChannel { layout: layout() })],
         Some(done),
     );
     rx.recv_timeout(WAIT).unwrap();

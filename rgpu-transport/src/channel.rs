@@ -31,7 +31,7 @@ use rgpu_proto::channel::{
 use rgpu_proto::command::{padded, ChannelLayout, CommandHeader, COMMAND_HEADER_SIZE};
 use rgpu_proto::cuda_result::CUDA_SUCCESS;
 use rgpu_proto::wire::WireWriter;
-use rgpu_proto::{BlobRange, Command, Opcode, PROTOCOL_VERSION};
+use rgpu_proto::{BlobRange, Command, ControlCommand, Opcode, PROTOCOL_VERSION};
 
 use crate::carrier::{BlobMapping, Carrier, CarrierError};
 use crate::copy_crew::{with_crew, Crew};
@@ -271,7 +271,7 @@ impl Channel {
         std::sync::atomic::fence(Ordering::SeqCst);
         let batch = encode_batch(&[(
             0,
-            Command::BindChannel {
+            ControlCommand::BindChannel {
                 layout: self.layout,
             },
         )]);
@@ -583,7 +583,7 @@ impl Channel {
     fn ring_doorbell(&self, state: &State, wait: bool) -> Result<(), CarrierError> {
         let batch = encode_batch(&[(
             0,
-            Command::Doorbell {
+            ControlCommand::Doorbell {
                 until: state.produced,
             },
         )]);

@@ -18,7 +18,7 @@ use rgpu_proto::cuda_result::CUDA_SUCCESS;
 use rgpu_proto::process_group::tagged_debug_name;
 use rgpu_proto::virtio_gpu::{self as vg, CtrlHdr};
 use rgpu_proto::wire::WireWriter;
-use rgpu_proto::{Command, CAPSET_ID_RGPU};
+use rgpu_proto::{Command, ControlCommand, CAPSET_ID_RGPU};
 use rgpu_tests::{reference_ptx, Daemon};
 use rgpu_transport::carrier::local::LocalCarrier;
 use rgpu_transport::{Carrier, Channel};
@@ -236,7 +236,7 @@ fn a_doorbell_flood_at_a_busy_session_queues_nothing() {
     std::thread::sleep(Duration::from_millis(300));
     let before = rss();
     let doorbell = {
-        let batch = encode_batch(&[(0, Command::Doorbell { until: 0 })]);
+        let batch = encode_batch(&[(0, ControlCommand::Doorbell { until: 0 })]);
         let mut w = header(vg::CMD_SUBMIT_3D, busy.ctx_id(), 0);
         w.u32(batch.len() as u32).u32(0).raw(&batch);
         w.into_bytes()

@@ -18,7 +18,7 @@ use rgpu_proto::command::{padded, ChannelLayout, CommandHeader, Launch, COMMAND_
 use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
 use rgpu_proto::virtio_gpu::{self as vg, CtrlHdr, MemEntry, ResourceCreateBlob};
 use rgpu_proto::wire::WireWriter;
-use rgpu_proto::{BlobRange, Command, PROTOCOL_VERSION};
+use rgpu_proto::{BlobRange, Command, ControlCommand, PROTOCOL_VERSION};
 use rgpu_tests::Daemon;
 use rgpu_transport::carrier::local::LocalCarrier;
 use rgpu_transport::{BlobMapping, Carrier, Channel};
@@ -324,7 +324,7 @@ impl HandChannel {
         channel.write(0, &vec![0u8; HEADER_SIZE as usize]);
         channel.write(OFFSET_MAGIC, &CHANNEL_MAGIC.to_le_bytes());
         channel.write(OFFSET_VERSION, &PROTOCOL_VERSION.to_le_bytes());
-        channel.submit_and_wait(&Command::BindChannel { layout });
+        channel.submit_and_wait(&ControlCommand::BindChannel { layout });
         channel
     }
 
@@ -364,7 +364,7 @@ impl HandChannel {
     }
 
     /// Sends a fenced SUBMIT_3D with one command and waits for its fence.
-    fn submit_and_wait(&self, command: &Command) {
+    fn submit_and_wait(&self, command: &ControlCommand) {
         let batch = encode_batch(&[(0, command.clone())]);
         let fence = self
             .carrier
@@ -396,7 +396,7 @@ impl HandChannel {
         self.produced = produced;
         self.atomic_u64(self.layout.header_offset + OFFSET_PRODUCED)
             .store(produced, Ordering::SeqCst);
-        self.submit_and_wait(&Command::Doorbell { until: produced });
+        self.submit_and_wait(&ControlCommand::Doorbell { until: produced });
     }
 
     fn reply(&self) -> ReplyRecord {
@@ -721,7 +721,7 @@ fn channel_rejects_malformed_commands() {
     ch.produced = claimed;
     ch.atomic_u64(ch.layout.header_offset + OFFSET_PRODUCED)
         .store(claimed, Ordering::SeqCst);
-    let batch = encode_batch(&[(0, Command::Doorbell { until: claimed })]);
+    let batch = encode_batch(&[(0, ControlCommand::Doorbell { until: claimed })]);
     let fence = carrier.submit(ch.ctx, &batch, true);
     if let Ok(Some(fence)) = fence {
         let (done, wait) = mpsc::channel();

@@ -760,7 +760,7 @@ fn config_space_honours_offset_and_size() {
 fn fenced_doorbell_waits_for_the_ring() {
     use rgpu_proto::channel::*;
     use rgpu_proto::command::ChannelLayout;
-    use rgpu_proto::Command;
+    use rgpu_proto::{Command, ControlCommand};
 
     let mem = memory();
     let mut guest = Guest::new(&mem);
@@ -794,7 +794,7 @@ fn fenced_doorbell_waits_for_the_ring() {
     create_context(&mut guest, 1);
     let attach = request(hdr(CMD_CTX_ATTACH_RESOURCE, 1), &u32s(&[resource, 0]));
     assert_eq!(response_type(&guest.request(&attach)), RESP_OK_NODATA);
-    let bind = encode_batch(&[(0, Command::BindChannel { layout })]);
+    let bind = encode_batch(&[(0, ControlCommand::BindChannel { layout })]);
     let response = guest.request(&request(hdr(CMD_SUBMIT_3D, 1), &submit_body(&bind)));
     assert_eq!(response_type(&response), RESP_OK_NODATA);
 
@@ -807,7 +807,7 @@ fn fenced_doorbell_waits_for_the_ring() {
         ctx_id: 1,
         ring_idx: 0,
     };
-    let doorbell = encode_batch(&[(0, Command::Doorbell { until })]);
+    let doorbell = encode_batch(&[(0, ControlCommand::Doorbell { until })]);
     let (fenced_head, fenced_out) = guest.offer(&[&request(fenced, &submit_body(&doorbell))], 64);
     guest.kick();
     std::thread::sleep(Duration::from_millis(50));

@@ -22,7 +22,7 @@ use rgpu_proto::cuda_result::CUDA_SUCCESS;
 use rgpu_proto::reply::decode_u64s;
 use rgpu_proto::virtio_gpu::MemEntry;
 use rgpu_proto::wire::WireWriter;
-use rgpu_proto::{BlobRange, Command, PROTOCOL_VERSION};
+use rgpu_proto::{BlobRange, Command, ControlCommand, PROTOCOL_VERSION};
 use rgpu_session::{AtomicGuestMemory, Blob, Completion, Counters, GuestMemory, Session};
 use vm_memory::GuestAddress;
 
@@ -104,7 +104,7 @@ pub fn layout() -> ChannelLayout {
     }
 }
 
-pub fn decoded(command: Command) -> Decoded {
+pub fn decoded<C>(command: C) -> Decoded<C> {
     Decoded {
         reply_seq: 0,
         command,
@@ -188,7 +188,7 @@ impl Guest {
         ));
         let (done, rx) = signal();
         session.submit(
-            vec![decoded(Command::BindChannel { layout: layout() })],
+            vec![decoded(ControlCommand::BindChannel { layout: layout() })],
             Some(done),
         );
         rx.recv_timeout(WAIT).unwrap();
@@ -217,7 +217,7 @@ impl Guest {
     pub fn kick(&self, session: &Session) {
         let (done, rx) = signal();
         session.submit(
-            vec![decoded(Command::Doorbell {
+            vec![decoded(ControlCommand::Doorbell {
                 until: self.produced,
             })],
             Some(done),

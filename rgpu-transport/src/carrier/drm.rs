@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use rgpu_proto::batch::encode_batch;
 use rgpu_proto::capset::Capset;
 use rgpu_proto::process_group::tagged_debug_name;
-use rgpu_proto::{Command, CAPSET_ID_RGPU, PROTOCOL_VERSION};
+use rgpu_proto::{ControlCommand, CAPSET_ID_RGPU, PROTOCOL_VERSION};
 
 use super::{BlobMapping, Carrier, CarrierError, FenceToken};
 use crate::process_tag::process_tag;
@@ -753,7 +753,7 @@ impl DrmCarrier {
             }
         };
         if let Some(at) = reservation {
-            let place = Command::PlaceNextBlob {
+            let place = ControlCommand::PlaceNextBlob {
                 address: at as u64,
                 size: rounded,
             };

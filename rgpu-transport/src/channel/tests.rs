@@ -17,7 +17,7 @@ use rgpu_proto::channel::{
 };
 use rgpu_proto::command::{padded, ChannelLayout, CommandHeader, COMMAND_HEADER_SIZE};
 use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
-use rgpu_proto::{BlobRange, Command, Opcode, PROTOCOL_VERSION};
+use rgpu_proto::{BlobRange, Command, ControlCommand, Opcode, PROTOCOL_VERSION};
 
 use super::{expected_duration, Channel, ChannelConfig, MAX_EXPECTED_SPIN};
 use crate::carrier::{BlobMapping, Carrier, CarrierError, FenceToken};
@@ -438,12 +438,12 @@ impl Carrier for FakeHost {
         }
         for decoded in commands {
             match decoded.command {
-                Command::BindChannel { layout } => {
+                ControlCommand::BindChannel { layout } => {
                     drop(state);
                     self.bind(layout)?;
                     state = self.state();
                 }
-                Command::Doorbell { until } => {
+                ControlCommand::Doorbell { until } => {
                     if let Some(FenceToken(t)) = token {
                         state.fenced_doorbells += 1;
                         if self.shared.consumed.load(Ordering::SeqCst) < until {

@@ -141,16 +141,13 @@ fn invalid(e: impl ToString) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())
 }
 
-/// Whether a remote client may put `command` in the ring: not the ring's
-/// own control, and nothing that names blob memory (copies and module
-/// images come as requests of their own).
+/// Whether a remote client may put `command` in the ring: nothing that
+/// names blob memory (copies and module images come as requests of their
+/// own; the ring's own control is no ring command).
 fn allowed(command: &Command) -> bool {
     !matches!(
         command,
-        Command::BindChannel { .. }
-            | Command::Doorbell { .. }
-            | Command::PlaceNextBlob { .. }
-            | Command::HostDevicePointer { .. }
+        Command::HostDevicePointer { .. }
             | Command::MemcpyHtoD { .. }
             | Command::MemcpyDtoH { .. }
             | Command::ModuleLoad { .. }
@@ -844,12 +841,15 @@ mod tests {
                 module: 1,
                 image: BlobRange::default(),
             },
-            Command::Doorbell { until: 0 },
         ];
         for command in refused {
             let err = decode_command(&command.to_bytes(0)).unwrap_err();
             assert!(err.contains("not allowed"), "{err}");
         }
+        // The ring's control is no ring command at all.
+        let doorbell = rgpu_proto::ControlCommand::Doorbell { until: 0 }.to_bytes(0);
+        let err = decode_command(&doorbell).unwrap_err();
+        assert!(err.contains("unknown opcode"), "{err}");
         let fine = Command::EventQuery { event: 1 };
         assert_eq!(decode_command(&fine.to_bytes(0)), Ok(fine));
         // Garbage and trailing bytes.

@@ -20,7 +20,7 @@ use rgpu_proto::capset::{Capset, DeviceInfo};
 use rgpu_proto::process_group::parse_debug_name;
 use rgpu_proto::virtio_gpu::*;
 use rgpu_proto::wire::{DecodeError, WireReader, WireWriter};
-use rgpu_proto::{Command, CAPSET_ID_RGPU, PROTOCOL_VERSION};
+use rgpu_proto::{ControlCommand, CAPSET_ID_RGPU, PROTOCOL_VERSION};
 use rgpu_session::{AtomicGuestMemory, Completion, Counters, GuestMemory, MemoryBudget};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
@@ -809,7 +809,7 @@ impl GpuDevice {
         // Where the next blob goes: this process's business, not the
         // worker's; alone in its submission.
         let placement = commands.iter().find_map(|c| match c.command {
-            Command::PlaceNextBlob { address, size } => Some((address, size)),
+            ControlCommand::PlaceNextBlob { address, size } => Some((address, size)),
             _ => None,
         });
         if let Some(placement) = placement {

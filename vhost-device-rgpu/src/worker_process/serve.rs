@@ -14,7 +14,7 @@ use log::{debug, info, warn};
 use rgpu_executor::Executor;
 use rgpu_proto::batch::decode_batch;
 use rgpu_proto::cuda_result::CUDA_ERROR_LAUNCH_TIMEOUT;
-use rgpu_proto::Command;
+use rgpu_proto::ControlCommand;
 use rgpu_session::{Blob, Completion, Counters, Session, Tenant};
 
 use super::blob_mapping::{BlobMapping, MapError};
@@ -207,7 +207,7 @@ impl Worker {
                         if completion.is_none()
                             && commands
                                 .iter()
-                                .all(|c| matches!(c.command, Command::Doorbell { .. })) =>
+                                .all(|c| matches!(c.command, ControlCommand::Doorbell { .. })) =>
                     {
                         session.wake()
                     }
