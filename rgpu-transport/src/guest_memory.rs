@@ -20,6 +20,15 @@ pub const PAGE_SIZE: u64 = 4096;
 pub const HUGE_PAGE_SIZE: u64 = 2 << 20;
 /// Size used when `RGPU_LOCAL_MEMORY_MB` is not set.
 pub const DEFAULT_MEMORY_MB: u64 = 4096;
+/// Where the memory is mapped when that range is free (a hint). A worker
+/// maps page-locked blobs at the process's own address of them (unified
+/// addressing), which works only where its own address space is free;
+/// left to the kernel, both processes' mappings sit below their randomised
+/// `mmap` bases and a 4 GiB mapping now and then overlapped the worker's
+/// libraries (`killed_standby_is_replaced_while_a_client_runs` failed
+/// once so). Far below those bases and above any program's heap, this
+/// range is empty in a fresh worker.
+pub const ADDRESS_HINT: usize = 0x3000_0000_0000;
 
 #[derive(Debug, Error)]
 pub enum GuestMemoryError {
@@ -163,10 +172,10 @@ impl GuestMemory {
             return Err(create_err(std::io::Error::last_os_error()));
         }
         // SAFETY: a fresh shared mapping of the whole file; no existing
-        // memory is affected.
+        // memory is affected (the address is a hint, never MAP_FIXED).
         let base = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
+                std::ptr::without_provenance_mut(ADDRESS_HINT),
                 length,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED | libc::MAP_NORESERVE,
