@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one test command (CI runs it through .ci/run): checks formatting and
-# the workspace's lints (clippy, warnings denied), builds the whole
+# the workspace's lints (clippy, warnings denied; rustdoc's through a
+# documentation build), builds the whole
 # workspace, so that the daemon binary and guest-lib's libcuda.so exist for
 # the end-to-end tests, runs every test, then builds the Debian packages and
 # checks them. Fails on any failure.
@@ -20,6 +21,7 @@ bash tests/vm/setup-host.sh
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
+cargo doc --workspace --no-deps --quiet
 cargo build --workspace
 cargo test --workspace
 

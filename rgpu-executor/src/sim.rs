@@ -2289,7 +2289,7 @@ impl ContextExecutor for SimContext {
 
     /// A write is done at once. The sim runs a stream's work at once, so a
     /// wait polls the word here (someone else, a guest thread, sets it), for
-    /// at most [`SIM_WAIT_VALUE_LIMIT`]: the driver would wait for ever.
+    /// at most `SIM_WAIT_VALUE_LIMIT`: the driver would wait for ever.
     fn stream_memory_op(&mut self, stream: StreamRef, op: MemoryOp) -> CuResult<()> {
         self.check_stream(stream)?;
         if let Some(ops) = self.capturing.get_mut(&stream_key(stream)) {

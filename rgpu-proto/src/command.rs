@@ -252,7 +252,7 @@ impl LaunchAttr {
 
 /// A value of a command body on the wire: how it is read (never trusting
 /// a length), written, and how long it is written, so a command's size is
-/// known without encoding it. [`commands!`] builds every command from these.
+/// known without encoding it. `commands!` builds every command from these.
 pub trait Field: Sized {
     fn read(r: &mut WireReader<'_>) -> Result<Self, DecodeError>;
     fn write(&self, w: &mut WireWriter);

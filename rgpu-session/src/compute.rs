@@ -157,7 +157,7 @@ impl Fences {
     /// Drops the fences whose work completed; fences submissions that have
     /// none once the rest completed (so [`Fences::busy`] turns false only
     /// when everything is done). `force`: look now, not only every
-    /// [`POLL_EVERY`].
+    /// `POLL_EVERY`.
     pub fn poll(&mut self, ctx: &mut dyn ContextExecutor, force: bool, now: Instant) {
         if !force
             && self

@@ -3,7 +3,7 @@
 //! Interface used by the device model:
 //! - `Session::spawn(ctx_id, debug_name, device: u32, executor: Arc<dyn Executor>,
 //!    counters: Arc<Counters>) -> Result<Session, SessionError>`: starts the
-//!   worker thread ("rgpu-ctx-<id>"). A device the executor does not offer
+//!   worker thread (`rgpu-ctx-<id>`). A device the executor does not offer
 //!   comes back from spawn as `CreateContext`. The device context itself is
 //!   created LAZILY on the worker thread (CUDA contexts are per thread), by
 //!   the first command that needs one: NVML's `DeviceStatus` does not, so an

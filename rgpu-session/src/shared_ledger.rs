@@ -18,7 +18,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use crate::budget::MemoryBudget;
 
 /// What names a shared object: a CUDA IPC handle, or a shareable handle's
-/// token (its 32 bytes, then [`TOKEN_MARK`]).
+/// token (its 32 bytes, then `TOKEN_MARK`).
 pub type ShareKey = [u8; 64];
 
 /// The last byte of a token's key (IPC handles end in zeros).

@@ -19,7 +19,7 @@
 //!   kernel keeps the lower ones off between its kernels.
 //!
 //! GPU time is what the tenants' sessions measure (from a submission until
-//! its fence completes, [`TenantPage::compute_use`]); while the scheduler
+//! its fence completes, [`crate::tenant_page::TenantPage::compute_use`]); while the scheduler
 //! arbitrates only one tenant runs at a time, so it is the tenant's own.
 
 use std::collections::HashMap;

@@ -24,7 +24,7 @@
 //!
 //! Nothing that happens to a standby takes the live connections down: one
 //! that cannot be started, fails or dies before accepting is replaced after
-//! a pause that grows while failures repeat ([`Backoff`]). Only a failure
+//! a pause that grows while failures repeat (`Backoff`). Only a failure
 //! before any child was ever ready (no driver, say) ends the daemon: then
 //! nothing could ever be served. At most `max_connections` children live at
 //! once, the standby included; at the limit the parent keeps no standby, so

@@ -8,7 +8,7 @@
 //! `nvmlInit` and closed by the last `nvmlShutdown`. The host answers it
 //! without creating a device context. When rgpu's libcuda is loaded in the
 //! same process and has a session, `DeviceStatus` goes through its channel
-//! instead ([`libcuda`]), so that the processes listed are this process's
+//! instead (`libcuda`), so that the processes listed are this process's
 //! contexts (in local mode NVML's connection is a tenant of its own).
 //!
 //! One declarative list ([`exports`]) names every hand-written entry point;

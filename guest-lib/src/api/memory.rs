@@ -8,7 +8,7 @@
 //! data can be handed back.
 //!
 //! Every device range a copy or memset names is checked against
-//! [`device_ranges`] first: the host refuses the others, and an
+//! `device_ranges` first: the host refuses the others, and an
 //! asynchronous refusal would surface only later, as a sticky error.
 //! Memory of another carrier's device (`RGPU_DEVICES`) is reached through a
 //! context of that device ([`peer`]).

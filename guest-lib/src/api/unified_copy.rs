@@ -1,7 +1,7 @@
 //! `cuMemcpy`/`cuMemcpyAsync`: copies between unified addresses, whose
 //! direction the guest finds itself: an address inside a device range this
 //! process may name (an allocation of any of its contexts, or a module
-//! global: [`crate::device_ranges`]) is device memory, anything else is
+//! global: `crate::device_ranges`) is device memory, anything else is
 //! host memory (page-locked or not: the host-side paths tell those apart).
 //! A device side that runs past its range is `CUDA_ERROR_INVALID_VALUE`.
 //! A side in another carrier's device memory (`RGPU_DEVICES`) is reached

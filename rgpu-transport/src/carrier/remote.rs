@@ -5,7 +5,7 @@
 //! Nothing is shared across the network, so this carrier has no blobs: the
 //! process holds one connection that names it (its host process lives as
 //! long as that connection), and each CUDA context a connection of its own
-//! ([`crate::channel::RemoteChannel`]) that carries commands and the bytes
+//! ([`crate::remote_channel::RemoteChannel`]) that carries commands and the bytes
 //! of every copy (rgpu-proto `remote`).
 //!
 //! Environment:

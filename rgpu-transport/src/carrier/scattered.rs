@@ -42,7 +42,7 @@ fn next(state: &mut u64) -> u64 {
 }
 
 /// The runs of a blob of `pages` pages in the order the blob names them:
-/// runs of 1 to [`MAX_RUN_PAGES`] pages of the allocation, shuffled. Every
+/// runs of 1 to `MAX_RUN_PAGES` pages of the allocation, shuffled. Every
 /// page appears exactly once.
 pub fn layout(pages: u64, seed: u64) -> Vec<Run> {
     let mut state = seed | 1;

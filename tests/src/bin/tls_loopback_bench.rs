@@ -2,7 +2,7 @@
 //! plain TLS 1.3 loopback stream (rustls, ring, mutual authentication, as
 //! the carrier uses), in the carrier's piece size, each way.
 //!
-//!   tls_loopback_bench [MIB]      (default 256)
+//!   tls_loopback_bench \[MIB]      (default 256)
 //!
 //! Prints "tls loopback MIB MiB: client->server A GB/s, server->client B
 //! GB/s" (best of three).

@@ -71,7 +71,7 @@ struct Worker {
 
 /// Serves the connection process on `link` until it goes away, then ends
 /// every session. With a `kernel_timeout`, a session that waits for the GPU
-/// longer ends the process ([`watch`]).
+/// longer ends the process (`watch`).
 pub fn serve(
     link: Link,
     executor: Arc<dyn Executor>,
