@@ -134,6 +134,8 @@ rgpu_shim::exported_api! {
     fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) => memory_pool::set_attribute;
     fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) => memory_pool::get_attribute;
     fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) => memory_pool::trim_to;
+    fn cuMemPoolSetAccess(pool: CUmemoryPool, map: *const AccessDesc, count: usize) => memory_pool::set_access;
+    fn cuMemPoolGetAccess(flags: *mut c_int, pool: CUmemoryPool, location: *const MemLocation) => memory_pool::get_access;
     fn cuMemGetDefaultMemPool(pool_out: *mut CUmemoryPool, location: *const MemLocation, alloc_type: c_int) => memory_pool::get_default_mem_pool;
     fn cuMemGetMemPool(pool_out: *mut CUmemoryPool, location: *const MemLocation, alloc_type: c_int) => memory_pool::get_mem_pool;
     fn cuMemSetMemPool(location: *const MemLocation, alloc_type: c_int, pool: CUmemoryPool) => memory_pool::set_mem_pool;

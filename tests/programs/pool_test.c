@@ -88,6 +88,16 @@ CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *siz
                                CUstream stream);
 #define LOCATION_DEVICE 1
 #define ALLOCATION_PINNED 1
+typedef struct {
+    MemLocation location;
+    int flags;
+} PoolAccessDesc;
+CUresult cuMemPoolSetAccess(CUmemoryPool pool, const PoolAccessDesc *map, size_t count);
+CUresult cuMemPoolGetAccess(int *flags, CUmemoryPool pool, MemLocation *location);
+#define ACCESS_READ_WRITE 3
+#ifndef CUDA_ERROR_INVALID_DEVICE
+#define CUDA_ERROR_INVALID_DEVICE 101
+#endif
 #define SRC_ACCESS_ORDER_STREAM 1
 typedef struct {
     unsigned char reserved[64];
@@ -288,6 +298,18 @@ int main(int argc, char **argv) {
     CHECK_CU(cuMemAllocAsync(&c, MIB, stream));
     CHECK_EQ_INT(attribute(pool, USED_MEM_CURRENT), 3 * MIB);
     CHECK_CU(cuMemFreeAsync(c, stream));
+    /* Access: the pool's own device reads and writes it. */
+    {
+        MemLocation here = {LOCATION_DEVICE, dev}, nowhere = {LOCATION_DEVICE, 4096};
+        int flags = -1;
+        CHECK_CU(cuMemPoolGetAccess(&flags, pool, &here));
+        CHECK_EQ_INT(flags, ACCESS_READ_WRITE);
+        PoolAccessDesc desc = {here, ACCESS_READ_WRITE};
+        CHECK_CU(cuMemPoolSetAccess(pool, &desc, 1));
+        CHECK_RC(cuMemPoolGetAccess(&flags, pool, &nowhere), CUDA_ERROR_INVALID_DEVICE);
+        desc.location = nowhere;
+        CHECK_RC(cuMemPoolSetAccess(pool, &desc, 1), CUDA_ERROR_INVALID_DEVICE);
+    }
     /* The same pools by location. */
     {
         MemLocation here = {LOCATION_DEVICE, dev};

@@ -243,6 +243,73 @@ pub(crate) fn get_attribute(
     }
 }
 
+/// The device a pool's access descriptor or query names: a device of
+/// this process (CUDA_ERROR_INVALID_DEVICE else), and whether it is the
+/// pool's own.
+fn access_device(pool: &Pool, location: &crate::api::vmm::MemLocation) -> Result<bool, u32> {
+    if location.kind() != 1 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let count = driver()?.device_count();
+    match usize::try_from(location.id()) {
+        Ok(device) if device < count => Ok(location.id() == pool.device),
+        _ => Err(CUDA_ERROR_INVALID_DEVICE),
+    }
+}
+
+/// `cuMemPoolSetAccess`: the pool's own device reads and writes its
+/// memory, as it always does natively. Another device would need peer
+/// access, which rgpu's devices do not have: CUDA_ERROR_NOT_SUPPORTED.
+pub(crate) fn set_access(
+    handle: CUmemoryPool,
+    map: *const crate::api::vmm::AccessDesc,
+    count: usize,
+) -> Result<(), u32> {
+    let pool = pool(handle)?;
+    if map.is_null() || count == 0 || count > MAX_ACCESS_DESCS {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the API contract gives `count` descriptors
+    // (bounded above).
+    let descs = unsafe { std::slice::from_raw_parts(map, count) };
+    for desc in descs {
+        let own = access_device(&pool, &desc.location)?;
+        match (own, desc.flags) {
+            (true, crate::api::vmm::ACCESS_READ_WRITE) => {}
+            (true, _) => return Err(CUDA_ERROR_INVALID_VALUE),
+            (false, _) => {
+                log::debug!("rgpu: cuMemPoolSetAccess for another device: no peer access");
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `cuMemPoolGetAccess`: read and write for the pool's own device, none
+/// for another.
+pub(crate) fn get_access(
+    flags: *mut c_int,
+    handle: CUmemoryPool,
+    location: *const crate::api::vmm::MemLocation,
+) -> Result<(), u32> {
+    let pool = pool(handle)?;
+    if location.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL; the caller passes a readable CUmemLocation.
+    let own = access_device(&pool, unsafe { &*location })?;
+    let access = if own {
+        crate::api::vmm::ACCESS_READ_WRITE
+    } else {
+        0
+    };
+    write_out(flags, access as c_int)
+}
+
+/// Access descriptors one `cuMemPoolSetAccess` takes at most.
+const MAX_ACCESS_DESCS: usize = 1024;
+
 /// Nothing is kept for reuse: there is nothing to trim.
 pub(crate) fn trim_to(handle: CUmemoryPool, _keep: usize) -> Result<(), u32> {
     pool(handle).map(|_| ())

@@ -42,7 +42,7 @@ const LOCATION_TYPE_DEVICE: u32 = 1;
 /// `CU_MEM_ACCESS_FLAGS_PROT_*`.
 const ACCESS_NONE: u32 = 0;
 const ACCESS_READ: u32 = 1;
-const ACCESS_READ_WRITE: u32 = 3;
+pub(crate) const ACCESS_READ_WRITE: u32 = 3;
 
 /// `CUmemLocation`.
 #[repr(C)]
@@ -81,8 +81,8 @@ pub struct AllocationProp {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct AccessDesc {
-    location: MemLocation,
-    flags: u32,
+    pub(crate) location: MemLocation,
+    pub(crate) flags: u32,
 }
 
 pub(crate) struct Physical {
