@@ -908,23 +908,62 @@ fn read_capset(fd: RawFd) -> Result<Capset, CarrierError> {
 
 /// `len` bytes of address space, reserved (no memory) for a blob to be
 /// mapped over.
+/// Where page-locked blobs are placed, one after the other: the host's
+/// worker maps each at this process's address of it only where its own
+/// address space is free, and left to the kernel, the process's mappings
+/// sit below its randomised `mmap` base as the worker's (and its CUDA
+/// driver's) do, where they can meet. Far below those bases and above any
+/// heap, this window is empty in both (the local carrier's guest memory
+/// lies at `0x3000_0000_0000`, below it).
+const PLACEMENT_WINDOW: std::ops::Range<u64> = 0x3400_0000_0000..0x3c00_0000_0000;
+/// Blobs start on a huge-page boundary in the window.
+const PLACEMENT_ALIGN: u64 = 2 << 20;
+/// The next address of the window to try.
+static PLACEMENT_CURSOR: AtomicU64 = AtomicU64::new(PLACEMENT_WINDOW.start);
+
+/// A fresh `PROT_NONE` reservation of `len` bytes: in the placement window
+/// while it has room (a range taken there already is skipped), else where
+/// the kernel chooses.
 fn reserve(len: usize) -> io::Result<*mut libc::c_void> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    let span = (len as u64).next_multiple_of(PLACEMENT_ALIGN);
+    for _ in 0..PLACEMENT_TRIES {
+        let at = PLACEMENT_CURSOR.fetch_add(span, Ordering::Relaxed);
+        if at.saturating_add(span) > PLACEMENT_WINDOW.end {
+            break;
+        }
+        // SAFETY: NOREPLACE never touches an existing mapping (the call
+        // fails instead); the range is ours if it succeeds.
+        let placed = unsafe {
+            libc::mmap(
+                std::ptr::without_provenance_mut(at as usize),
+                len,
+                libc::PROT_NONE,
+                flags | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if placed as u64 == at {
+            return Ok(placed);
+        }
+        if placed != libc::MAP_FAILED {
+            // A kernel without NOREPLACE took the address as a hint.
+            // SAFETY: the reservation just made, which nothing uses.
+            unsafe { libc::munmap(placed, len) };
+            break;
+        }
+    }
     // SAFETY: a fresh anonymous reservation nobody else uses.
-    let at = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
+    let at = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_NONE, flags, -1, 0) };
     if at == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
     Ok(at)
 }
+
+/// Taken ranges of the placement window skipped before the kernel chooses.
+const PLACEMENT_TRIES: usize = 4;
 
 /// The debug name as the kernel takes it: no NULs, at most 63 bytes.
 fn debug_name(name: &str) -> CString {
@@ -1215,6 +1254,48 @@ mod tests {
     use super::uapi::*;
     use super::*;
     use std::mem::size_of;
+
+    #[test]
+    fn reservations_lie_one_after_the_other_in_the_placement_window() {
+        const LEN: usize = 3 << 20;
+        let unmap = |at: *mut libc::c_void| {
+            // SAFETY: a reservation this test made and nothing uses.
+            unsafe { libc::munmap(at, LEN) };
+        };
+        let Ok(first) = reserve(LEN) else {
+            panic!("reserve: {}", io::Error::last_os_error())
+        };
+        let Ok(second) = reserve(LEN) else {
+            panic!("reserve: {}", io::Error::last_os_error())
+        };
+        for at in [first as u64, second as u64] {
+            assert!(PLACEMENT_WINDOW.contains(&at), "{at:#x}");
+            assert_eq!(at % PLACEMENT_ALIGN, 0);
+        }
+        assert!(second as u64 >= first as u64 + LEN as u64);
+        // A range of the window something else took is skipped.
+        let next = PLACEMENT_CURSOR.load(Ordering::Relaxed);
+        // SAFETY: NOREPLACE: nothing existing is touched.
+        let squatter = unsafe {
+            libc::mmap(
+                std::ptr::without_provenance_mut(next as usize),
+                LEN,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(squatter as u64, next);
+        let Ok(third) = reserve(LEN) else {
+            panic!("reserve: {}", io::Error::last_os_error())
+        };
+        assert!(PLACEMENT_WINDOW.contains(&(third as u64)));
+        assert_ne!(third as u64, next);
+        for at in [first, second, squatter, third] {
+            unmap(at);
+        }
+    }
 
     #[test]
     fn structures_have_the_uapi_sizes() {
