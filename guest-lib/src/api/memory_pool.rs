@@ -250,11 +250,8 @@ fn access_device(pool: &Pool, location: &crate::api::vmm::MemLocation) -> Result
     if location.kind() != 1 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let count = driver()?.device_count();
-    match usize::try_from(location.id()) {
-        Ok(device) if device < count => Ok(location.id() == pool.device),
-        _ => Err(CUDA_ERROR_INVALID_DEVICE),
-    }
+    driver()?.device(location.id())?;
+    Ok(location.id() == pool.device)
 }
 
 /// `cuMemPoolSetAccess`: the pool's own device reads and writes its

@@ -309,7 +309,7 @@ pub(super) fn graph_add_memcpy_node(env: &mut Env<'_>, command: &Command) -> CuR
 }
 
 /// `GraphAddMemcpy3DNode`.
-pub(super) fn graph_add_memcpy3_d_node(env: &mut Env<'_>, command: &Command) -> CuResult<Vec<u8>> {
+pub(super) fn graph_add_memcpy_3d_node(env: &mut Env<'_>, command: &Command) -> CuResult<Vec<u8>> {
     let Command::GraphAddMemcpy3DNode {
         graph,
         node,
@@ -338,17 +338,20 @@ pub(super) fn graph_add_memcpy3_d_node(env: &mut Env<'_>, command: &Command) -> 
     )
 }
 
-/// `GraphAddEventRecordNode`.
-pub(super) fn graph_add_event_record_node(
-    env: &mut Env<'_>,
-    command: &Command,
-) -> CuResult<Vec<u8>> {
-    let Command::GraphAddEventRecordNode {
+/// `GraphAddEventRecordNode`, `GraphAddEventWaitNode`.
+pub(super) fn graph_add_event_node(env: &mut Env<'_>, command: &Command) -> CuResult<Vec<u8>> {
+    let (Command::GraphAddEventRecordNode {
         graph,
         node,
         dependencies,
         event,
-    } = command
+    }
+    | Command::GraphAddEventWaitNode {
+        graph,
+        node,
+        dependencies,
+        event,
+    }) = command
     else {
         return Err(CUDA_ERROR_INVALID_VALUE);
     };
@@ -356,36 +359,11 @@ pub(super) fn graph_add_event_record_node(
     let ctx_id = env.ctx_id;
     let ctx = &mut *env.ctx;
     let handles = &mut *env.handles;
-    let spec = GraphNode::EventRecord(handles.event(*event)?);
-    add_graph_node(
-        ctx,
-        handles,
-        &limits,
-        ctx_id,
-        *graph,
-        *node,
-        dependencies,
-        &spec,
-        1,
-    )
-}
-
-/// `GraphAddEventWaitNode`.
-pub(super) fn graph_add_event_wait_node(env: &mut Env<'_>, command: &Command) -> CuResult<Vec<u8>> {
-    let Command::GraphAddEventWaitNode {
-        graph,
-        node,
-        dependencies,
-        event,
-    } = command
-    else {
-        return Err(CUDA_ERROR_INVALID_VALUE);
+    let created = handles.event(*event)?;
+    let spec = match command {
+        Command::GraphAddEventRecordNode { .. } => GraphNode::EventRecord(created),
+        _ => GraphNode::EventWait(created),
     };
-    let limits = env.limits;
-    let ctx_id = env.ctx_id;
-    let ctx = &mut *env.ctx;
-    let handles = &mut *env.handles;
-    let spec = GraphNode::EventWait(handles.event(*event)?);
     add_graph_node(
         ctx,
         handles,

@@ -754,13 +754,10 @@ impl Worker {
             Command::GraphAddMemsetNode { .. } => graph::graph_add_memset_node(&mut env, command),
             Command::GraphAddMemcpyNode { .. } => graph::graph_add_memcpy_node(&mut env, command),
             Command::GraphAddMemcpy3DNode { .. } => {
-                graph::graph_add_memcpy3_d_node(&mut env, command)
+                graph::graph_add_memcpy_3d_node(&mut env, command)
             }
-            Command::GraphAddEventRecordNode { .. } => {
-                graph::graph_add_event_record_node(&mut env, command)
-            }
-            Command::GraphAddEventWaitNode { .. } => {
-                graph::graph_add_event_wait_node(&mut env, command)
+            Command::GraphAddEventRecordNode { .. } | Command::GraphAddEventWaitNode { .. } => {
+                graph::graph_add_event_node(&mut env, command)
             }
             Command::GraphAddChildGraphNode { .. } => {
                 graph::graph_add_child_graph_node(&mut env, command)
