@@ -32,6 +32,7 @@ use rgpu_proto::reply::{FunctionInfo, ParamSlot};
 use rgpu_proto::MAX_KERNEL_PARAMS;
 
 use crate::image::{classify, ImageKind};
+use crate::launch_thread::{Launch, LaunchThread};
 use crate::nvml::HostNvml;
 use crate::{
     ptx, ContextExecutor, Copy3D, CuResult, DeviceStatus, ExecUpdate, Executor, ExecutorError,
@@ -330,6 +331,36 @@ fn with_param_buffer<R>(params: &[u8], launch: impl FnOnce(*mut *mut c_void) -> 
     launch(extra)
 }
 
+/// Makes `ctx` current on the calling thread (a launch thread's first act).
+fn make_current(ctx: sys::CUcontext) -> CuResult<()> {
+    // SAFETY: `ctx` is live until the launch thread calling this is joined.
+    check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) })
+}
+
+/// `launch` handed to the driver, on the calling thread.
+fn launch_now(launch: &Launch) -> CuResult<()> {
+    with_param_buffer(&launch.params, |extra| {
+        // SAFETY: live function and stream (the session keeps them until
+        // the launch has been made); `extra` describes `params` (read, not
+        // written, during the call) and ends with END.
+        check("cuLaunchKernel", unsafe {
+            sys::cuLaunchKernel(
+                launch.function,
+                launch.grid[0],
+                launch.grid[1],
+                launch.grid[2],
+                launch.block[0],
+                launch.block[1],
+                launch.block[2],
+                launch.shared_mem_bytes,
+                launch.stream,
+                null_mut(),
+                extra,
+            )
+        })
+    })
+}
+
 /// Calls `f` with the driver's parameters of kernel node `node` (a
 /// `GraphNode::Kernel` whose function is `func`), its parameter buffer
 /// handed over as `extra`; another kind of node is INVALID_VALUE.
@@ -458,6 +489,9 @@ pub struct CudaExecutor {
     entry: IntegerEntryPoints,
     /// The host's NVML, where it loads: utilisation and the driver version.
     nvml: Option<HostNvml>,
+    /// Contexts launch kernels on a thread of their own
+    /// ([`CudaExecutor::with_launch_thread`]).
+    launch_thread: bool,
 }
 
 // SAFETY: the primary context handle is only passed to the driver, which is
@@ -468,6 +502,13 @@ unsafe impl Send for CudaExecutor {}
 unsafe impl Sync for CudaExecutor {}
 
 impl CudaExecutor {
+    /// Whether each context launches kernels on a thread of its own, while
+    /// its session reads the next command (see [`crate::launch_thread`]).
+    pub fn with_launch_thread(mut self, on: bool) -> Self {
+        self.launch_thread = on;
+        self
+    }
+
     /// The primary context, retained on first use.
     fn primary(&self) -> CuResult<sys::CUcontext> {
         let mut primary = self.primary.lock().unwrap_or_else(PoisonError::into_inner);
@@ -622,6 +663,7 @@ impl CudaExecutor {
             driver_version,
             entry,
             nvml,
+            launch_thread: false,
         })
     }
 }
@@ -670,9 +712,21 @@ impl Executor for CudaExecutor {
             debug!("cuda: context {ctx:p} created");
             (ctx, None)
         };
+        let launcher = match self.launch_thread {
+            true => match LaunchThread::start(ctx, make_current, launch_now) {
+                Ok(thread) => Some(thread),
+                Err(e) => {
+                    warn!("cuda: no launch thread ({e}): the session launches itself");
+                    None
+                }
+            },
+            false => None,
+        };
         Ok(Box::new(CudaContext {
             ctx,
             primary,
+            launcher,
+            launch_here: false,
             entry: self.entry,
             next_handle: 1,
             allocations: HashSet::new(),
@@ -784,6 +838,10 @@ struct LoadedModule {
 /// One session's CUDA context, current on the session's worker thread.
 pub struct CudaContext {
     ctx: sys::CUcontext,
+    /// Where launches go when the executor has launch threads.
+    launcher: Option<LaunchThread>,
+    /// Launches are made on the session's thread for now (a capture).
+    launch_here: bool,
     /// Set when this session runs in the primary context, which outlives
     /// it: its objects are freed one by one, then the flag is cleared.
     primary: Option<Arc<AtomicBool>>,
@@ -983,6 +1041,9 @@ impl CudaContext {
 
 impl Drop for CudaContext {
     fn drop(&mut self) {
+        // Queued launches reach the driver, and the thread ends, before
+        // anything of the context goes.
+        self.launcher = None;
         self.close_ipc_mappings();
         self.release_virtual_memory();
         let Some(primary) = self.primary.take() else {
@@ -1397,26 +1458,44 @@ impl ContextExecutor for CudaContext {
         params: &[u8],
     ) -> CuResult<()> {
         let function = self.function(function)?;
+        // The per-thread stream is the calling thread's: only the session's
+        // own thread may launch there.
+        let per_thread = matches!(stream, StreamRef::PerThread);
         let stream = self.stream(stream)?;
-        with_param_buffer(params, |extra| {
-            // SAFETY: live function and stream; `extra` describes `params`
-            // (read, not written, during the call) and ends with END.
-            check("cuLaunchKernel", unsafe {
-                sys::cuLaunchKernel(
-                    function,
-                    grid[0],
-                    grid[1],
-                    grid[2],
-                    block[0],
-                    block[1],
-                    block[2],
-                    shared_mem_bytes,
-                    stream,
-                    null_mut(),
-                    extra,
-                )
-            })
-        })
+        let launch = Launch {
+            function,
+            grid,
+            block,
+            shared_mem_bytes,
+            stream,
+            params: params.to_vec(),
+        };
+        let launch = match &mut self.launcher {
+            Some(launcher) if !per_thread && !self.launch_here => match launcher.queue(launch) {
+                Ok(()) => return Ok(()),
+                Err(launch) => launch,
+            },
+            Some(launcher) => {
+                launcher.fence();
+                launch
+            }
+            None => launch,
+        };
+        launch_now(&launch)
+    }
+
+    fn fence(&mut self) {
+        if let Some(launcher) = &self.launcher {
+            launcher.fence();
+        }
+    }
+
+    fn take_launch_failure(&mut self) -> Option<u32> {
+        self.launcher.as_ref().and_then(LaunchThread::take_failure)
+    }
+
+    fn launch_on_calling_thread(&mut self, on: bool) {
+        self.launch_here = on;
     }
 
     fn launch_kernel_ex(

@@ -18,6 +18,7 @@
 
 pub mod cuda;
 pub mod image;
+mod launch_thread;
 pub mod nvml;
 #[cfg(feature = "sim")]
 mod occupancy;
@@ -407,6 +408,19 @@ pub trait ContextExecutor {
         element_size: u32,
         count: u64,
     ) -> CuResult<()>;
+
+    /// Returns once every launch this context queued on a thread of its
+    /// own has reached the driver: what comes next is ordered after them.
+    fn fence(&mut self) {}
+
+    /// The first error a queued launch met since the last call.
+    fn take_launch_failure(&mut self) -> Option<u32> {
+        None
+    }
+
+    /// Whether launches are made on the calling thread (during a stream
+    /// capture) rather than queued.
+    fn launch_on_calling_thread(&mut self, _on: bool) {}
 
     /// Loads PTX, a cubin or a fatbin.
     fn module_load(&mut self, image: &[u8]) -> CuResult<u64>;

@@ -130,6 +130,8 @@ impl Fences {
     /// Fences every stream with unfenced submissions. A stream the guest
     /// destroyed meanwhile has nothing left to fence.
     fn fence_unfenced(&mut self, ctx: &mut dyn ContextExecutor) -> CuResult<()> {
+        // The events go behind launches still on the launch thread.
+        ctx.fence();
         for stream in std::mem::take(&mut self.unfenced) {
             let event = match self.spare.pop() {
                 Some(event) => event,

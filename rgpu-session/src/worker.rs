@@ -139,12 +139,27 @@ impl DeviceContext {
         }
     }
 
-    /// The context if one was created (nothing to wait for otherwise).
+    /// The context if one was created (nothing to wait for otherwise),
+    /// every launch queued before now handed to the driver.
     fn created(&mut self) -> Option<&mut dyn ContextExecutor> {
+        let context = self.created_unfenced()?;
+        context.fence();
+        Some(context)
+    }
+
+    /// The context if one was created, launches possibly still queued on
+    /// its launch thread: for what needs no order against them (queries
+    /// of events recorded earlier).
+    fn created_unfenced(&mut self) -> Option<&mut dyn ContextExecutor> {
         match self {
             DeviceContext::Ready(context) => Some(&mut **context),
             _ => None,
         }
+    }
+
+    /// The first error a queued launch met since the last call.
+    fn launch_failure(&mut self) -> Option<u32> {
+        self.created_unfenced()?.take_launch_failure()
     }
 }
 
@@ -287,7 +302,7 @@ impl Worker {
         if gate.submitting(now) {
             self.probation_until = Some(now + PROBATION);
         }
-        if let (Some(ctx), 0) = (self.context.created(), self.captures) {
+        if let (Some(ctx), 0) = (self.context.created_unfenced(), self.captures) {
             self.fences.poll(ctx, false, now);
         }
         self.report_busy();
@@ -332,7 +347,8 @@ impl Worker {
         if self.captures > 0 {
             return;
         }
-        let Some(ctx) = self.context.created() else {
+        // Fences record events behind the launches (Fences fences first).
+        let Some(ctx) = self.context.created_unfenced() else {
             return;
         };
         if matches!(command, Command::CtxSynchronize) {
@@ -697,6 +713,23 @@ impl Worker {
                             }
                             None => self.execute(&decoded.command, decoded.reply_seq),
                         };
+                        // A launch the guest waits for answers with the
+                        // driver's own result.
+                        let result = match decoded.command {
+                            Command::LaunchKernel { .. } if decoded.reply_seq != 0 => {
+                                match self.context.created().and_then(|c| c.take_launch_failure()) {
+                                    Some(code) => result.and(Err(code)),
+                                    None => result,
+                                }
+                            }
+                            _ => result,
+                        };
+                        // An earlier launch that failed on the launch thread
+                        // is reported as an unanswered command's error is.
+                        if let Some(code) = self.context.launch_failure() {
+                            Counters::add(&self.counters.command_errors, 1);
+                            self.remember(code);
+                        }
                         let executed_at = execute_at.map(|_| Instant::now());
                         if may_wait {
                             self.usage.end_wait();
@@ -711,6 +744,11 @@ impl Worker {
                                 self.captures = self.captures.saturating_sub(1);
                             }
                             _ => {}
+                        }
+                        // A capture's rules (its mode) are the capturing
+                        // thread's: its launches stay on the session's.
+                        if let Some(ctx) = self.context.created_unfenced() {
+                            ctx.launch_on_calling_thread(self.captures > 0);
                         }
                         // Watched during a capture too, looked at after it.
                         if result.is_ok() {

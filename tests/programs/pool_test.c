@@ -306,7 +306,8 @@ int main(int argc, char **argv) {
         CHECK_EQ_INT(flags, ACCESS_READ_WRITE);
         PoolAccessDesc desc = {here, ACCESS_READ_WRITE};
         CHECK_CU(cuMemPoolSetAccess(pool, &desc, 1));
-        CHECK_RC(cuMemPoolGetAccess(&flags, pool, &nowhere), CUDA_ERROR_INVALID_DEVICE);
+        /* NVIDIA's driver: INVALID_VALUE to ask, INVALID_DEVICE to set. */
+        CHECK_RC(cuMemPoolGetAccess(&flags, pool, &nowhere), CUDA_ERROR_INVALID_VALUE);
         desc.location = nowhere;
         CHECK_RC(cuMemPoolSetAccess(pool, &desc, 1), CUDA_ERROR_INVALID_DEVICE);
     }

@@ -41,6 +41,22 @@ const CAPABILITIES: &str = "{\n  \"type\": \"gpu\"\n}";
 /// (at exit, or when the tenant is removed).
 const CHILDREN_GRACE: Duration = Duration::from_secs(3);
 
+/// A feature on or off, on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Switch {
+    On,
+    Off,
+}
+
+impl Switch {
+    fn name(self) -> &'static str {
+        match self {
+            Switch::On => "on",
+            Switch::Off => "off",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ExecutorKind {
     /// NVIDIA's driver (libcuda), the real thing.
@@ -203,6 +219,12 @@ struct Args {
     /// log it (log), or no filter (off).
     #[arg(long, value_enum, default_value_t = SeccompMode::Enforce)]
     worker_seccomp: SeccompMode,
+    /// Whether each guest context's kernel launches go to the driver from a
+    /// thread of their own, while the session's thread reads the next
+    /// command (on: launches overlap the session's work; off: one thread
+    /// does both, one after the other).
+    #[arg(long, value_enum, env = "RGPU_LAUNCH_THREAD", default_value_t = Switch::On)]
+    launch_thread: Switch,
     /// Print the backend's capabilities as JSON and exit (other options are
     /// ignored).
     #[arg(long)]
@@ -245,11 +267,14 @@ enum Tool {
 fn make_executor(
     kind: ExecutorKind,
     gpu: u32,
+    launch_thread: Switch,
     announce: bool,
 ) -> Result<Arc<dyn Executor>, String> {
     match kind {
         ExecutorKind::Cuda => rgpu_executor::cuda::CudaExecutor::new(gpu)
-            .map(|e| Arc::new(e) as Arc<dyn Executor>)
+            .map(|e| {
+                Arc::new(e.with_launch_thread(launch_thread == Switch::On)) as Arc<dyn Executor>
+            })
             .map_err(|e| e.to_string()),
         #[cfg(feature = "sim")]
         ExecutorKind::Sim => {
@@ -382,6 +407,8 @@ fn run(args: Args) -> Result<(), String> {
                 args.kernel_timeout_s.to_string().into(),
                 "--worker-seccomp".into(),
                 args.worker_seccomp.name().into(),
+                "--launch-thread".into(),
+                args.launch_thread.name().into(),
             ]
             .into_iter()
             .chain(session_args(&args))
@@ -519,7 +546,7 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
         WorkerLimits::default(),
     )
     .with_shareable_fd(args.shareable_fd);
-    let executor = match make_executor(args.executor, args.gpu, true) {
+    let executor = match make_executor(args.executor, args.gpu, args.launch_thread, true) {
         Ok(executor) => executor,
         Err(e) => {
             return Err(match notifier.send(&Message::Failed(e.clone())) {
@@ -566,6 +593,8 @@ fn executor_args(args: &Args) -> Vec<OsString> {
             args.kernel_timeout_s.to_string().into(),
             "--worker-seccomp".into(),
             args.worker_seccomp.name().into(),
+            "--launch-thread".into(),
+            args.launch_thread.name().into(),
         ])
         .chain(session_args(args))
         .collect()
@@ -610,7 +639,7 @@ fn serve_worker(args: Args) -> Result<(), String> {
     if let Some(limit) = args.max_mapped_runs {
         vhost_device_rgpu::worker_process::blob_mapping::limit_mapped_runs(limit);
     }
-    let executor = make_executor(args.executor, args.gpu, false)?;
+    let executor = make_executor(args.executor, args.gpu, args.launch_thread, false)?;
     // From here on NVIDIA's driver is loaded and its devices are open.
     seccomp::install(args.worker_seccomp).map_err(|e| e.to_string())?;
     let kernel_timeout =

@@ -284,7 +284,9 @@ pub(crate) fn set_access(
 }
 
 /// `cuMemPoolGetAccess`: read and write for the pool's own device, none
-/// for another.
+/// for another. A device that does not exist is CUDA_ERROR_INVALID_VALUE
+/// here (NVIDIA's driver on the H200), where `cuMemPoolSetAccess` says
+/// CUDA_ERROR_INVALID_DEVICE.
 pub(crate) fn get_access(
     flags: *mut c_int,
     handle: CUmemoryPool,
@@ -295,7 +297,10 @@ pub(crate) fn get_access(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     // SAFETY: non-NULL; the caller passes a readable CUmemLocation.
-    let own = access_device(&pool, unsafe { &*location })?;
+    let own = access_device(&pool, unsafe { &*location }).map_err(|code| match code {
+        CUDA_ERROR_INVALID_DEVICE => CUDA_ERROR_INVALID_VALUE,
+        other => other,
+    })?;
     let access = if own {
         crate::api::vmm::ACCESS_READ_WRITE
     } else {

@@ -660,6 +660,10 @@ impl Worker {
         let ctx = self
             .context
             .get(executor, self.device, self.ctx_id, usage)?;
+        if !matches!(command, Command::LaunchKernel { .. }) {
+            // Everything but a launch comes after the launches before it.
+            ctx.fence();
+        }
         let mut env = Env {
             reply_seq,
             usage,
