@@ -1,13 +1,10 @@
 //! Where a session's launch time goes, for finding the launch-rate gap
-//! against native CUDA (issue 9): with `RGPU_PROFILE_LAUNCHES=1` in the
-//! daemon's environment, each session times the stages of every kernel
-//! launch it runs and logs the averages (info level) when it ends.
+//! against native CUDA (issue 9): with the daemon's `--profile-launches`
+//! (`RGPU_PROFILE_LAUNCHES=1`), each session times the stages of every
+//! kernel launch it runs and logs the averages (info level) when it ends.
 //! Off, it costs one branch per command.
 
 use std::time::{Duration, Instant};
-
-/// The environment variable that turns profiling on.
-pub const PROFILE_ENV: &str = "RGPU_PROFILE_LAUNCHES";
 
 /// The stages of one launch: read and decode from the ring, execute (the
 /// handle lookups and the driver's call), and the bookkeeping after it.
@@ -22,14 +19,6 @@ pub struct LaunchProfile {
 }
 
 impl LaunchProfile {
-    /// A profile if the environment asks for one.
-    pub fn from_env() -> Option<Self> {
-        match std::env::var(PROFILE_ENV).as_deref() {
-            Ok("1") => Some(Self::default()),
-            _ => None,
-        }
-    }
-
     /// One launch: read from `read_at` to `execute_at`, executed until
     /// `executed_at`, its bookkeeping done at `done_at`.
     pub fn add(

@@ -1,6 +1,6 @@
 //! How a process's sessions run, from the daemon's command line
 //! (`--host-spin-us`, `--host-look-us`, `--module-cache-mb`,
-//! `--module-cache-dir`, or their
+//! `--module-cache-dir`, `--profile-launches`, or their
 //! `RGPU_*` environment variables through clap), passed down to the
 //! sessions: this crate reads no environment.
 
@@ -27,6 +27,9 @@ pub struct SessionSettings {
     /// Module images kept for loads by hash, shared by the sessions that
     /// share these settings.
     pub module_cache: Arc<ModuleCache>,
+    /// Each session times the stages of its launches and logs them as it
+    /// ends ([`crate::launch_profile`]).
+    pub profile_launches: bool,
 }
 
 impl SessionSettings {
@@ -40,6 +43,7 @@ impl SessionSettings {
             spin: Duration::from_micros(spin_us),
             look_every: Duration::from_micros(look_us),
             module_cache: Arc::new(ModuleCache::configured(module_cache_mb, module_cache_dir)),
+            profile_launches: false,
         }
     }
 }

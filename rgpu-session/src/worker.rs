@@ -249,7 +249,10 @@ impl Worker {
             counters,
             module_cache: Arc::clone(&tenant.settings().module_cache),
             spin: tenant.settings().spin,
-            launch_profile: crate::launch_profile::LaunchProfile::from_env(),
+            launch_profile: tenant
+                .settings()
+                .profile_launches
+                .then(crate::launch_profile::LaunchProfile::default),
             blobs: HashMap::new(),
             unmappable: std::collections::HashSet::new(),
             channel: None,

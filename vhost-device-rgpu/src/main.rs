@@ -191,6 +191,11 @@ struct Args {
     /// query answers).
     #[arg(long, value_name = "US", env = "RGPU_HOST_LOOK_US", default_value_t = rgpu_session::settings::DEFAULT_LOOK_US)]
     host_look_us: u64,
+    /// Diagnosis: each session times every kernel launch it runs (reading
+    /// it from the ring, executing it, the bookkeeping after) and logs the
+    /// averages at info level when it ends.
+    #[arg(long, env = "RGPU_PROFILE_LAUNCHES", value_parser = clap::builder::BoolishValueParser::new())]
+    profile_launches: bool,
     /// Module images kept for reuse across the guest processes of a
     /// tenant, in MiB (0: none).
     #[arg(long, value_name = "MIB", env = "RGPU_MODULE_CACHE_MB", default_value_t = rgpu_session::module_cache::DEFAULT_CAPACITY_MB)]
@@ -614,6 +619,9 @@ fn session_args(args: &Args) -> Vec<OsString> {
         out.push("--module-cache-dir".into());
         out.push(dir.into());
     }
+    if args.profile_launches {
+        out.push("--profile-launches".into());
+    }
     if let Some(runs) = args.max_mapped_runs {
         out.push("--max-mapped-runs".into());
         out.push(runs.to_string().into());
@@ -644,12 +652,15 @@ fn serve_worker(args: Args) -> Result<(), String> {
     seccomp::install(args.worker_seccomp).map_err(|e| e.to_string())?;
     let kernel_timeout =
         (args.kernel_timeout_s > 0).then(|| Duration::from_secs(args.kernel_timeout_s));
-    let settings = SessionSettings::new(
-        args.host_spin_us,
-        args.host_look_us,
-        args.module_cache_mb,
-        args.module_cache_dir.clone(),
-    );
+    let settings = SessionSettings {
+        profile_launches: args.profile_launches,
+        ..SessionSettings::new(
+            args.host_spin_us,
+            args.host_look_us,
+            args.module_cache_mb,
+            args.module_cache_dir.clone(),
+        )
+    };
     // SAFETY: the connection process passed us this descriptor to own.
     let broker = args
         .shareable_fd
