@@ -503,7 +503,7 @@ unsafe impl Sync for CudaExecutor {}
 
 impl CudaExecutor {
     /// Whether each context launches kernels on a thread of its own, while
-    /// its session reads the next command (see [`crate::launch_thread`]).
+    /// its session reads the next command (docs/ARCHITECTURE.md §7, 7a).
     pub fn with_launch_thread(mut self, on: bool) -> Self {
         self.launch_thread = on;
         self
