@@ -644,9 +644,6 @@ fn serve_worker(args: Args) -> Result<(), String> {
         ),
         None => Counters::default(),
     };
-    if let Some(limit) = args.max_mapped_runs {
-        vhost_device_rgpu::worker_process::blob_mapping::limit_mapped_runs(limit);
-    }
     let executor = make_executor(args.executor, args.gpu, args.launch_thread, false)?;
     // From here on NVIDIA's driver is loaded and its devices are open.
     seccomp::install(args.worker_seccomp).map_err(|e| e.to_string())?;
@@ -676,8 +673,15 @@ fn serve_worker(args: Args) -> Result<(), String> {
         ),
         None => Tenant::with_settings(settings),
     };
-    worker_process::serve::serve(link, executor, Arc::new(counters), kernel_timeout, tenant)
-        .map_err(|e| e.to_string())
+    worker_process::serve::serve(
+        link,
+        executor,
+        Arc::new(counters),
+        kernel_timeout,
+        args.max_mapped_runs,
+        tenant,
+    )
+    .map_err(|e| e.to_string())
 }
 
 /// The tenant's budget page a child inherited as `--tenant-fd`, if any.

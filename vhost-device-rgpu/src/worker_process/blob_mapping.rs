@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 use std::ptr::null_mut;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use log::{debug, warn};
+use log::debug;
 use rgpu_executor::{Executor, HostRun};
 use rgpu_session::{Completion, Counters, DmaRegistration};
 
@@ -27,26 +27,19 @@ pub const PAGE_BYTES: u64 = 4096;
 /// stacks) may need beside blob runs.
 const MAPPINGS_KEPT_FREE: usize = 8192;
 
-/// A lower limit than the kernel's on the runs a worker maps
-/// (`--max-mapped-runs`, for tests); set before the first blob.
-static MAPPED_RUNS_LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-
-/// Sets [`max_mapped_runs`] lower than the kernel allows (tests), before
-/// any blob is mapped.
-pub fn limit_mapped_runs(limit: usize) {
-    if MAPPED_RUNS_LIMIT
-        .set(limit.min(max_map_count_runs()))
-        .is_err()
-    {
-        warn!("the mapped-runs limit was set already; {limit} is ignored");
-    }
-}
-
 /// Blob runs a worker may map at once: each run is one mapping, and the
 /// kernel caps mappings per process at `vm.max_map_count` (65530 unless the
-/// host raised it).
-pub fn max_mapped_runs() -> usize {
-    *MAPPED_RUNS_LIMIT.get_or_init(max_map_count_runs)
+/// host raised it); `lower` (`--max-mapped-runs`, tests) lowers it.
+pub fn mapped_runs_limit(lower: Option<usize>) -> usize {
+    let kernel = max_map_count_runs();
+    lower.map_or(kernel, |lower| lower.min(kernel))
+}
+
+/// The runs a worker has mapped, against its limit.
+#[derive(Debug, Clone, Copy)]
+pub struct RunBudget {
+    pub mapped: usize,
+    pub limit: usize,
 }
 
 fn max_map_count_runs() -> usize {
@@ -97,14 +90,14 @@ unsafe impl Sync for BlobMapping {}
 impl BlobMapping {
     /// Maps `runs` (`size` bytes in all) of `files` contiguously, at
     /// `address` if that is not 0 and nothing of this process is there
-    /// (else where the kernel chooses). `mapped_runs` counts the worker's
-    /// live mappings against [`max_mapped_runs`].
+    /// (else where the kernel chooses), within the worker's `budget` of
+    /// mapped runs.
     pub fn map(
         files: &HashMap<u32, File>,
         runs: &[FileRun],
         size: u64,
         address: u64,
-        mapped_runs: usize,
+        budget: RunBudget,
         executor: Arc<dyn Executor>,
         counters: Arc<Counters>,
     ) -> Result<BlobMapping, MapError> {
@@ -118,10 +111,11 @@ impl BlobMapping {
         let Some(len) = len else {
             return Err(MapError::SizeMismatch { covered, size });
         };
-        if mapped_runs.saturating_add(runs.len()) > max_mapped_runs() {
+        let wanted = budget.mapped.saturating_add(runs.len());
+        if wanted > budget.limit {
             return Err(MapError::TooManyRuns {
-                wanted: mapped_runs.saturating_add(runs.len()),
-                limit: max_mapped_runs(),
+                wanted,
+                limit: budget.limit,
             });
         }
         for run in runs {

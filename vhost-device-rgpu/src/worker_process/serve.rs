@@ -17,7 +17,7 @@ use rgpu_proto::cuda_result::CUDA_ERROR_LAUNCH_TIMEOUT;
 use rgpu_proto::ControlCommand;
 use rgpu_session::{Blob, Completion, Counters, Session, Tenant};
 
-use super::blob_mapping::{BlobMapping, MapError};
+use super::blob_mapping::{BlobMapping, MapError, RunBudget};
 use super::link::Link;
 use super::message::{FileRun, FromWorker, ToWorker, MAX_MESSAGE_BYTES};
 
@@ -67,16 +67,20 @@ struct Worker {
     unmappable: std::collections::HashSet<u32>,
     sessions: HashMap<u32, Session>,
     teardowns: Vec<JoinHandle<()>>,
+    /// Blob runs this process may map at once.
+    run_limit: usize,
 }
 
 /// Serves the connection process on `link` until it goes away, then ends
 /// every session. With a `kernel_timeout`, a session that waits for the GPU
-/// longer ends the process (`watch`).
+/// longer ends the process (`watch`). `max_mapped_runs` lowers the blob
+/// runs it maps at once below what the kernel allows (tests).
 pub fn serve(
     link: Link,
     executor: Arc<dyn Executor>,
     counters: Arc<Counters>,
     kernel_timeout: Option<Duration>,
+    max_mapped_runs: Option<usize>,
     tenant: Arc<Tenant>,
 ) -> io::Result<()> {
     info!("worker started ({})", super::containment::describe_self());
@@ -98,6 +102,7 @@ pub fn serve(
         unmappable: std::collections::HashSet::new(),
         sessions: HashMap::new(),
         teardowns: Vec::new(),
+        run_limit: super::blob_mapping::mapped_runs_limit(max_mapped_runs),
     };
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES + 1];
     let result = loop {
@@ -259,7 +264,10 @@ impl Worker {
             &runs,
             size,
             address,
-            self.mapped_runs(),
+            RunBudget {
+                mapped: self.mapped_runs(),
+                limit: self.run_limit,
+            },
             Arc::clone(&self.executor),
             Arc::clone(&self.counters),
         ) {
