@@ -95,9 +95,10 @@ pub enum Request<'a> {
         length: u64,
     },
     /// On a query connection: is event (`stream` false) or stream `handle`
-    /// done, once the channel's first `after` requests have reached the
-    /// host? Answered by [`Response::Result`]: CUDA_SUCCESS, NOT_READY, or
-    /// [`QUERY_ASK`].
+    /// done? `after` is the count of the channel's requests up to the one
+    /// that gave it its latest work (its record, for an event): while fewer
+    /// have reached the host the answer is NOT_READY, at once. Answered by
+    /// [`Response::Result`]: CUDA_SUCCESS, NOT_READY, or [`QUERY_ASK`].
     Query {
         after: u64,
         stream: bool,

@@ -163,18 +163,32 @@ struct State {
 }
 
 /// Where events and streams were last given work, for queries (a mutex of
-/// its own: a query must not wait for another thread's call).
+/// its own: a query must not wait for another thread's call). A position
+/// is the ring's (a ring channel) or the count of requests (a remote one).
 #[derive(Default)]
-struct QueryNotes {
-    /// Ring position after each event's latest record.
+pub(crate) struct QueryNotes {
+    /// Position after each event's latest record.
     recorded: HashMap<u32, u64>,
-    /// Ring position after each stream's latest work.
+    /// Position after each stream's latest work.
     queued: HashMap<u32, u64>,
 }
 
 impl QueryNotes {
+    /// Where `kind`'s item `handle` was last given work, if it was.
+    pub(crate) fn given(&self, kind: CompletionKind, handle: u32) -> Option<u64> {
+        match kind {
+            CompletionKind::Event => self.recorded.get(&handle).copied(),
+            CompletionKind::Stream => self.queued.get(&handle).copied(),
+        }
+    }
+
+    /// Notes work given to `stream` up to `end` (a copy that is no command).
+    pub(crate) fn note_stream_work(&mut self, stream: u32, end: u64) {
+        self.queued.insert(stream, end);
+    }
+
     /// Notes what a command written up to `end` changes for queries.
-    fn note(&mut self, command: &Command, end: u64) {
+    pub(crate) fn note(&mut self, command: &Command, end: u64) {
         for event in command.events_recorded() {
             self.recorded.insert(event, end);
         }
@@ -785,13 +799,11 @@ impl Channel {
     /// What the host's completion table says of event `event` (`kind`
     /// Event) or stream `stream` (Stream), without asking the host.
     pub fn completion(&self, kind: CompletionKind, handle: u32) -> Completion {
-        let given = {
-            let notes = self.notes.lock().unwrap_or_else(PoisonError::into_inner);
-            match kind {
-                CompletionKind::Event => notes.recorded.get(&handle).copied(),
-                CompletionKind::Stream => notes.queued.get(&handle).copied(),
-            }
-        };
+        let given = self
+            .notes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .given(kind, handle);
         let Some(given_until) = given else {
             return match kind {
                 // Never recorded: complete, as CUDA says.

@@ -22,7 +22,7 @@ use rgpu_proto::{BlobRange, Command};
 
 use crate::carrier::remote::{FrameStream, Received, RemoteCarrier};
 use crate::carrier::{Carrier, CarrierError};
-use crate::channel::{Completion, Reply};
+use crate::channel::{Completion, QueryNotes, Reply};
 use rgpu_proto::channel::CompletionKind;
 use rgpu_proto::cuda_result::{CUDA_ERROR_NOT_READY, CUDA_SUCCESS};
 
@@ -75,6 +75,8 @@ impl Shared {
 }
 
 pub struct RemoteChannel {
+    /// Where events and streams were last given work, in requests sent.
+    notes: Mutex<QueryNotes>,
     /// The process's carrier: its connection must outlive the channel (the
     /// gateway ends a process's channels with it).
     _carrier: Arc<dyn Carrier>,
@@ -164,6 +166,7 @@ impl RemoteChannel {
             .name("rgpu-remote-flush".into())
             .spawn(move || flush_batches(flushed))?;
         Ok(Self {
+            notes: Mutex::default(),
             _carrier: carrier,
             ctx_id,
             shared,
@@ -189,10 +192,19 @@ impl RemoteChannel {
 
     /// Whether event or stream `handle` is done, from the host's completion
     /// table, on the query connection: never behind another thread's call
-    /// on this channel. The host answers once everything this channel sent
-    /// before has reached it.
+    /// on this channel, nor behind the requests this one sent after the
+    /// item's latest work (the host answers NOT_READY while the request
+    /// that gave it that work has not reached the ring).
     pub fn completion(&self, kind: CompletionKind, handle: u32) -> Completion {
-        let after = self.shared.sent.load(Ordering::Acquire);
+        let given = self.notes().given(kind, handle);
+        let Some(after) = given else {
+            return match kind {
+                // Never recorded: complete, as CUDA says.
+                CompletionKind::Event => Completion::Done,
+                // Work this channel never saw: the host's to judge.
+                CompletionKind::Stream => Completion::Ask,
+            };
+        };
         // What this thread queued must be on its way.
         self.shared.try_flush();
         let mut queries = self.queries.lock().unwrap_or_else(|e| e.into_inner());
@@ -259,10 +271,24 @@ impl RemoteChannel {
         }
     }
 
+    fn notes(&self) -> MutexGuard<'_, QueryNotes> {
+        self.notes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The count of requests sent so far (with the connection held: the
+    /// count after the caller's own).
+    fn sent(&self) -> u64 {
+        self.shared.sent.load(Ordering::Acquire)
+    }
+
     /// Queues an asynchronous command (see the module's batching).
     pub fn send(&self, command: &Command) -> Result<(), CarrierError> {
-        let command = command.to_bytes(0);
-        let first = self.with_stream(|s| s.queue(&Request::Send { command: &command }))?;
+        let bytes = command.to_bytes(0);
+        let first = self.with_stream(|s| {
+            let first = s.queue(&Request::Send { command: &bytes })?;
+            self.notes().note(command, self.sent());
+            Ok(first)
+        })?;
         if first {
             if let Some(flusher) = &self.flusher {
                 flusher.thread().unpark();
@@ -272,9 +298,10 @@ impl RemoteChannel {
     }
 
     pub fn call(&self, command: &Command) -> Result<Reply, CarrierError> {
-        let command = command.to_bytes(0);
+        let bytes = command.to_bytes(0);
         self.with_stream(|s| {
-            s.send(&Request::Call { command: &command })?;
+            s.send(&Request::Call { command: &bytes })?;
+            self.notes().note(command, self.sent());
             expect_reply(s.receive()?)
         })
     }
@@ -301,6 +328,7 @@ impl RemoteChannel {
                     data: piece,
                 })?;
             }
+            self.notes().note_stream_work(stream, self.sent());
             if !sync {
                 return Ok(0);
             }
@@ -328,6 +356,7 @@ impl RemoteChannel {
                     src: part_src,
                     length: part.len() as u64,
                 })?;
+                self.notes().note_stream_work(stream, self.sent());
                 let mut filled = 0usize;
                 loop {
                     let rest = part.get_mut(filled..).unwrap_or_default();

@@ -247,8 +247,11 @@ for program in graph_test graph_api_test query_test vmm_test shareable_test pool
             -o "$work/$program-$side" "$bundle/$program.c" -L "$work/$side-lib" -lcuda -lpthread
     done
     step "$program native" "checks passed" "${native[@]}" "$work/$program-native" --ptx "$ptx"
+    # The network carrier shares no memory with the host: no mapped words.
+    remote_only=()
+    [ "$program" = query_test ] && [ -n "${RGPU_SERVER:-}" ] && remote_only=(--no-mapped-memory)
     step "$program through rgpu" "checks passed" \
-        "${through_rgpu[@]}" "$work/$program-rgpu" --ptx "$ptx"
+        "${through_rgpu[@]}" "$work/$program-rgpu" --ptx "$ptx" "${remote_only[@]}"
     grep -h '^MEASURED' "$logs/$program-native.log" "$logs/$program-through-rgpu.log" 2>/dev/null
     for side in native through-rgpu; do
         grep -h '^launch completion' "$logs/$program-$side.log" 2>/dev/null | sed "s/^/$side: /"

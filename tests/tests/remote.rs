@@ -83,6 +83,34 @@ fn tls_daemon(pki: &TestPki, extra: &[&str]) -> (Daemon, u16) {
     (daemon, port)
 }
 
+/// Issue 9's queries that never wait, through the network carrier: behind
+/// queued launches of a slow kernel and during another thread's
+/// synchronize, cuEventQuery and cuStreamQuery answer NOT_READY at once
+/// (the gateway no longer waits until the requests sent before reach the
+/// ring, only asks whether the item's own latest work did) and SUCCESS
+/// once the work is done.
+#[test]
+fn event_and_stream_queries_never_wait_through_the_tls_carrier() {
+    let pki = TestPki::new();
+    let client = pki.ca.client("default", false);
+    let (daemon, port) = tls_daemon(&pki, &[]);
+    let guest = GuestLib::new();
+    let url = format!("tls://localhost:{port}");
+    let env = pki.client_env(Some(&client));
+    let program = guest.build_c(
+        &rgpu_tests::programs_dir().join("query_test.c"),
+        &["-lcuda", "-lpthread"],
+    );
+    let mut command = remote_command(&guest, &program, &url, &env);
+    command.args(["--ptx", &ptx(), "--no-mapped-memory"]);
+    let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
+    for line in outcome.stdout.lines().filter(|l| l.starts_with("MEASURED")) {
+        println!("{line}");
+    }
+    outcome.assert_passed("query_test");
+    drop(daemon);
+}
+
 #[test]
 fn driver_api_and_runtime_style_programs_run_through_the_tls_carrier() {
     let pki = TestPki::new();
