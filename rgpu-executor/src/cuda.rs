@@ -339,7 +339,12 @@ fn make_current(ctx: sys::CUcontext) -> CuResult<()> {
 
 /// `launch` handed to the driver, on the calling thread.
 fn launch_now(launch: &Launch) -> CuResult<()> {
-    with_param_buffer(&launch.params, |extra| {
+    launch_with_params(launch, &launch.params)
+}
+
+/// `launch` (whose own parameter bytes are not used) with `params`.
+fn launch_with_params(launch: &Launch, params: &[u8]) -> CuResult<()> {
+    with_param_buffer(params, |extra| {
         // SAFETY: live function and stream (the session keeps them until
         // the launch has been made); `extra` describes `params` (read, not
         // written, during the call) and ends with END.
@@ -1462,26 +1467,28 @@ impl ContextExecutor for CudaContext {
         // own thread may launch there.
         let per_thread = matches!(stream, StreamRef::PerThread);
         let stream = self.stream(stream)?;
-        let launch = Launch {
+        let mut launch = Launch {
             function,
             grid,
             block,
             shared_mem_bytes,
             stream,
-            params: params.to_vec(),
+            params: Vec::new(),
         };
-        let launch = match &mut self.launcher {
-            Some(launcher) if !per_thread && !self.launch_here => match launcher.queue(launch) {
-                Ok(()) => return Ok(()),
-                Err(launch) => launch,
-            },
+        match &mut self.launcher {
+            Some(launcher) if !per_thread && !self.launch_here => {
+                launch.params = params.to_vec();
+                match launcher.queue(launch) {
+                    Ok(()) => Ok(()),
+                    Err(launch) => launch_now(&launch),
+                }
+            }
             Some(launcher) => {
                 launcher.fence();
-                launch
+                launch_with_params(&launch, params)
             }
-            None => launch,
-        };
-        launch_now(&launch)
+            None => launch_with_params(&launch, params),
+        }
     }
 
     fn fence(&mut self) {
