@@ -103,7 +103,9 @@ fn killed_program_leaves_the_others_running_and_its_session_freed() {
 }
 
 /// The benchmark program works through rgpu (tiny counts: on CI it only
-/// proves the program runs; figures are taken on the GPU host).
+/// proves the program runs; figures are taken on the GPU host). rgpu's
+/// library stands in for the native one too, so that the runs taken in
+/// turn run.
 #[test]
 fn benchmark_runs_through_sim() {
     let f = DriverApiFixture::new(&[]);
@@ -113,6 +115,8 @@ fn benchmark_runs_through_sim() {
     );
     let mut command = f.guest.command(&bench, &f.daemon);
     command
+        .arg("--native")
+        .arg(f.guest.lib_dir().join("libcuda.so.1"))
         .arg("--rgpu")
         .arg(f.guest.lib_dir().join("libcuda.so.1"))
         .arg("--ptx")
@@ -129,7 +133,9 @@ fn benchmark_runs_through_sim() {
         ]);
     let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
     assert!(
-        outcome.status.success() && outcome.stdout.contains("HtoD from pinned (GB/s)"),
+        outcome.status.success()
+            && outcome.stdout.contains("HtoD from pinned (GB/s)")
+            && outcome.stdout.contains("runs in turn (native/rgpu, 1/s):"),
         "rgpu_bench failed ({}):\n{}\n{}",
         outcome.status,
         outcome.stdout,
