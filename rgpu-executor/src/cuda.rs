@@ -494,9 +494,9 @@ pub struct CudaExecutor {
     entry: IntegerEntryPoints,
     /// The host's NVML, where it loads: utilisation and the driver version.
     nvml: Option<HostNvml>,
-    /// Contexts launch kernels on a thread of their own
-    /// ([`CudaExecutor::with_launch_thread`]).
-    launch_thread: bool,
+    /// Contexts launch kernels on a thread of their own, which polls its
+    /// queue this long before it sleeps ([`CudaExecutor::with_launch_thread`]).
+    launch_thread: Option<std::time::Duration>,
 }
 
 // SAFETY: the primary context handle is only passed to the driver, which is
@@ -508,9 +508,11 @@ unsafe impl Sync for CudaExecutor {}
 
 impl CudaExecutor {
     /// Whether each context launches kernels on a thread of its own, while
-    /// its session reads the next command (docs/ARCHITECTURE.md §7, 7a).
-    pub fn with_launch_thread(mut self, on: bool) -> Self {
-        self.launch_thread = on;
+    /// its session reads the next command (docs/ARCHITECTURE.md §7, 7a),
+    /// and how long that thread polls its queue before it sleeps (`None`:
+    /// no launch thread).
+    pub fn with_launch_thread(mut self, spin: Option<std::time::Duration>) -> Self {
+        self.launch_thread = spin;
         self
     }
 
@@ -668,7 +670,7 @@ impl CudaExecutor {
             driver_version,
             entry,
             nvml,
-            launch_thread: false,
+            launch_thread: None,
         })
     }
 }
@@ -718,14 +720,14 @@ impl Executor for CudaExecutor {
             (ctx, None)
         };
         let launcher = match self.launch_thread {
-            true => match LaunchThread::start(ctx, make_current, launch_now) {
+            Some(spin) => match LaunchThread::start(ctx, make_current, launch_now, spin) {
                 Ok(thread) => Some(thread),
                 Err(e) => {
                     warn!("cuda: no launch thread ({e}): the session launches itself");
                     None
                 }
             },
-            false => None,
+            None => None,
         };
         Ok(Box::new(CudaContext {
             ctx,

@@ -25,8 +25,6 @@ use crate::CuResult;
 
 /// Launches queued at most; a session that gets further ahead waits.
 const QUEUE_DEPTH: usize = 256;
-/// How long the thread polls its queue before it sleeps.
-const SPIN: Duration = Duration::from_micros(50);
 /// Polls of the fence before it yields the CPU between them.
 const FENCE_SPINS: u32 = 2_000;
 
@@ -72,11 +70,13 @@ pub(crate) struct LaunchThread {
 
 impl LaunchThread {
     /// A thread that makes `ctx` current with `make_current`, then launches
-    /// with `launch` (both call the driver; tests pass their own).
+    /// with `launch` (both call the driver; tests pass their own), polling
+    /// its queue for `spin` before it sleeps.
     pub fn start(
         ctx: sys::CUcontext,
         make_current: fn(sys::CUcontext) -> CuResult<()>,
         launch: fn(&Launch) -> CuResult<()>,
+        spin: Duration,
     ) -> std::io::Result<LaunchThread> {
         let (queue, receiver) = sync_channel(QUEUE_DEPTH);
         let shared = Arc::new(Shared {
@@ -87,7 +87,16 @@ impl LaunchThread {
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("rgpu-launch".into())
-            .spawn(move || run(&context, &receiver, &thread_shared, make_current, launch))?;
+            .spawn(move || {
+                run(
+                    &context,
+                    &receiver,
+                    &thread_shared,
+                    make_current,
+                    launch,
+                    spin,
+                )
+            })?;
         Ok(LaunchThread {
             queue: Some(queue),
             queued: 0,
@@ -159,6 +168,7 @@ fn run(
     shared: &Shared,
     make_current: fn(sys::CUcontext) -> CuResult<()>,
     launch: fn(&Launch) -> CuResult<()>,
+    spin: Duration,
 ) {
     let code = match make_current(context.0) {
         Ok(()) => CUDA_SUCCESS,
@@ -174,7 +184,7 @@ fn run(
             Err(TryRecvError::Disconnected) => return,
             Err(TryRecvError::Empty) => {
                 let since = *idle_since.get_or_insert_with(Instant::now);
-                if since.elapsed() < SPIN {
+                if since.elapsed() < spin {
                     std::hint::spin_loop();
                     continue;
                 }
@@ -209,6 +219,8 @@ mod tests {
     use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES};
 
     use super::*;
+
+    const SPIN: Duration = Duration::from_micros(50);
 
     /// What the fake driver saw, per test (the function's address names
     /// the test, its grid's x the launch).
@@ -253,7 +265,7 @@ mod tests {
     }
 
     fn thread() -> LaunchThread {
-        LaunchThread::start(std::ptr::null_mut(), made_current, fake_launch)
+        LaunchThread::start(std::ptr::null_mut(), made_current, fake_launch, SPIN)
             .unwrap_or_else(|e| panic!("no thread: {e}"))
     }
 
@@ -298,7 +310,7 @@ mod tests {
         fn refused(_: sys::CUcontext) -> CuResult<()> {
             Err(CUDA_ERROR_INVALID_VALUE)
         }
-        let mut launcher = LaunchThread::start(std::ptr::null_mut(), refused, fake_launch)
+        let mut launcher = LaunchThread::start(std::ptr::null_mut(), refused, fake_launch, SPIN)
             .unwrap_or_else(|e| panic!("no thread: {e}"));
         assert!(launcher.queue(launch(4, 0)).is_ok());
         launcher.fence();

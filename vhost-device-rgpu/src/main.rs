@@ -227,7 +227,8 @@ struct Args {
     /// Whether each guest context's kernel launches go to the driver from a
     /// thread of their own, while the session's thread reads the next
     /// command (on: launches overlap the session's work; off: one thread
-    /// does both, one after the other).
+    /// does both, one after the other). That thread polls for more as long
+    /// as the session's (--host-spin-us).
     #[arg(long, value_enum, env = "RGPU_LAUNCH_THREAD", default_value_t = Switch::On)]
     launch_thread: Switch,
     /// Print the backend's capabilities as JSON and exit (other options are
@@ -266,20 +267,24 @@ enum Tool {
     Top(top::TopArgs),
 }
 
+/// The launch thread's poll before it sleeps (the session thread's), if
+/// contexts have one.
+fn launch_thread(args: &Args) -> Option<Duration> {
+    (args.launch_thread == Switch::On).then(|| Duration::from_micros(args.host_spin_us))
+}
+
 /// The executor; `announce` says once (in the connection process) that a
 /// `sim` one is no GPU.
 #[cfg_attr(not(feature = "sim"), allow(unused_variables))]
 fn make_executor(
     kind: ExecutorKind,
     gpu: u32,
-    launch_thread: Switch,
+    launch_thread: Option<Duration>,
     announce: bool,
 ) -> Result<Arc<dyn Executor>, String> {
     match kind {
         ExecutorKind::Cuda => rgpu_executor::cuda::CudaExecutor::new(gpu)
-            .map(|e| {
-                Arc::new(e.with_launch_thread(launch_thread == Switch::On)) as Arc<dyn Executor>
-            })
+            .map(|e| Arc::new(e.with_launch_thread(launch_thread)) as Arc<dyn Executor>)
             .map_err(|e| e.to_string()),
         #[cfg(feature = "sim")]
         ExecutorKind::Sim => {
@@ -551,7 +556,7 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
         WorkerLimits::default(),
     )
     .with_shareable_fd(args.shareable_fd);
-    let executor = match make_executor(args.executor, args.gpu, args.launch_thread, true) {
+    let executor = match make_executor(args.executor, args.gpu, launch_thread(&args), true) {
         Ok(executor) => executor,
         Err(e) => {
             return Err(match notifier.send(&Message::Failed(e.clone())) {
@@ -644,7 +649,7 @@ fn serve_worker(args: Args) -> Result<(), String> {
         ),
         None => Counters::default(),
     };
-    let executor = make_executor(args.executor, args.gpu, args.launch_thread, false)?;
+    let executor = make_executor(args.executor, args.gpu, launch_thread(&args), false)?;
     // From here on NVIDIA's driver is loaded and its devices are open.
     seccomp::install(args.worker_seccomp).map_err(|e| e.to_string())?;
     let kernel_timeout =
