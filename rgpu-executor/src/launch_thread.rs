@@ -105,7 +105,8 @@ impl LaunchThread {
         })
     }
 
-    /// Queues `launch`; false if the thread is gone (launch it directly).
+    /// Queues `launch`; gives it back if the thread is gone (the caller
+    /// launches it itself).
     pub fn queue(&mut self, launch: Launch) -> Result<(), Launch> {
         let Some(queue) = &self.queue else {
             return Err(launch);
