@@ -642,6 +642,24 @@ pub struct SimContext {
     /// Memory-allocation nodes' memory: how many graphs and executable
     /// graphs hold each node (by address).
     graph_allocations: HashMap<u64, u32>,
+    /// `RGPU_SIM_DEFER_LAUNCHES=1`: launches wait here until the session
+    /// fences, as the cuda executor's launch thread may make them late,
+    /// so that a session that forgets to fence reads stale results.
+    deferred: Option<Vec<DeferredLaunch>>,
+    /// The first error a deferred launch met, until the session asks.
+    deferred_failure: Option<u32>,
+    /// Launches run at once for now (a capture).
+    launch_here: bool,
+}
+
+/// A launch `RGPU_SIM_DEFER_LAUNCHES` holds back.
+struct DeferredLaunch {
+    function: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem_bytes: u32,
+    stream: StreamRef,
+    params: Vec<u8>,
 }
 
 /// A node of a graph: its handle, the handles of the nodes it depends on
@@ -868,6 +886,104 @@ impl SimContext {
             node_attributes: AttributeStore::default(),
             stream_attributes: AttributeStore::default(),
             graph_allocations: HashMap::new(),
+            deferred: std::env::var_os("RGPU_SIM_DEFER_LAUNCHES")
+                .is_some_and(|v| v == "1")
+                .then(Vec::new),
+            deferred_failure: None,
+            launch_here: false,
+        }
+    }
+
+    /// A launch made now: the driver's `cuLaunchKernel` as the sim has it.
+    fn launch_kernel_now(
+        &mut self,
+        function: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        stream: StreamRef,
+        params: &[u8],
+    ) -> CuResult<()> {
+        let f = self
+            .functions
+            .get(&function)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        self.check_stream(stream)?;
+        let threads = launch_threads(grid, block)?;
+        if let Some(ops) = self.capturing.get_mut(&stream_key(stream)) {
+            ops.push(GraphOp::Launch {
+                function,
+                grid,
+                block,
+                shared_mem_bytes,
+                params: params.to_vec(),
+            });
+            return Ok(());
+        }
+        check_poisoned()?;
+        if f.name == "rgpu_fault" {
+            if std::env::var_os("RGPU_SIM_FAULT_POISONS_PROCESS").is_some_and(|v| v == "1") {
+                warn!("sim: rgpu_fault launched: this process's executor is poisoned (test mode)");
+                POISONED.store(true, Ordering::SeqCst);
+            }
+            return Err(CUDA_ERROR_ILLEGAL_ADDRESS);
+        }
+        let Some(kernel) = f.kernel else {
+            if self.warned.insert(f.name.clone()) {
+                warn!("sim executor has no implementation of kernel {}", f.name);
+                // The application hears it too: with the device output it
+                // gets at its next synchronisation, as a driver's printf.
+                let note = format!(
+                    "rgpu sim executor: kernel {} did not run: this test fixture runs only \
+                     its reference kernels (the launch fails with CUDA_ERROR_NOT_SUPPORTED); \
+                     run the daemon with --executor cuda on a GPU host\n",
+                    f.name
+                );
+                self.printf_buffer.extend_from_slice(note.as_bytes());
+            }
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        };
+        let sizes: Vec<u32> = f.info.params.iter().map(|p| p.size).collect();
+        if sizes != kernel.param_sizes() {
+            warn!(
+                "sim: kernel {} declares parameter sizes {sizes:?}, expected {:?}",
+                f.name,
+                kernel.param_sizes()
+            );
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let args = f
+            .info
+            .params
+            .iter()
+            .map(|p| param_value(params, p.offset, p.size))
+            .collect::<CuResult<Vec<u64>>>()?;
+        trace!(
+            "sim: launch {} grid {grid:?} block {block:?} args {args:x?}",
+            f.name
+        );
+        self.run_kernel(kernel, &args, threads)?;
+        self.observer.0.launches.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Runs the launches held back, in order (`RGPU_SIM_DEFER_LAUNCHES`).
+    fn run_deferred(&mut self) {
+        let Some(pending) = self.deferred.as_mut().map(std::mem::take) else {
+            return;
+        };
+        for l in pending {
+            let result = self.launch_kernel_now(
+                l.function,
+                l.grid,
+                l.block,
+                l.shared_mem_bytes,
+                l.stream,
+                &l.params,
+            );
+            if let Err(code) = result {
+                self.deferred_failure.get_or_insert(code);
+            }
         }
     }
 
@@ -1050,9 +1166,14 @@ impl SimContext {
                     block,
                     shared_mem_bytes,
                     params,
-                } => {
-                    self.launch_kernel(*function, *grid, *block, *shared_mem_bytes, stream, params)?
-                }
+                } => self.launch_kernel_now(
+                    *function,
+                    *grid,
+                    *block,
+                    *shared_mem_bytes,
+                    stream,
+                    params,
+                )?,
                 GraphOp::Memset {
                     dst,
                     value,
@@ -1416,6 +1537,7 @@ fn write_device_output(output: &[u8]) {
 
 impl Drop for SimContext {
     fn drop(&mut self) {
+        self.run_deferred();
         // Destroying a context prints what its kernels left.
         self.print_device_output();
         // Out of the other contexts' reach before the blocks go (with the
@@ -1877,67 +1999,37 @@ impl ContextExecutor for SimContext {
         stream: StreamRef,
         params: &[u8],
     ) -> CuResult<()> {
-        let f = self
-            .functions
-            .get(&function)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        self.check_stream(stream)?;
-        let threads = launch_threads(grid, block)?;
-        if let Some(ops) = self.capturing.get_mut(&stream_key(stream)) {
-            ops.push(GraphOp::Launch {
+        // As the cuda executor's launch thread: handles checked now, the
+        // launch made later (not on the per-thread stream, not in a capture).
+        let defer = !self.launch_here && !matches!(stream, StreamRef::PerThread);
+        if let (Some(deferred), true) = (self.deferred.as_mut(), defer) {
+            if !self.functions.contains_key(&function) {
+                return Err(CUDA_ERROR_INVALID_HANDLE);
+            }
+            deferred.push(DeferredLaunch {
                 function,
                 grid,
                 block,
                 shared_mem_bytes,
+                stream,
                 params: params.to_vec(),
             });
             return Ok(());
         }
-        check_poisoned()?;
-        if f.name == "rgpu_fault" {
-            if std::env::var_os("RGPU_SIM_FAULT_POISONS_PROCESS").is_some_and(|v| v == "1") {
-                warn!("sim: rgpu_fault launched: this process's executor is poisoned (test mode)");
-                POISONED.store(true, Ordering::SeqCst);
-            }
-            return Err(CUDA_ERROR_ILLEGAL_ADDRESS);
-        }
-        let Some(kernel) = f.kernel else {
-            if self.warned.insert(f.name.clone()) {
-                warn!("sim executor has no implementation of kernel {}", f.name);
-                // The application hears it too: with the device output it
-                // gets at its next synchronisation, as a driver's printf.
-                let note = format!(
-                    "rgpu sim executor: kernel {} did not run: this test fixture runs only \
-                     its reference kernels (the launch fails with CUDA_ERROR_NOT_SUPPORTED); \
-                     run the daemon with --executor cuda on a GPU host\n",
-                    f.name
-                );
-                self.printf_buffer.extend_from_slice(note.as_bytes());
-            }
-            return Err(CUDA_ERROR_NOT_SUPPORTED);
-        };
-        let sizes: Vec<u32> = f.info.params.iter().map(|p| p.size).collect();
-        if sizes != kernel.param_sizes() {
-            warn!(
-                "sim: kernel {} declares parameter sizes {sizes:?}, expected {:?}",
-                f.name,
-                kernel.param_sizes()
-            );
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let args = f
-            .info
-            .params
-            .iter()
-            .map(|p| param_value(params, p.offset, p.size))
-            .collect::<CuResult<Vec<u64>>>()?;
-        trace!(
-            "sim: launch {} grid {grid:?} block {block:?} args {args:x?}",
-            f.name
-        );
-        self.run_kernel(kernel, &args, threads)?;
-        self.observer.0.launches.fetch_add(1, Ordering::SeqCst);
-        Ok(())
+        self.run_deferred();
+        self.launch_kernel_now(function, grid, block, shared_mem_bytes, stream, params)
+    }
+
+    fn fence(&mut self) {
+        self.run_deferred();
+    }
+
+    fn take_launch_failure(&mut self) -> Option<u32> {
+        self.deferred_failure.take()
+    }
+
+    fn launch_on_calling_thread(&mut self, on: bool) {
+        self.launch_here = on;
     }
 
     fn stream_create(&mut self, _flags: u32, _priority: i32) -> CuResult<u64> {
@@ -2080,7 +2172,7 @@ impl ContextExecutor for SimContext {
                 _ => {}
             }
         }
-        self.launch_kernel(function, grid, block, shared_mem_bytes, stream, params)?;
+        self.launch_kernel_now(function, grid, block, shared_mem_bytes, stream, params)?;
         for event in events {
             self.event_record(event, stream)?;
         }
