@@ -737,21 +737,24 @@ impl Worker {
                         if may_wait {
                             self.usage.end_wait();
                         }
-                        match (&decoded.command, &result) {
+                        let captures = match (&decoded.command, &result) {
                             (
                                 Command::StreamBeginCapture { .. }
                                 | Command::StreamBeginCaptureToGraph { .. },
                                 Ok(_),
-                            ) => self.captures += 1,
+                            ) => Some(self.captures + 1),
                             (Command::StreamEndCapture { .. }, _) => {
-                                self.captures = self.captures.saturating_sub(1);
+                                Some(self.captures.saturating_sub(1))
                             }
-                            _ => {}
-                        }
-                        // A capture's rules (its mode) are the capturing
-                        // thread's: its launches stay on the session's.
-                        if let Some(ctx) = self.context.created_unfenced() {
-                            ctx.launch_on_calling_thread(self.captures > 0);
+                            _ => None,
+                        };
+                        if let Some(captures) = captures {
+                            self.captures = captures;
+                            // A capture's rules (its mode) are the capturing
+                            // thread's: its launches stay on the session's.
+                            if let Some(ctx) = self.context.created_unfenced() {
+                                ctx.launch_on_calling_thread(captures > 0);
+                            }
                         }
                         // Watched during a capture too, looked at after it.
                         if result.is_ok() {

@@ -174,12 +174,19 @@ pub(crate) struct QueryNotes {
 }
 
 impl QueryNotes {
-    /// Where `kind`'s item `handle` was last given work, if it was.
-    pub(crate) fn given(&self, kind: CompletionKind, handle: u32) -> Option<u64> {
-        match kind {
-            CompletionKind::Event => self.recorded.get(&handle).copied(),
-            CompletionKind::Stream => self.queued.get(&handle).copied(),
-        }
+    /// Where `kind`'s item `handle` was last given work; for one never
+    /// given any, the answer itself: an event never recorded is complete,
+    /// as CUDA says; a stream's work this channel never saw (the legacy
+    /// stream's ties to the others) is the host's to judge.
+    pub(crate) fn given(&self, kind: CompletionKind, handle: u32) -> Result<u64, Completion> {
+        let given = match kind {
+            CompletionKind::Event => self.recorded.get(&handle),
+            CompletionKind::Stream => self.queued.get(&handle),
+        };
+        given.copied().ok_or(match kind {
+            CompletionKind::Event => Completion::Done,
+            CompletionKind::Stream => Completion::Ask,
+        })
     }
 
     /// Notes work given to `stream` up to `end` (a copy that is no command).
@@ -804,14 +811,9 @@ impl Channel {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .given(kind, handle);
-        let Some(given_until) = given else {
-            return match kind {
-                // Never recorded: complete, as CUDA says.
-                CompletionKind::Event => Completion::Done,
-                // Work this channel never saw (the legacy stream's ties to
-                // the others are the driver's to judge).
-                CompletionKind::Stream => Completion::Ask,
-            };
+        let given_until = match given {
+            Ok(position) => position,
+            Err(answer) => return answer,
         };
         let tag = completion_tag(kind, handle);
         let slot = completion_offset(tag);

@@ -197,13 +197,9 @@ impl RemoteChannel {
     /// that gave it that work has not reached the ring).
     pub fn completion(&self, kind: CompletionKind, handle: u32) -> Completion {
         let given = self.notes().given(kind, handle);
-        let Some(after) = given else {
-            return match kind {
-                // Never recorded: complete, as CUDA says.
-                CompletionKind::Event => Completion::Done,
-                // Work this channel never saw: the host's to judge.
-                CompletionKind::Stream => Completion::Ask,
-            };
+        let after = match given {
+            Ok(after) => after,
+            Err(answer) => return answer,
         };
         // What this thread queued must be on its way.
         self.shared.try_flush();
