@@ -11,6 +11,7 @@
 pub mod blob;
 pub mod budget;
 pub mod channel;
+pub mod command_profile;
 mod completions;
 pub mod compute;
 pub mod console;
@@ -20,7 +21,6 @@ mod driver_memory;
 mod execute;
 mod handles;
 pub mod ipc;
-pub mod launch_profile;
 pub mod limits;
 pub mod log_limit;
 pub mod module_cache;

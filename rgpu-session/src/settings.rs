@@ -27,8 +27,8 @@ pub struct SessionSettings {
     /// Module images kept for loads by hash, shared by the sessions that
     /// share these settings.
     pub module_cache: Arc<ModuleCache>,
-    /// Each session times the stages of its launches and logs them as it
-    /// ends ([`crate::launch_profile`]).
+    /// Each session times the stages of its launches and synchronizations
+    /// and logs them as it ends ([`crate::command_profile`]).
     pub profile_launches: bool,
 }
 

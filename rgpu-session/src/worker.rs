@@ -17,6 +17,7 @@ use rgpu_proto::cuda_result::{
 use rgpu_proto::Command;
 
 use crate::channel::{Channel, RingEntry};
+use crate::command_profile::CommandProfile;
 use crate::completions::Completions;
 use crate::compute::{Admission, Fences, PROBATION};
 use crate::handles::Handles;
@@ -172,8 +173,9 @@ pub struct Worker {
     pub(crate) counters: Arc<Counters>,
     pub(crate) module_cache: Arc<ModuleCache>,
     spin: Duration,
-    /// `RGPU_PROFILE_LAUNCHES=1`: where launch time goes.
-    launch_profile: Option<crate::launch_profile::LaunchProfile>,
+    /// `RGPU_PROFILE_LAUNCHES=1`: where the time of launches and of
+    /// synchronizations the guest waits for goes.
+    profiles: Option<Profiles>,
     pub(crate) blobs: HashMap<u32, Attached>,
     /// Blobs the worker process could not map (see [`Message::Unmappable`]).
     unmappable: std::collections::HashSet<u32>,
@@ -210,6 +212,12 @@ pub struct Worker {
     admitted_at: Instant,
     /// Declared last: dropped after everything that refers to its objects.
     pub(crate) context: DeviceContext,
+}
+
+/// What `--profile-launches` times.
+struct Profiles {
+    launches: CommandProfile,
+    synchronizations: CommandProfile,
 }
 
 enum Wake {
@@ -249,10 +257,10 @@ impl Worker {
             counters,
             module_cache: Arc::clone(&tenant.settings().module_cache),
             spin: tenant.settings().spin,
-            launch_profile: tenant
-                .settings()
-                .profile_launches
-                .then(crate::launch_profile::LaunchProfile::default),
+            profiles: tenant.settings().profile_launches.then(|| Profiles {
+                launches: CommandProfile::new("launches"),
+                synchronizations: CommandProfile::new("synchronizations"),
+            }),
             blobs: HashMap::new(),
             unmappable: std::collections::HashSet::new(),
             channel: None,
@@ -657,7 +665,7 @@ impl Worker {
                 break;
             }
             worked = true;
-            let read_at = self.launch_profile.as_ref().map(|_| Instant::now());
+            let read_at = self.profiles.as_ref().map(|_| Instant::now());
             let (entry, len) = channel.read();
             match entry {
                 RingEntry::Bad(reason) => {
@@ -828,13 +836,21 @@ impl Worker {
                             let position = self.channel.as_ref().map_or(0, Channel::consumed);
                             self.look_at_completions(position);
                         }
-                        if let (Some(profile), Some(read_at), Some(execute_at), Some(executed_at)) = (
-                            self.launch_profile.as_mut(),
-                            read_at,
-                            execute_at,
-                            executed_at,
-                        ) {
-                            if matches!(decoded.command, Command::LaunchKernel { .. }) {
+                        if let (
+                            Some(profiles),
+                            Some(read_at),
+                            Some(execute_at),
+                            Some(executed_at),
+                        ) = (self.profiles.as_mut(), read_at, execute_at, executed_at)
+                        {
+                            let profile = match decoded.command {
+                                Command::LaunchKernel { .. } => Some(&mut profiles.launches),
+                                Command::CtxSynchronize if decoded.reply_seq != 0 => {
+                                    Some(&mut profiles.synchronizations)
+                                }
+                                _ => None,
+                            };
+                            if let Some(profile) = profile {
                                 profile.add(read_at, execute_at, executed_at, Instant::now());
                             }
                         }
@@ -982,8 +998,13 @@ impl Worker {
 
     /// Frees everything of the session; the device context goes last.
     fn finish(mut self) {
-        if let Some(summary) = self.launch_profile.as_ref().and_then(|p| p.summary()) {
-            log::info!("ctx {}: launch profile: {summary}", self.ctx_id);
+        if let Some(profiles) = &self.profiles {
+            for summary in [&profiles.launches, &profiles.synchronizations]
+                .into_iter()
+                .filter_map(CommandProfile::summary)
+            {
+                log::info!("ctx {}: profile: {summary}", self.ctx_id);
+            }
         }
         self.complete_all();
         // Nothing may still be reading or writing guest memory we release.

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Where the launch rate goes (issue 9): rgpu_bench's launch rows, native and
-# through rgpu, in ROUNDS rounds, each against a fresh daemon whose sessions
-# time every launch (RGPU_PROFILE_LAUNCHES=1) and log, when they end, how
-# long reading it from the ring, executing it and the bookkeeping after
-# took. Run from the repository root on the GPU host:
+# Where the launch rate and the synchronous round trip go (issue 9):
+# rgpu_bench's launch and sync rows, native and through rgpu, in ROUNDS
+# rounds, each against a fresh daemon whose sessions time every launch and
+# every cuCtxSynchronize (RGPU_PROFILE_LAUNCHES=1) and log, when they end,
+# how long reading it from the ring, executing it and the bookkeeping after
+# (the reply included) took. Then tests/bench/pingpong: the floor of a
+# round trip through shared memory on this machine, with rgpu's ring
+# layouts. Run from the repository root on the GPU host:
 #
 #   tests/bench/launch_profile.sh BUNDLE [ROUNDS]
 #
@@ -51,5 +54,6 @@ for round in $(seq "$rounds"); do
     sleep 1
     kill "$daemon_pid" && wait "$daemon_pid" 2>/dev/null
     daemon_pid=
-    grep -h "launch profile" "$logs/daemon-$round.log" | sed 's/.*launch profile/launch profile/'
+    grep -h "profile: " "$logs/daemon-$round.log" | sed 's/.*profile: /profile: /'
 done
+gcc -O2 -o "$work/pingpong" "$bundle/pingpong.c" && "$work/pingpong" 200000 | tee "$logs/pingpong.txt"

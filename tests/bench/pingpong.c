@@ -7,7 +7,16 @@
  *   pingpong [ROUND_TRIPS]
  *
  * Prints the median and mean round trip, unpinned and with the processes
- * pinned to CPUs 2 and 4. Built with: gcc -O2 -o pingpong pingpong.c */
+ * pinned to CPUs 2 and 4, for three layouts:
+ *   - floor: one request word, one reply word;
+ *   - counter: as rgpu's ring did up to the eleventh session: the command
+ *     on a line of its own, then a `produced` counter (SeqCst store, then a
+ *     load of an `idle` word), the answerer polling the counter and then
+ *     reading the command;
+ *   - stamped: the same publication, the answerer polling the command's
+ *     own line for its stamp instead of the counter.
+ * And what one clock_gettime(CLOCK_MONOTONIC) costs.
+ * Built with: gcc -O2 -o pingpong pingpong.c */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <signal.h>
@@ -23,7 +32,13 @@
 struct page {
     _Alignas(64) _Atomic uint64_t request;
     _Alignas(64) _Atomic uint64_t reply;
+    _Alignas(64) _Atomic uint64_t produced;
+    _Alignas(64) _Atomic uint64_t idle;
+    _Alignas(64) _Atomic uint64_t command[8];
 };
+
+enum layout { FLOOR, COUNTER, STAMPED };
+static const char *layout_names[] = {"floor", "counter", "stamped"};
 
 static double now_us(void) {
     struct timespec t;
@@ -44,7 +59,7 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static void measure(long trips, int cpu_a, int cpu_b, const char *label) {
+static void measure(long trips, int cpu_a, int cpu_b, const char *label, enum layout layout) {
     struct page *p = mmap(NULL, sizeof *p, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
                           -1, 0);
     if (p == MAP_FAILED) exit(1);
@@ -53,9 +68,14 @@ static void measure(long trips, int cpu_a, int cpu_b, const char *label) {
         pin(cpu_b);
         for (uint64_t seen = 0;;) {
             uint64_t r;
-            while ((r = atomic_load_explicit(&p->request, memory_order_acquire)) == seen)
+            _Atomic uint64_t *polled = layout == FLOOR     ? &p->request
+                                       : layout == COUNTER ? &p->produced
+                                                           : &p->command[2];
+            while ((r = atomic_load_explicit(polled, memory_order_acquire)) == seen)
                 __builtin_ia32_pause();
             seen = r;
+            if (layout != FLOOR)
+                r = atomic_load_explicit(&p->command[0], memory_order_relaxed);
             atomic_store_explicit(&p->reply, r, memory_order_release);
         }
     }
@@ -64,7 +84,15 @@ static void measure(long trips, int cpu_a, int cpu_b, const char *label) {
     double sum = 0;
     for (long i = 0; i < trips; i++) {
         double a = now_us();
-        atomic_store_explicit(&p->request, (uint64_t)i + 1, memory_order_release);
+        uint64_t n = (uint64_t)i + 1;
+        if (layout == FLOOR) {
+            atomic_store_explicit(&p->request, n, memory_order_release);
+        } else {
+            atomic_store_explicit(&p->command[0], n, memory_order_relaxed);
+            atomic_store_explicit(&p->command[2], n, memory_order_release);
+            atomic_store_explicit(&p->produced, n, memory_order_seq_cst);
+            if (atomic_load_explicit(&p->idle, memory_order_seq_cst)) exit(2);
+        }
         while (atomic_load_explicit(&p->reply, memory_order_acquire) != (uint64_t)i + 1)
             __builtin_ia32_pause();
         t[i] = now_us() - a;
@@ -73,7 +101,8 @@ static void measure(long trips, int cpu_a, int cpu_b, const char *label) {
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
     qsort(t, (size_t)trips, sizeof t[0], cmp_double);
-    printf("%s: round trip median %.3f us, mean %.3f us\n", label, t[trips / 2], sum / trips);
+    printf("%-8s %s: round trip median %.3f us, mean %.3f us\n", layout_names[layout], label,
+           t[trips / 2], sum / trips);
     free(t);
     munmap(p, sizeof *p);
     cpu_set_t all;
@@ -85,8 +114,14 @@ static void measure(long trips, int cpu_a, int cpu_b, const char *label) {
 int main(int argc, char **argv) {
     long trips = argc > 1 ? atol(argv[1]) : 200000;
     for (int round = 1; round <= 2; round++) {
-        measure(trips, -1, -1, "unpinned");
-        measure(trips, 2, 4, "CPUs 2 and 4");
+        for (enum layout l = FLOOR; l <= STAMPED; l++) {
+            measure(trips, -1, -1, "unpinned", l);
+            measure(trips, 2, 4, "CPUs 2 and 4", l);
+        }
     }
+    double start = now_us();
+    volatile double sink = 0;
+    for (int i = 0; i < 1000000; i++) sink += now_us();
+    printf("clock_gettime: %.1f ns a call\n", (now_us() - start) * 1e3 / 1e6);
     return 0;
 }

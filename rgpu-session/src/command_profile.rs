@@ -1,16 +1,20 @@
-//! Where a session's launch time goes, for finding the launch-rate gap
-//! against native CUDA (issue 9): with the daemon's `--profile-launches`
+//! Where a session's time goes, for finding the gaps against native CUDA
+//! (issue 9): with the daemon's `--profile-launches`
 //! (`RGPU_PROFILE_LAUNCHES=1`), each session times the stages of every
-//! kernel launch it runs and logs the averages (info level) when it ends.
-//! Off, it costs one branch per command.
+//! kernel launch and of every `cuCtxSynchronize` the guest waits for (the
+//! synchronous round trip), and logs the averages of each (info level)
+//! when it ends. Off, it costs one branch per command.
 
 use std::time::{Duration, Instant};
 
-/// The stages of one launch: read and decode from the ring, execute (the
-/// handle lookups and the driver's call), and the bookkeeping after it.
-#[derive(Debug, Default)]
-pub struct LaunchProfile {
-    launches: u64,
+/// The stages of one kind of command: read and decode from the ring,
+/// execute (the handle lookups and the driver's call), and the bookkeeping
+/// after it (the reply included).
+#[derive(Debug)]
+pub struct CommandProfile {
+    /// What is counted, plural ("launches").
+    kind: &'static str,
+    commands: u64,
     read: Duration,
     execute: Duration,
     after: Duration,
@@ -18,8 +22,20 @@ pub struct LaunchProfile {
     last: Option<Instant>,
 }
 
-impl LaunchProfile {
-    /// One launch: read from `read_at` to `execute_at`, executed until
+impl CommandProfile {
+    pub fn new(kind: &'static str) -> Self {
+        Self {
+            kind,
+            commands: 0,
+            read: Duration::ZERO,
+            execute: Duration::ZERO,
+            after: Duration::ZERO,
+            first: None,
+            last: None,
+        }
+    }
+
+    /// One command: read from `read_at` to `execute_at`, executed until
     /// `executed_at`, its bookkeeping done at `done_at`.
     pub fn add(
         &mut self,
@@ -28,7 +44,7 @@ impl LaunchProfile {
         executed_at: Instant,
         done_at: Instant,
     ) {
-        self.launches += 1;
+        self.commands += 1;
         self.read += execute_at.saturating_duration_since(read_at);
         self.execute += executed_at.saturating_duration_since(execute_at);
         self.after += done_at.saturating_duration_since(executed_at);
@@ -36,16 +52,17 @@ impl LaunchProfile {
         self.last = Some(done_at);
     }
 
-    /// The averages, in nanoseconds per launch; `None` before any launch.
+    /// The averages, in nanoseconds per command; `None` before any.
     pub fn summary(&self) -> Option<String> {
         let (first, last) = (self.first?, self.last?);
-        let per = |d: Duration| d.as_nanos() / u128::from(self.launches.max(1));
+        let per = |d: Duration| d.as_nanos() / u128::from(self.commands.max(1));
         let span = last.saturating_duration_since(first);
         let busy = self.read + self.execute + self.after;
         Some(format!(
-            "{} launches in {:.1} ms, {} ns each: read {} ns, execute {} ns, after {} ns, \
+            "{} {} in {:.1} ms, {} ns each: read {} ns, execute {} ns, after {} ns, \
              other commands and waiting {} ns",
-            self.launches,
+            self.commands,
+            self.kind,
             span.as_secs_f64() * 1e3,
             per(span),
             per(self.read),
@@ -62,7 +79,7 @@ mod tests {
 
     #[test]
     fn the_summary_averages_each_stage() {
-        let mut profile = LaunchProfile::default();
+        let mut profile = CommandProfile::new("launches");
         assert_eq!(profile.summary(), None);
         let t0 = Instant::now();
         let us = Duration::from_micros;
