@@ -11,7 +11,8 @@
 //! - `Blob::read(offset, &mut buf)`, `Blob::write(offset, &buf)`: volatile
 //!   copies across runs;
 //! - `Blob::atomic_u64(offset)`, `Blob::atomic_u32(offset)`: the channel's
-//!   shared counters.
+//!   shared counters; `Blob::shared_word(&blob, offset)` one of them checked
+//!   once and held (read in the worker's spin loop and after every command).
 //!
 //! The guest may write its memory at any time, concurrently with the host:
 //! bytes are copied out (volatile) before they are decoded, and the only Rust
@@ -86,6 +87,31 @@ impl std::fmt::Debug for Blob {
             .field("size", &self.size)
             .field("runs", &self.runs.len())
             .finish()
+    }
+}
+
+/// An 8-byte-aligned word of a blob, shared with the guest, whose bounds
+/// were checked once ([`Blob::shared_word`]).
+#[derive(Debug)]
+pub struct SharedWord {
+    word: std::ptr::NonNull<AtomicU64>,
+    /// Keeps the mapping that `word` points into alive.
+    _blob: Arc<Blob>,
+}
+
+// SAFETY: `word` points into guest memory that the held `Arc<Blob>` keeps
+// mapped; it is only used as an `AtomicU64`, which any thread may access.
+unsafe impl Send for SharedWord {}
+// SAFETY: as for `Send`: shared access goes through atomic operations only.
+unsafe impl Sync for SharedWord {}
+
+impl std::ops::Deref for SharedWord {
+    type Target = AtomicU64;
+
+    fn deref(&self) -> &AtomicU64 {
+        // SAFETY: checked in bounds and aligned by `Blob::atomic_u64`, and
+        // the mapping lives as long as `self` (it holds the blob).
+        unsafe { self.word.as_ref() }
     }
 }
 
@@ -228,6 +254,15 @@ impl Blob {
         let ptr = self.atomic_ptr(offset, 4)?;
         // SAFETY: as in `atomic_u64`, with 4-byte alignment and size.
         Ok(unsafe { &*(ptr as *const AtomicU32) })
+    }
+
+    /// The `u64` at `offset`, checked now and held with the blob.
+    pub fn shared_word(blob: &Arc<Blob>, offset: u64) -> Result<SharedWord, BlobError> {
+        let word = std::ptr::NonNull::from(blob.atomic_u64(offset)?);
+        Ok(SharedWord {
+            word,
+            _blob: Arc::clone(blob),
+        })
     }
 
     fn atomic_ptr(&self, offset: u64, width: u64) -> Result<*mut u8, BlobError> {

@@ -20,6 +20,7 @@ use rgpu_proto::command::{
 use rgpu_proto::cuda_result::CUDA_ERROR_INVALID_VALUE;
 use rgpu_proto::{Command, DecodeError, PROTOCOL_VERSION};
 
+use crate::blob::SharedWord;
 use crate::{Blob, BlobError};
 
 /// Why a `BindChannel` was refused.
@@ -39,6 +40,10 @@ pub enum ChannelError {
     Blob(#[from] BlobError),
 }
 
+/// Bytes of the ring read at once for a command: its header and, for most
+/// commands, its body (a launch with a few parameters).
+const FIRST_READ: usize = 128;
+
 /// What the ring holds at the host's position.
 #[derive(Debug)]
 pub enum RingEntry {
@@ -52,6 +57,11 @@ pub enum RingEntry {
 pub struct Channel {
     blob: Arc<Blob>,
     layout: ChannelLayout,
+    /// The header's counters, checked at bind: read in the spin loop and
+    /// written after every command.
+    produced_word: SharedWord,
+    consumed_word: SharedWord,
+    host_idle_word: SharedWord,
     consumed: u64,
     /// `produced` as last read. Everything below a value the guest
     /// published is whole commands, so the ring is read up to it without
@@ -79,18 +89,20 @@ impl Channel {
             return Err(ChannelError::BadVersion(version));
         }
         // The counters must be usable as atomics before anything else runs.
-        blob.atomic_u64(header + OFFSET_PRODUCED)?;
-        blob.atomic_u64(header + OFFSET_HOST_IDLE)?;
+        let produced_word = Blob::shared_word(&blob, header + OFFSET_PRODUCED)?;
+        let host_idle_word = Blob::shared_word(&blob, header + OFFSET_HOST_IDLE)?;
+        let consumed_word = Blob::shared_word(&blob, header + OFFSET_CONSUMED)?;
         // Resume where the guest says the host is (zero for a fresh channel).
-        let consumed = blob
-            .atomic_u64(header + OFFSET_CONSUMED)?
-            .load(Ordering::Acquire);
+        let consumed = consumed_word.load(Ordering::Acquire);
         if consumed & (COMMAND_ALIGN as u64 - 1) != 0 {
             return Err(ChannelError::BadConsumed(consumed));
         }
         let channel = Self {
             blob,
             layout,
+            produced_word,
+            consumed_word,
+            host_idle_word,
             consumed,
             produced_seen: Cell::new(consumed),
             scratch: Vec::new(),
@@ -109,11 +121,7 @@ impl Channel {
 
     /// The guest's `produced` counter.
     pub fn produced(&self) -> u64 {
-        let produced = self
-            .blob
-            .atomic_u64(self.layout.header_offset + OFFSET_PRODUCED)
-            .map(|a| a.load(Ordering::SeqCst))
-            .unwrap_or(self.consumed);
+        let produced = self.produced_word.load(Ordering::SeqCst);
         self.produced_seen.set(produced);
         produced
     }
@@ -135,12 +143,7 @@ impl Channel {
     }
 
     pub fn set_host_idle(&self, idle: bool) {
-        if let Ok(a) = self
-            .blob
-            .atomic_u64(self.layout.header_offset + OFFSET_HOST_IDLE)
-        {
-            a.store(u64::from(idle), Ordering::SeqCst);
-        }
+        self.host_idle_word.store(u64::from(idle), Ordering::SeqCst);
     }
 
     /// Reads the command at the host's position (the caller checked that the
@@ -181,11 +184,14 @@ impl Channel {
             );
         }
         let at = self.layout.ring_offset + position;
-        let mut raw = [0u8; COMMAND_HEADER_SIZE];
-        if let Err(e) = self.blob.read(at, &mut raw) {
+        // One read for the header and, mostly, the whole command: a second
+        // read only for a command longer than the first.
+        let first = limit.min(FIRST_READ as u64) as usize;
+        self.scratch.resize(first, 0);
+        if let Err(e) = self.blob.read(at, &mut self.scratch) {
             return (RingEntry::Bad(e.to_string()), 0);
         }
-        let header = match CommandHeader::decode(&raw) {
+        let header = match CommandHeader::decode(&self.scratch) {
             Ok(h) => h,
             Err(e) => return (RingEntry::Bad(format!("bad command header: {e}")), 0),
         };
@@ -211,11 +217,15 @@ impl Channel {
             );
         }
         let length = COMMAND_HEADER_SIZE + header.body_len as usize;
-        self.scratch.resize(length, 0);
-        if let Err(e) = self.blob.read(at, &mut self.scratch) {
-            return (RingEntry::Bad(e.to_string()), 0);
+        if length > first {
+            self.scratch.resize(length, 0);
+            let rest = self.scratch.get_mut(first..).unwrap_or_default();
+            if let Err(e) = self.blob.read(at + first as u64, rest) {
+                return (RingEntry::Bad(e.to_string()), 0);
+            }
         }
-        let entry = decode_one(&self.scratch).map_err(|e| (header.reply_seq, e));
+        let command = self.scratch.get(..length).unwrap_or_default();
+        let entry = decode_one(command).map_err(|e| (header.reply_seq, e));
         (RingEntry::Command(entry), padded)
     }
 
@@ -238,12 +248,7 @@ impl Channel {
     }
 
     pub fn publish_consumed(&self) {
-        if let Ok(a) = self
-            .blob
-            .atomic_u64(self.layout.header_offset + OFFSET_CONSUMED)
-        {
-            a.store(self.consumed, Ordering::Release);
-        }
+        self.consumed_word.store(self.consumed, Ordering::Release);
     }
 
     /// Publishes in the completion table that the item of `tag` had
@@ -330,28 +335,28 @@ fn write_reply_record(
     let console_len = console.len().min(console_room);
     let console_bytes = console.get(..console_len).unwrap_or_default();
     let base = layout.reply_offset;
+    // result, len and console_len lie side by side: one write.
+    let mut fields = [0u8; 12];
+    let (result_bytes, lengths) = fields.split_at_mut(4);
+    let (len_bytes, console_len_bytes) = lengths.split_at_mut(4);
+    result_bytes.copy_from_slice(&result.to_le_bytes());
+    len_bytes.copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    console_len_bytes.copy_from_slice(&(console_len as u32).to_le_bytes());
+    const { assert!(REPLY_OFFSET_LEN == REPLY_OFFSET_RESULT + 4) };
+    const { assert!(REPLY_OFFSET_CONSOLE_LEN == REPLY_OFFSET_LEN + 4) };
+    let write_if_any = |offset: u64, bytes: &[u8]| match bytes.is_empty() {
+        true => Ok(()),
+        false => blob.write(offset, bytes),
+    };
     // The reply area was validated at bind: these writes are in bounds.
-    let written = blob
-        .write(base + REPLY_OFFSET_PAYLOAD, payload)
+    let written = write_if_any(base + REPLY_OFFSET_PAYLOAD, payload)
         .and_then(|()| {
-            blob.write(
+            write_if_any(
                 base + REPLY_OFFSET_PAYLOAD + payload.len() as u64,
                 console_bytes,
             )
         })
-        .and_then(|()| {
-            blob.write(
-                base + REPLY_OFFSET_LEN,
-                &(payload.len() as u32).to_le_bytes(),
-            )
-        })
-        .and_then(|()| {
-            blob.write(
-                base + REPLY_OFFSET_CONSOLE_LEN,
-                &(console_len as u32).to_le_bytes(),
-            )
-        })
-        .and_then(|()| blob.write(base + REPLY_OFFSET_RESULT, &result.to_le_bytes()))
+        .and_then(|()| blob.write(base + REPLY_OFFSET_RESULT, &fields))
         .and_then(|()| blob.atomic_u64(base + REPLY_OFFSET_SEQ));
     match written {
         Ok(seq_word) => {

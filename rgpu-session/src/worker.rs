@@ -890,40 +890,47 @@ impl Worker {
         }
     }
 
-    /// Accounts a command's result and answers it if it asked for a reply.
+    /// Answers a command if it asked for a reply, then accounts its result
+    /// (the guest may be spinning on the answer).
     fn finish_command(&mut self, reply_seq: u64, result: CuResult<Vec<u8>>, failed: bool) {
+        let mut copied = 0;
+        match (reply_seq, &self.channel) {
+            (0, _) => {
+                if let (true, Err(code)) = (failed, &result) {
+                    self.remember(*code);
+                }
+            }
+            (_, None) => {}
+            (_, Some(channel)) => {
+                let console = &mut self.console;
+                // An earlier unanswered command's error goes with the next
+                // success; a failure answers with its own.
+                match &result {
+                    Err(code) => {
+                        channel.write_reply_with_console(reply_seq, *code, &[], console);
+                    }
+                    Ok(payload) => match self.sticky.take() {
+                        Some(code) => {
+                            channel.write_reply_with_console(reply_seq, code, &[], console);
+                        }
+                        None => {
+                            copied = channel.write_reply_with_console(
+                                reply_seq,
+                                CUDA_SUCCESS,
+                                payload,
+                                console,
+                            );
+                        }
+                    },
+                }
+            }
+        }
         Counters::add(&self.counters.commands_executed, 1);
         if failed {
             Counters::add(&self.counters.command_errors, 1);
         }
-        if reply_seq == 0 {
-            if let (true, Err(code)) = (failed, &result) {
-                self.remember(*code);
-            }
-            return;
-        }
-        let Some(channel) = &self.channel else {
-            return;
-        };
-        let console = &mut self.console;
-        match result {
-            Ok(payload) => match self.sticky.take() {
-                Some(code) => {
-                    channel.write_reply_with_console(reply_seq, code, &[], console);
-                }
-                None => {
-                    let written = channel.write_reply_with_console(
-                        reply_seq,
-                        CUDA_SUCCESS,
-                        &payload,
-                        console,
-                    );
-                    Counters::add(&self.counters.host_cpu_copy_bytes, written as u64);
-                }
-            },
-            Err(code) => {
-                channel.write_reply_with_console(reply_seq, code, &[], console);
-            }
+        if copied > 0 {
+            Counters::add(&self.counters.host_cpu_copy_bytes, copied as u64);
         }
     }
 
