@@ -133,7 +133,7 @@ else
     exit "$failures"
 fi
 
-native=(env LD_LIBRARY_PATH="$native_dir")
+native=(env -u RGPU_SOCKET -u RGPU_SERVER -u RGPU_DEVICES LD_LIBRARY_PATH="$native_dir")
 through_rgpu=(env RGPU_SOCKET="$socket" LD_LIBRARY_PATH="$work/rgpu-lib")
 
 # Using a destroyed stream handle is undefined behaviour with NVIDIA's

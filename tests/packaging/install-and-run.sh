@@ -12,7 +12,12 @@
 #   tests/packaging/install-and-run.sh PKGDIR PROGRAM_SOURCE_DIR
 #
 # PROGRAM_SOURCE_DIR holds driver_api_test.c, rgpu_cuda.h and
-# reference_kernels.ptx.
+# reference_kernels.ptx. DEMO_BINARY=PATH: run that driver_api_test,
+# already built (linked against libcuda.so.1 with no rpath; a machine with
+# no C compiler, such as tests/packaging/debian13-chroot.sh's chroot),
+# instead of compiling one; PROGRAM_SOURCE_DIR then needs only
+# reference_kernels.ptx. The daemon's log goes to $OUT/rgpu-service.log
+# (OUT defaults to /tmp).
 set -uo pipefail
 pkgdir=$(cd "${1:?usage: install-and-run.sh PKGDIR PROGRAM_SOURCE_DIR}" && pwd)
 src=$(cd "${2:?usage: install-and-run.sh PKGDIR PROGRAM_SOURCE_DIR}" && pwd)
@@ -44,11 +49,20 @@ echo "ExecStart: $exec_start"
 env RGPU_LOG=info ${NVIDIA_LIB_DIR:+LD_LIBRARY_PATH=$NVIDIA_LIB_DIR} \
     setpriv --regid rgpu --clear-groups $exec_start >"${OUT:-/tmp}/rgpu-service.log" 2>&1 &
 daemon_pid=$!
-for _ in $(seq 100); do [ -S /run/rgpu/local.sock ] && break; sleep 0.1; done
+# At most 10 s, less if the daemon exits first.
+for _ in $(seq 100); do
+    [ -S /run/rgpu/local.sock ] && break
+    kill -0 "$daemon_pid" 2>/dev/null || break
+    sleep 0.1
+done
 ls -l /run/rgpu
 
-cc -O2 -std=c11 -I "$src" -o /tmp/driver_api_test "$src/driver_api_test.c" \
-    "$guest/usr/lib/rgpu/libcuda.so.1" -Wl,-rpath,"$guest/usr/lib/rgpu" || fail "build driver_api_test"
+if [ -n "${DEMO_BINARY:-}" ]; then
+    install -m 0755 "$DEMO_BINARY" /tmp/driver_api_test || fail "copy $DEMO_BINARY"
+else
+    cc -O2 -std=c11 -I "$src" -o /tmp/driver_api_test "$src/driver_api_test.c" \
+        "$guest/usr/lib/rgpu/libcuda.so.1" -Wl,-rpath,"$guest/usr/lib/rgpu" || fail "build driver_api_test"
+fi
 install -m 0644 "$src/reference_kernels.ptx" /tmp/rgpu-reference_kernels.ptx
 chmod 0755 /tmp/driver_api_test "$guest" && chmod -R a+rX "$guest"
 id rgpu-demo >/dev/null 2>&1 || useradd -m -G rgpu rgpu-demo
@@ -56,7 +70,7 @@ id rgpu-stranger >/dev/null 2>&1 || useradd -m rgpu-stranger
 # The guest library as the guest package's ld.so.conf.d entry would find
 # it, ahead of any LD_LIBRARY_PATH of this machine's (NVIDIA's driver).
 guest_env=(env LD_LIBRARY_PATH="$guest/usr/lib/rgpu" RGPU_SOCKET=/run/rgpu/local.sock)
-out=$(runuser -u rgpu-demo -- "${guest_env[@]}" /tmp/driver_api_test \
+out=$(timeout -k 10 300 runuser -u rgpu-demo -- "${guest_env[@]}" /tmp/driver_api_test \
     --ptx /tmp/rgpu-reference_kernels.ptx 2>&1)
 rc=$?
 echo "$out" | tail -2
@@ -65,7 +79,7 @@ if [ "$rc" -eq 0 ] && grep -q "^driver_api_test: [0-9]* checks passed" <<<"$out"
 else
     fail "driver_api_test as rgpu-demo" "exit $rc"
 fi
-out=$(runuser -u rgpu-stranger -- "${guest_env[@]}" /tmp/driver_api_test \
+out=$(timeout -k 10 60 runuser -u rgpu-stranger -- "${guest_env[@]}" /tmp/driver_api_test \
     --ptx /tmp/rgpu-reference_kernels.ptx 2>&1)
 grep -m1 "Permission denied" <<<"$out"
 grep -q "Permission denied" <<<"$out" && pass "a user outside group rgpu is refused" ||
