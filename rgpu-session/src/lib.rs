@@ -43,7 +43,7 @@ pub use session::{Completion, Session, SessionError};
 pub use settings::SessionSettings;
 pub use shareable::ShareableRegistry;
 pub use shared_ledger::ShareLedger;
-pub use tenant::{Overdue, Tenant};
+pub use tenant::{Overdue, Tenant, WaitWatch};
 
 /// The guest memory type of the daemon (vhost-user shared memory regions).
 pub type GuestMemory = vm_memory::GuestMemoryMmap<()>;

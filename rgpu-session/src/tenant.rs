@@ -14,7 +14,7 @@
 //! ([`crate::ipc`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use rgpu_proto::reply::{SessionUsage, MAX_STATUS_SESSIONS};
@@ -39,9 +39,10 @@ pub(crate) struct Usage {
     pid: Option<u32>,
     device_memory: AtomicU64,
     has_context: AtomicBool,
-    /// When the session started waiting for the GPU (nanoseconds since
-    /// [`clock_base`], plus one; 0: not waiting), for the watchdog.
-    waiting_since: AtomicU64,
+    /// Odd while the session waits for the GPU, a new value for each wait
+    /// (only the session writes it): the watchdog ([`WaitWatch`]) times a
+    /// mark it keeps seeing, so waiting costs no clock read.
+    wait_mark: AtomicU64,
     /// The reply the guest waits for meanwhile (0: none).
     waiting_reply: AtomicU64,
     /// Where that reply goes (the bound channel's reply area).
@@ -79,11 +80,17 @@ impl Usage {
     /// waits for reply `reply_seq` (0: none).
     pub(crate) fn begin_wait(&self, reply_seq: u64) {
         self.waiting_reply.store(reply_seq, Ordering::Relaxed);
-        self.waiting_since.store(now_ns(), Ordering::Release);
+        let mark = self.wait_mark.load(Ordering::Relaxed);
+        self.wait_mark
+            .store((mark | 1).wrapping_add(2), Ordering::Release);
     }
 
     pub(crate) fn end_wait(&self) {
-        self.waiting_since.store(0, Ordering::Release);
+        let mark = self.wait_mark.load(Ordering::Relaxed);
+        if mark & 1 == 1 {
+            self.wait_mark
+                .store(mark.wrapping_add(1), Ordering::Release);
+        }
     }
 
     pub(crate) fn set_reply_target(&self, target: Option<ReplyTarget>) {
@@ -141,13 +148,11 @@ impl Overdue {
     }
 }
 
-/// Nanoseconds since the first call in this process, plus one (never 0).
-fn now_ns() -> u64 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    let base = *BASE.get_or_init(Instant::now);
-    u64::try_from(base.elapsed().as_nanos())
-        .unwrap_or(u64::MAX)
-        .saturating_add(1)
+/// What the watchdog saw of each session's wait at its last look: the wait
+/// mark and when it first saw it.
+#[derive(Debug, Default)]
+pub struct WaitWatch {
+    since: std::collections::HashMap<u32, (u64, Instant)>,
 }
 
 impl Tenant {
@@ -270,7 +275,7 @@ impl Tenant {
             pid,
             device_memory: AtomicU64::new(0),
             has_context: AtomicBool::new(false),
-            waiting_since: AtomicU64::new(0),
+            wait_mark: AtomicU64::new(0),
             waiting_reply: AtomicU64::new(0),
             reply_target: Mutex::new(None),
         });
@@ -284,13 +289,28 @@ impl Tenant {
 
     /// A session that has waited for the GPU longer than `limit` (a kernel
     /// that overran the watchdog): its context, the reply its guest waits
-    /// for, and where that reply goes.
-    pub fn overdue(&self, limit: Duration) -> Option<Overdue> {
-        let now = now_ns();
-        let limit = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
-        self.lock().iter().find_map(|u| {
-            let since = u.waiting_since.load(Ordering::Acquire);
-            (since != 0 && now.saturating_sub(since) > limit).then(|| Overdue {
+    /// for, and where that reply goes. `watch` remembers, between calls,
+    /// since when each session has been in the wait it is in.
+    pub fn overdue(&self, limit: Duration, watch: &mut WaitWatch) -> Option<Overdue> {
+        let now = Instant::now();
+        let sessions = self.lock();
+        watch
+            .since
+            .retain(|ctx_id, _| sessions.iter().any(|u| u.ctx_id == *ctx_id));
+        sessions.iter().find_map(|u| {
+            let mark = u.wait_mark.load(Ordering::Acquire);
+            if mark & 1 == 0 {
+                watch.since.remove(&u.ctx_id);
+                return None;
+            }
+            let since = match watch.since.get(&u.ctx_id) {
+                Some(&(seen, since)) if seen == mark => since,
+                _ => {
+                    watch.since.insert(u.ctx_id, (mark, now));
+                    now
+                }
+            };
+            (now.saturating_duration_since(since) > limit).then(|| Overdue {
                 ctx_id: u.ctx_id,
                 reply_seq: u.waiting_reply.load(Ordering::Relaxed),
                 reply_target: u

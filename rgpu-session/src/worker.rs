@@ -785,13 +785,6 @@ impl Worker {
                                 _ => self.look_at_completions(end),
                             }
                         }
-                        if result.is_ok() {
-                            let tracked = admission.or_else(|| {
-                                matches!(decoded.command, Command::CtxSynchronize)
-                                    .then_some(Admission::Free)
-                            });
-                            self.track(&decoded.command, tracked);
-                        }
                         if matches!(
                             decoded.command,
                             Command::LaunchKernel { .. }
@@ -824,7 +817,17 @@ impl Worker {
                                 Err(code) => *code,
                             }
                         );
+                        let succeeded = result.is_ok();
                         self.finish_command(decoded.reply_seq, result, failed);
+                        // The scheduler's view after the answer: the guest
+                        // may be spinning on it.
+                        if succeeded {
+                            let tracked = admission.or_else(|| {
+                                matches!(decoded.command, Command::CtxSynchronize)
+                                    .then_some(Admission::Free)
+                            });
+                            self.track(&decoded.command, tracked);
+                        }
                         self.advance(len);
                         // The scheduler's clock read serves when there was one.
                         let due = self.completions.watching()

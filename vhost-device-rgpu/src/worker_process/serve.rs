@@ -128,9 +128,10 @@ pub fn serve(
 /// whose context the driver tore down.
 fn watch(tenant: &Tenant, limit: Duration) {
     let period = (limit / 4).clamp(Duration::from_millis(10), Duration::from_millis(200));
+    let mut waits = rgpu_session::WaitWatch::default();
     loop {
         std::thread::sleep(period);
-        if let Some(overdue) = tenant.overdue(limit) {
+        if let Some(overdue) = tenant.overdue(limit, &mut waits) {
             warn!(
                 "context {}: GPU work ran past the {limit:?} kernel timeout; ending this guest \
                  process's worker",
