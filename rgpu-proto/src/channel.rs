@@ -19,6 +19,16 @@
 //! A command never wraps around the ring's end: the guest fills the tail with
 //! a `Padding` command instead. Ring size is a power of two.
 //!
+//! Every command the guest writes into the ring carries, in its header's
+//! last word, the stamp of its position ([`ring_stamp`] with the key the
+//! guest put at [`OFFSET_STAMP_KEY`]), stored last with release. The host
+//! polls the word where the next command goes, so it sees a new command
+//! with the one cache line that holds it, not `produced`'s line first and
+//! then the command's; `produced` still says how far the guest published
+//! (for the doorbell rule above, and for writers that stamp nothing). The
+//! key makes a stale or data-filled slot that reads as the stamp of a
+//! position a 2^-64 accident; a guest that forges one confuses only itself.
+//!
 //! The rest of the control header, from [`OFFSET_COMPLETIONS`], is the
 //! completion table (queries that never wait): the host publishes there
 //! which events and streams it has seen complete, so `cuEventQuery` and
@@ -39,6 +49,15 @@ pub const OFFSET_VERSION: u64 = 4;
 pub const OFFSET_PRODUCED: u64 = 64;
 pub const OFFSET_CONSUMED: u64 = 128;
 pub const OFFSET_HOST_IDLE: u64 = 192;
+/// The guest's key for [`ring_stamp`] (written before it binds).
+pub const OFFSET_STAMP_KEY: u64 = 256;
+
+/// The stamp of a command at ring position `position` (bytes since the
+/// channel was bound): injective in the position (commands start at
+/// multiples of 8), never 0.
+pub const fn ring_stamp(key: u64, position: u64) -> u64 {
+    (position ^ key) | 1
+}
 
 /// Where the completion table starts in the control header.
 pub const OFFSET_COMPLETIONS: u64 = 512;
@@ -162,7 +181,7 @@ mod tests {
     #[test]
     fn completion_slots_fill_the_rest_of_the_header() {
         assert_eq!(COMPLETION_SLOTS, 224);
-        const { assert!(OFFSET_COMPLETIONS >= OFFSET_HOST_IDLE + 64) };
+        const { assert!(OFFSET_COMPLETIONS >= OFFSET_STAMP_KEY + 64) };
         let mut used = std::collections::HashSet::new();
         for handle in 1..=64 {
             let kind = if handle % 2 == 0 {

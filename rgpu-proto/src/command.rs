@@ -1,6 +1,6 @@
 //! Commands from the guest to the host.
 //!
-//! A command is a 16-byte [`CommandHeader`] followed by its body. Commands are
+//! A command is a 24-byte [`CommandHeader`] followed by its body. Commands are
 //! laid out 8-byte aligned one after another, in a `SUBMIT_3D` payload or in
 //! the shared command ring of a channel ([`crate::channel`]).
 //!
@@ -13,7 +13,9 @@ use crate::wire::{DecodeError, WireReader, WireWriter};
 use crate::{MAX_KERNEL_PARAMS_BYTES, MAX_NAME_BYTES};
 
 /// Size of [`CommandHeader`] on the wire.
-pub const COMMAND_HEADER_SIZE: usize = 16;
+pub const COMMAND_HEADER_SIZE: usize = 24;
+/// Where [`CommandHeader::stamp`] lies in a header: its last word.
+pub const COMMAND_STAMP_OFFSET: usize = 16;
 /// Commands start at multiples of this.
 pub const COMMAND_ALIGN: usize = 8;
 /// Largest command body accepted, Padding excepted (a kernel's parameters
@@ -32,6 +34,10 @@ pub struct CommandHeader {
     /// after the command completed. Zero: no reply; a failure is remembered
     /// and returned by the next command that asks for a reply.
     pub reply_seq: u64,
+    /// In a channel's ring, [`crate::channel::ring_stamp`] of the command's
+    /// position, written last: the host finds a new command by polling for
+    /// it. Zero elsewhere; never trusted for anything but that.
+    pub stamp: u64,
 }
 
 impl CommandHeader {
@@ -42,6 +48,7 @@ impl CommandHeader {
             flags: r.u16()?,
             body_len: r.u32()?,
             reply_seq: r.u64()?,
+            stamp: r.u64()?,
         };
         // A Padding body is never copied or decoded (it fills the ring's tail
         // or carries inline data for the next command), so it may be as long
@@ -64,7 +71,8 @@ impl CommandHeader {
         w.u16(self.opcode)
             .u16(self.flags)
             .u32(self.body_len)
-            .u64(self.reply_seq);
+            .u64(self.reply_seq)
+            .u64(self.stamp);
     }
 
     /// Header plus body, rounded up to [`COMMAND_ALIGN`].
@@ -941,6 +949,7 @@ macro_rules! commands {
                     flags: 0,
                     body_len: self.body_len() as u32,
                     reply_seq,
+                    stamp: 0,
                 }
                 .encode(w);
                 self.encode_body(w);

@@ -30,7 +30,9 @@ pub use wire::DecodeError;
 /// carries another major version. Version 2 added console output to the
 /// reply record (`channel::REPLY_OFFSET_CONSOLE_LEN`); version 3 dropped the
 /// reserved words from command bodies (one table defines every command);
-/// version 4 gave `LaunchKernelEx` the launch attributes it carries.
+/// version 4 gave `LaunchKernelEx` the launch attributes it carries;
+/// version 5 gave the command header its ring stamp
+/// ([`CommandHeader::stamp`], `channel::ring_stamp`).
 /// Commands added to the table without changing another (the `Ipc*`
 /// commands; the graph-building `GraphCreate`, `GraphClone`,
 /// `GraphAdd*Node` (memory-allocation and free nodes, pitched memcpy nodes
@@ -41,7 +43,7 @@ pub use wire::DecodeError;
 /// operations and the shareable-handle `Mem{Export,Import}Shareable`) keep
 /// the version: a daemon that does not know one answers it
 /// `CUDA_ERROR_INVALID_VALUE` as an undecodable command, and the call fails.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// The virtio-gpu capability-set id of the rgpu CUDA context type.
 ///

@@ -10,12 +10,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rgpu_proto::channel::{
-    completion_offset, validate_layout, CHANNEL_MAGIC, OFFSET_CONSUMED, OFFSET_HOST_IDLE,
-    OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_VERSION, REPLY_OFFSET_CONSOLE_LEN, REPLY_OFFSET_LEN,
-    REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
+    completion_offset, ring_stamp, validate_layout, CHANNEL_MAGIC, OFFSET_CONSUMED,
+    OFFSET_HOST_IDLE, OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_STAMP_KEY, OFFSET_VERSION,
+    REPLY_OFFSET_CONSOLE_LEN, REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT,
+    REPLY_OFFSET_SEQ,
 };
 use rgpu_proto::command::{
     decode_one, ChannelLayout, CommandHeader, Decoded, Opcode, COMMAND_ALIGN, COMMAND_HEADER_SIZE,
+    COMMAND_STAMP_OFFSET,
 };
 use rgpu_proto::cuda_result::CUDA_ERROR_INVALID_VALUE;
 use rgpu_proto::{Command, DecodeError, PROTOCOL_VERSION};
@@ -70,6 +72,11 @@ pub struct Channel {
     produced_seen: Cell<u64>,
     /// Reused buffer for copying commands out of guest memory.
     scratch: Vec<u8>,
+    /// The guest's key for ring stamps, read at bind.
+    stamp_key: u64,
+    /// A position whose stamp is not believed: the command there poisoned
+    /// the ring, and `produced` has not passed it yet.
+    distrusted: Option<u64>,
 }
 
 impl Channel {
@@ -97,6 +104,9 @@ impl Channel {
         if consumed & (COMMAND_ALIGN as u64 - 1) != 0 {
             return Err(ChannelError::BadConsumed(consumed));
         }
+        let stamp_key = blob
+            .atomic_u64(header + OFFSET_STAMP_KEY)?
+            .load(Ordering::Acquire);
         let channel = Self {
             blob,
             layout,
@@ -106,6 +116,8 @@ impl Channel {
             consumed,
             produced_seen: Cell::new(consumed),
             scratch: Vec::new(),
+            stamp_key,
+            distrusted: None,
         };
         channel.set_host_idle(false);
         Ok(channel)
@@ -126,20 +138,39 @@ impl Channel {
         produced
     }
 
-    /// How far the guest has published: the value last read while it is
-    /// still ahead of `consumed`, else the counter read again.
-    fn produced_ahead(&self) -> u64 {
-        let seen = self.produced_seen.get();
-        if seen > self.consumed {
-            seen
-        } else {
-            self.produced()
-        }
-    }
-
     /// Whether the ring holds commands the host has not executed.
     pub fn has_work(&self) -> bool {
-        self.produced_ahead() > self.consumed
+        self.readable() > 0
+    }
+
+    /// Bytes from the host's position that hold published commands: up to
+    /// `produced` as last read while it is ahead, else up to the ring's end
+    /// if the next command's stamp is there, else up to `produced` read
+    /// again (0: nothing yet).
+    fn readable(&self) -> u64 {
+        let seen = self.produced_seen.get();
+        if seen > self.consumed {
+            return seen - self.consumed;
+        }
+        if self.stamped() {
+            let position = self.consumed & (self.layout.ring_size - 1);
+            return self.layout.ring_size - position;
+        }
+        self.produced().saturating_sub(self.consumed)
+    }
+
+    /// Whether the next command's header carries the stamp of its position.
+    fn stamped(&self) -> bool {
+        let position = self.consumed & (self.layout.ring_size - 1);
+        if self.layout.ring_size - position < COMMAND_HEADER_SIZE as u64
+            || self.distrusted == Some(self.consumed)
+        {
+            return false;
+        }
+        let word = self.layout.ring_offset + position + COMMAND_STAMP_OFFSET as u64;
+        self.blob
+            .atomic_u64(word)
+            .is_ok_and(|w| w.load(Ordering::Acquire) == ring_stamp(self.stamp_key, self.consumed))
     }
 
     pub fn set_host_idle(&self, idle: bool) {
@@ -149,8 +180,7 @@ impl Channel {
     /// Reads the command at the host's position (the caller checked that the
     /// ring is not empty). Does not advance.
     pub fn read(&mut self) -> (RingEntry, u64) {
-        let produced = self.produced_ahead();
-        let available = produced.saturating_sub(self.consumed);
+        let available = self.readable();
         let ring_size = self.layout.ring_size;
         // Ring size is a power of two (validated at bind).
         let position = self.consumed & (ring_size - 1);
@@ -158,7 +188,8 @@ impl Channel {
         if available > ring_size {
             return (
                 RingEntry::Bad(format!(
-                    "produced {produced} is more than a ring ahead of consumed {}",
+                    "produced {} is more than a ring ahead of consumed {}",
+                    self.produced_seen.get(),
                     self.consumed
                 )),
                 0,
@@ -244,6 +275,9 @@ impl Channel {
     /// `produced`, aligned or not, so that the ring is empty afterwards.
     pub fn skip_to_produced(&mut self) {
         self.consumed = self.consumed.max(self.produced());
+        // The bad command may lie past `produced` (found by its stamp):
+        // its stamp is not believed again.
+        self.distrusted = Some(self.consumed);
         self.publish_consumed();
     }
 

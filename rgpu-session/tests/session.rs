@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use guest::*;
 use rgpu_executor::sim::{SimExecutor, SIM_TOTAL_MEM};
 use rgpu_proto::channel::{OFFSET_HOST_IDLE, OFFSET_MAGIC};
-use rgpu_proto::command::{CommandHeader, Launch};
+use rgpu_proto::command::{CommandHeader, Launch, COMMAND_HEADER_SIZE, COMMAND_STAMP_OFFSET};
 use rgpu_proto::cuda_result::{
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS,
 };
@@ -353,6 +353,7 @@ fn garbage_poisons_the_ring_but_the_session_keeps_answering() {
         flags: 0,
         body_len: 8,
         reply_seq: 0,
+        stamp: 0,
     }
     .encode(&mut w);
     guest.push_raw(&session, w.as_bytes());
@@ -369,6 +370,7 @@ fn garbage_poisons_the_ring_but_the_session_keeps_answering() {
         flags: 0,
         body_len: 8,
         reply_seq: seq,
+        stamp: 0,
     }
     .encode(&mut w);
     w.u64(0);
@@ -398,6 +400,60 @@ fn a_wild_produced_counter_is_skipped_once() {
         assert_eq!(result, CUDA_SUCCESS);
     }
     assert_eq!(Counters::get(&counters.command_errors), 1);
+    session.shutdown();
+}
+
+/// Waits (a bounded time) for the reply numbered `seq`.
+fn await_reply(guest: &Guest, seq: u64) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (got, result, _) = guest.reply();
+        if got == seq {
+            return result;
+        }
+        assert!(Instant::now() < deadline, "no reply {seq} (last {got})");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_stamped_command_runs_before_produced_says_so_and_a_stale_stamp_does_not() {
+    let mut guest = Guest::new();
+    // The host polls its ring for 5 s after each command.
+    let tenant = rgpu_session::Tenant::with_settings(rgpu_session::SessionSettings::new(
+        5_000_000, 50, 0, None,
+    ));
+    let counters = Arc::new(Counters::default());
+    let session = guest.start_in(Arc::new(SimExecutor::new()), counters.clone(), tenant);
+    let (result, _) = guest.call(&session, Command::CtxSynchronize);
+    assert_eq!(result, CUDA_SUCCESS);
+
+    // The stamp of another position: not a command yet.
+    let before = guest.produced;
+    let stale = guest.next_seq;
+    guest.next_seq += 1;
+    guest.push_stamped(&session, &Command::CtxSynchronize, stale, Some(before + 8));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_ne!(guest.reply().0, stale);
+    assert_eq!(guest.consumed(), before);
+    // `produced` says it is: it runs.
+    guest.publish();
+    assert_eq!(await_reply(&guest, stale), CUDA_SUCCESS);
+
+    // Its own position's stamp and nothing else: it runs, past `produced`.
+    let published = guest.produced;
+    let stamped = guest.next_seq;
+    guest.next_seq += 1;
+    guest.push_stamped(&session, &Command::CtxSynchronize, stamped, None);
+    assert_eq!(await_reply(&guest, stamped), CUDA_SUCCESS);
+    assert!(guest.consumed() > published);
+    assert_eq!(
+        guest.counter(rgpu_proto::channel::OFFSET_PRODUCED),
+        published
+    );
+    guest.publish();
+    let (result, _) = guest.call(&session, Command::CtxSynchronize);
+    assert_eq!(result, CUDA_SUCCESS);
     session.shutdown();
 }
 

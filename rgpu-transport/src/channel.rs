@@ -23,12 +23,14 @@ use std::time::{Duration, Instant};
 
 use rgpu_proto::batch::encode_batch;
 use rgpu_proto::channel::{
-    self as proto, completion_offset, completion_tag, CompletionKind, CHANNEL_MAGIC,
+    self as proto, completion_offset, completion_tag, ring_stamp, CompletionKind, CHANNEL_MAGIC,
     COMPLETION_FAILED, HEADER_SIZE, OFFSET_CONSUMED, OFFSET_HOST_IDLE, OFFSET_MAGIC,
-    OFFSET_PRODUCED, OFFSET_VERSION, REPLY_OFFSET_CONSOLE_LEN, REPLY_OFFSET_LEN,
+    OFFSET_PRODUCED, OFFSET_STAMP_KEY, OFFSET_VERSION, REPLY_OFFSET_CONSOLE_LEN, REPLY_OFFSET_LEN,
     REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
 };
-use rgpu_proto::command::{padded, ChannelLayout, CommandHeader, COMMAND_HEADER_SIZE};
+use rgpu_proto::command::{
+    padded, ChannelLayout, CommandHeader, COMMAND_HEADER_SIZE, COMMAND_STAMP_OFFSET,
+};
 use rgpu_proto::cuda_result::CUDA_SUCCESS;
 use rgpu_proto::wire::WireWriter;
 use rgpu_proto::{BlobRange, Command, ControlCommand, Opcode, PROTOCOL_VERSION};
@@ -228,6 +230,8 @@ pub struct Channel {
     console: Mutex<Option<Vec<u8>>>,
     /// The CPU has `prefetchw` ([`Channel::prepare_next`]).
     prefetch_writable: bool,
+    /// The key of this channel's ring stamps (rgpu-proto `channel`).
+    stamp_key: u64,
 }
 
 impl Channel {
@@ -269,6 +273,7 @@ impl Channel {
             prefetch_writable: has_prefetchw(),
             #[cfg(not(target_arch = "x86_64"))]
             prefetch_writable: false,
+            stamp_key: random_key(),
         };
         if let Err(e) = channel.bind() {
             let _ = channel.close();
@@ -294,6 +299,9 @@ impl Channel {
             self.at(self.layout.header_offset + OFFSET_VERSION)
                 .cast::<u32>()
                 .write_volatile(PROTOCOL_VERSION.to_le());
+            self.at(self.layout.header_offset + OFFSET_STAMP_KEY)
+                .cast::<u64>()
+                .write_volatile(self.stamp_key.to_le());
         }
         std::sync::atomic::fence(Ordering::SeqCst);
         let batch = encode_batch(&[(
@@ -719,8 +727,9 @@ impl Channel {
                     // piece <= header + MAX_PADDING_BODY.
                     body_len: (piece - header) as u32,
                     reply_seq: 0,
+                    stamp: 0,
                 };
-                self.write_header(state.produced % ring, &padding);
+                self.write_header(state.produced, &padding);
                 state.produced += piece;
                 left -= piece;
             }
@@ -743,10 +752,35 @@ impl Channel {
         }
     }
 
-    fn write_header(&self, pos: u64, header: &CommandHeader) {
+    /// Writes an encoded command (its header's stamp word not yet set) at
+    /// ring position `at` (bytes since bind), then its stamp, last, with
+    /// release: the host may take the command as soon as it sees the stamp.
+    fn write_entry(&self, at: u64, bytes: &[u8]) {
+        let pos = at % self.layout.ring_size;
+        let (head, rest) = bytes.split_at(COMMAND_STAMP_OFFSET.min(bytes.len()));
+        let body = rest
+            .get(COMMAND_HEADER_SIZE - COMMAND_STAMP_OFFSET..)
+            .unwrap_or_default();
+        self.write_bytes(pos, head);
+        self.write_bytes(pos + COMMAND_HEADER_SIZE as u64, body);
+        self.counter_in_ring(pos + COMMAND_STAMP_OFFSET as u64)
+            .store(ring_stamp(self.stamp_key, at), Ordering::Release);
+    }
+
+    /// The stamp word of the command at ring position `pos`.
+    fn counter_in_ring(&self, pos: u64) -> &AtomicU64 {
+        debug_assert!(pos.is_multiple_of(8) && pos + 8 <= self.layout.ring_size);
+        // SAFETY: commands start 8-aligned inside the ring (a power of two
+        // of at least 4 KiB, 8-aligned in a page-aligned blob) and `reserve`
+        // left room for a whole header there; the host reads the word only
+        // atomically.
+        unsafe { AtomicU64::from_ptr(self.at(self.layout.ring_offset + pos).cast()) }
+    }
+
+    fn write_header(&self, at: u64, header: &CommandHeader) {
         let mut w = WireWriter::with_capacity(COMMAND_HEADER_SIZE);
         header.encode(&mut w);
-        self.write_bytes(pos, w.as_bytes());
+        self.write_entry(at, w.as_bytes());
     }
 
     fn write_command(
@@ -756,8 +790,8 @@ impl Channel {
         seq: u64,
     ) -> Result<(), CarrierError> {
         let bytes = command.to_bytes(seq);
-        let pos = self.reserve(state, bytes.len() as u64)?;
-        self.write_bytes(pos, &bytes);
+        self.reserve(state, bytes.len() as u64)?;
+        self.write_entry(state.produced, &bytes);
         state.produced += bytes.len() as u64;
         self.note(command, state.produced);
         self.publish(state)
@@ -803,13 +837,14 @@ impl Channel {
             ));
         }
         self.write_header(
-            pos,
+            state.produced,
             &CommandHeader {
                 opcode: Opcode::Padding as u16,
                 flags: 0,
                 // data.len() <= inline_limit() <= MAX_PADDING_BODY.
                 body_len: data.len() as u32,
                 reply_seq: 0,
+                stamp: 0,
             },
         );
         let data_pos = pos + COMMAND_HEADER_SIZE as u64;
@@ -824,7 +859,7 @@ impl Channel {
                 data.len(),
             );
         }
-        self.write_bytes(pos + staged, &command);
+        self.write_entry(state.produced + staged, &command);
         state.produced += staged + command_len;
         self.note(&made, state.produced);
         self.publish(state)
@@ -990,6 +1025,20 @@ fn has_prefetchw() -> bool {
     // when the CPU reports it.
     let highest = core::arch::x86_64::__cpuid(0x8000_0000).eax;
     highest >= 0x8000_0001 && core::arch::x86_64::__cpuid(0x8000_0001).ecx & (1 << 8) != 0
+}
+
+/// A key for this channel's ring stamps: random enough that no stale byte
+/// pattern matches by accident (the std hasher's keys are random per
+/// process and per call).
+fn random_key() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish()
 }
 
 /// Polls of a counter between two reads of the clock while spinning.

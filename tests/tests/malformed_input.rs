@@ -452,6 +452,7 @@ fn raw_command(opcode: u16, body_len: u32, body: &[u8]) -> Vec<u8> {
         flags: 0,
         body_len,
         reply_seq: 1,
+        stamp: 0,
     }
     .encode(&mut w);
     w.raw(body).pad_to(8);

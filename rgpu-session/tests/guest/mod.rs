@@ -14,10 +14,12 @@ use rgpu_executor::sim::SimExecutor;
 use rgpu_executor::{ContextExecutor, CuResult, DeviceStatus, Executor, HostRun};
 use rgpu_proto::capset::DeviceInfo;
 use rgpu_proto::channel::{
-    CHANNEL_MAGIC, OFFSET_CONSUMED, OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_VERSION,
-    REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
+    ring_stamp, CHANNEL_MAGIC, OFFSET_CONSUMED, OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_STAMP_KEY,
+    OFFSET_VERSION, REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
 };
-use rgpu_proto::command::{ChannelLayout, CommandHeader, Decoded, COMMAND_HEADER_SIZE};
+use rgpu_proto::command::{
+    ChannelLayout, CommandHeader, Decoded, COMMAND_HEADER_SIZE, COMMAND_STAMP_OFFSET,
+};
 use rgpu_proto::cuda_result::CUDA_SUCCESS;
 use rgpu_proto::reply::decode_u64s;
 use rgpu_proto::virtio_gpu::MemEntry;
@@ -132,6 +134,8 @@ pub struct Guest {
     pub data: Blob,
     pub produced: u64,
     pub next_seq: u64,
+    /// The key of the ring stamps ([`Guest::push_stamped`]).
+    pub stamp_key: u64,
 }
 
 impl Guest {
@@ -150,12 +154,17 @@ impl Guest {
                 &PROTOCOL_VERSION.to_le_bytes(),
             )
             .unwrap();
+        let stamp_key: u64 = 0x5eed_0f57_a39b_1d2c;
+        channel
+            .write(HEADER_OFFSET + OFFSET_STAMP_KEY, &stamp_key.to_le_bytes())
+            .unwrap();
         Self {
             memory,
             channel,
             data,
             produced: 0,
             next_seq: 1,
+            stamp_key,
         }
     }
 
@@ -244,6 +253,7 @@ impl Guest {
                     flags: 0,
                     body_len: (tail - COMMAND_HEADER_SIZE as u64) as u32,
                     reply_seq: 0,
+                    stamp: 0,
                 }
                 .encode(&mut w);
                 self.channel
@@ -261,6 +271,34 @@ impl Guest {
         let position = self.reserve(session, bytes.len() as u64);
         self.channel.write(RING_OFFSET + position, bytes).unwrap();
         self.produced += bytes.len() as u64;
+    }
+
+    /// Writes `command` with the stamp of its position (or of `stamp_at`
+    /// when given: a stale one), stamp last, and does not publish it.
+    pub fn push_stamped(
+        &mut self,
+        session: &Session,
+        command: &Command,
+        seq: u64,
+        stamp_at: Option<u64>,
+    ) {
+        self.push_raw_stamped(session, &command.to_bytes(seq), stamp_at);
+    }
+
+    /// [`Guest::push_stamped`] for raw bytes (a whole header at least).
+    pub fn push_raw_stamped(&mut self, session: &Session, bytes: &[u8], stamp_at: Option<u64>) {
+        // (Padding that `reserve` writes at the ring's end is unstamped.)
+        let position = self.reserve(session, bytes.len() as u64);
+        let at = self.produced;
+        self.channel.write(RING_OFFSET + position, bytes).unwrap();
+        self.channel
+            .atomic_u64(RING_OFFSET + position + COMMAND_STAMP_OFFSET as u64)
+            .unwrap()
+            .store(
+                ring_stamp(self.stamp_key, stamp_at.unwrap_or(at)),
+                Ordering::Release,
+            );
+        self.produced = at + bytes.len() as u64;
     }
 
     pub fn push(&mut self, session: &Session, command: &Command, seq: u64) {
@@ -318,6 +356,7 @@ impl Guest {
             flags: 0,
             body_len: data.len() as u32,
             reply_seq: 0,
+            stamp: 0,
         }
         .encode(&mut w);
         w.raw(data).pad_to(8);

@@ -731,9 +731,8 @@ fn threads_share_a_channel() {
 fn long_tail_padding_is_one_decodable_piece() {
     let host = FakeHost::new(Duration::ZERO, Duration::from_micros(20));
     let channel = open(&host, config(256 << 10, 4096, Duration::from_micros(50)));
-    // One 40-byte and 6142 32-byte commands leave 65560 bytes before the
-    // end: less than a 64 KiB inline copy needs, more than one padding
-    // command may cover.
+    // One 48-byte and 4914 40-byte commands leave 65536 bytes before the
+    // end: less than a 64 KiB inline copy needs.
     channel
         .send(&Command::ModuleGetFunction {
             module: 1,
@@ -741,7 +740,7 @@ fn long_tail_padding_is_one_decodable_piece() {
             name: b"abcde".to_vec(),
         })
         .unwrap();
-    for i in 0..6142 {
+    for i in 0..4914 {
         channel
             .send(&Command::StreamCreate {
                 stream: i,
@@ -763,9 +762,9 @@ fn long_tail_padding_is_one_decodable_piece() {
     assert!(back == data);
     let state = host.state();
     assert!(state.violations.is_empty(), "{:?}", state.violations);
-    // The tail: 65544 + 16 bytes, as one padding (Padding bodies may be as
+    // The tail: 65512 + 24 bytes, as one padding (Padding bodies may be as
     // long as a ring); then the staged data.
-    assert_eq!(state.padding_bytes, vec![65544, 65536]);
+    assert_eq!(state.padding_bytes, vec![65512, 65536]);
 }
 
 #[test]
