@@ -454,6 +454,22 @@ fn a_stamped_command_runs_before_produced_says_so_and_a_stale_stamp_does_not() {
     guest.publish();
     let (result, _) = guest.call(&session, Command::CtxSynchronize);
     assert_eq!(result, CUDA_SUCCESS);
+
+    // A stamped header that does not decode poisons the ring once; its
+    // stamp is not believed again (the host does not read it over and
+    // over), and the guest goes on once it publishes.
+    let mut garbage = vec![0xffu8; COMMAND_STAMP_OFFSET];
+    garbage.resize(COMMAND_HEADER_SIZE, 0);
+    let errors = Counters::get(&counters.command_errors);
+    guest.push_raw_stamped(&session, &garbage, None);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(Counters::get(&counters.command_errors), errors + 1);
+    guest.produced -= COMMAND_HEADER_SIZE as u64;
+    let (result, _) = guest.call(&session, Command::CtxSynchronize);
+    assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
+    let (result, _) = guest.call(&session, Command::CtxSynchronize);
+    assert_eq!(result, CUDA_SUCCESS);
+    assert_eq!(Counters::get(&counters.command_errors), errors + 1);
     session.shutdown();
 }
 
