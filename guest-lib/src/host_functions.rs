@@ -74,13 +74,19 @@ fn take_gate(ctx: &Arc<Context>) -> Option<Gate> {
         return Some(gate);
     }
     let pages = pools.pages.entry(ctx.id).or_default();
-    if *pages >= MAX_PAGES_PER_CONTEXT {
+    // No page-locked memory is the host's over the network: not even tried
+    // (each try would cost a page).
+    if *pages >= MAX_PAGES_PER_CONTEXT || ctx.over_network() {
         return None;
     }
     let (host, device) = match alloc_page_locked(ctx, PAGE_BYTES) {
         Ok((host, Some(device))) => (host as usize, device),
         Ok((host, None)) => {
             log::debug!("rgpu: host functions: the host's GPU cannot reach {host:p}");
+            // Not kept: the next try would take another page.
+            if let Err(code) = crate::api::memory::free_host(host.cast()) {
+                log::debug!("rgpu: host functions: freeing {host:p} failed (error {code})");
+            }
             return None;
         }
         Err(code) => {

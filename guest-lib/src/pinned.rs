@@ -7,7 +7,8 @@
 //! other carriers (`RGPU_DEVICES`) stage copies from and to it likewise.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::BlobRange;
@@ -35,6 +36,10 @@ struct PinnedBlock {
 }
 
 static PINNED: RwLock<BTreeMap<usize, Arc<PinnedBlock>>> = RwLock::new(BTreeMap::new());
+
+/// Live blocks of this process's memory only (network carrier): while
+/// there are none (local and VM modes), [`host_cannot_reach`] is one load.
+static PROCESS_ONLY: AtomicUsize = AtomicUsize::new(0);
 
 /// The blocks whose device address the host said, by that address: their
 /// host address (a key of [`PINNED`]).
@@ -72,6 +77,16 @@ pub(crate) fn alloc(
             .create_same_address_blob(owner.ctx_id, size)
             .map_err(carrier_error)?
     };
+    register(blob, owner, buffer_id, size)
+}
+
+/// Enters `blob` (`size` bytes asked) in the registry: its address.
+fn register(
+    blob: rgpu_transport::BlobMapping,
+    owner: Owner,
+    buffer_id: u64,
+    size: u64,
+) -> Result<*mut u8, u32> {
     let block = Arc::new(PinnedBlock {
         size: blob.size.max(size),
         resource_id: blob.resource_id,
@@ -82,10 +97,14 @@ pub(crate) fn alloc(
         attached: Mutex::new(vec![owner.ctx_id]),
         device_address: OnceLock::new(),
     });
+    let process_only = block.resource_id == LOCAL;
     PINNED
         .write()
         .map_err(|_| CUDA_ERROR_UNKNOWN)?
         .insert(blob.ptr as usize, block);
+    if process_only {
+        PROCESS_ONLY.fetch_add(1, Ordering::Relaxed);
+    }
     Ok(blob.ptr)
 }
 
@@ -104,6 +123,7 @@ pub(crate) fn free<'a>(
         mapped.remove(device);
     }
     if block.resource_id == LOCAL {
+        PROCESS_ONLY.fetch_sub(1, Ordering::Relaxed);
         // SAFETY: `local_memory` mapped exactly `block.size` bytes here, and
         // the registry no longer hands the range out.
         unsafe { libc::munmap(ptr.cast(), block.size as usize) };
@@ -160,6 +180,75 @@ pub(crate) fn blob_range(
 
 /// The resource id of memory that is this process's only.
 const LOCAL: u32 = 0;
+
+/// Whether any byte of `[ptr, ptr + len)` (a zero `len`: `ptr` itself) is
+/// page-locked memory of this process only: the network carrier shares no
+/// memory with the host, so no GPU and no graph reaches it, whichever
+/// device address it might look like there.
+pub(crate) fn host_cannot_reach(ptr: u64, len: u64) -> bool {
+    if PROCESS_ONLY.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    let Ok(start) = usize::try_from(ptr) else {
+        return false;
+    };
+    let end = usize::try_from(len.max(1)).map_or(usize::MAX, |len| start.saturating_add(len));
+    // A registry poisoned by a panic elsewhere is still a valid map.
+    let map = PINNED.read().unwrap_or_else(PoisonError::into_inner);
+    let holding = map
+        .range(..=start)
+        .next_back()
+        .filter(|(base, block)| ((start - **base) as u64) < block.size);
+    // `start + 1 <= end` always: the range below never panics.
+    holding
+        .into_iter()
+        .chain(map.range(start.saturating_add(1)..end))
+        .any(|(_, block)| block.resource_id == LOCAL)
+}
+
+/// Why the network carrier refuses a call naming this program's host memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unreachable {
+    /// A graph node (or a copy captured into a graph) names host memory.
+    Graph,
+    /// Page-locked memory named as device memory (unified addressing).
+    DeviceAddress,
+}
+
+/// `CUDA_ERROR_NOT_SUPPORTED` for `call`, which names host memory of this
+/// program that the host never sees (network carrier); says why once per
+/// call and reason, as the other unsupported paths do.
+pub(crate) fn unreachable(call: &'static str, why: Unreachable) -> u32 {
+    static LOGGED: Mutex<Vec<(&str, Unreachable)>> = Mutex::new(Vec::new());
+    let mut logged = LOGGED.lock().unwrap_or_else(PoisonError::into_inner);
+    if !logged.contains(&(call, why)) {
+        logged.push((call, why));
+        match why {
+            Unreachable::Graph => log::warn!(
+                "rgpu: {call} naming this program's host memory is not supported over the \
+                 network carrier (CUDA_ERROR_NOT_SUPPORTED): it shares no memory with the host, \
+                 so a graph cannot reach the program's host memory, page-locked or not"
+            ),
+            Unreachable::DeviceAddress => log::warn!(
+                "rgpu: {call} naming page-locked memory as device memory is not supported over \
+                 the network carrier (CUDA_ERROR_NOT_SUPPORTED): it shares no memory with the \
+                 host, so page-locked memory has no device address there"
+            ),
+        }
+    }
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `CUDA_ERROR_NOT_SUPPORTED` (said once, [`unreachable`]) when
+/// `[ptr, ptr + len)`, named by `call` as device memory, holds page-locked
+/// memory of this process only; checked before the device ranges, whose
+/// addresses are another machine's and might coincide.
+pub(crate) fn refuse_as_device(call: &'static str, ptr: u64, len: u64) -> Result<(), u32> {
+    if host_cannot_reach(ptr, len) {
+        return Err(unreachable(call, Unreachable::DeviceAddress));
+    }
+    Ok(())
+}
 
 /// `size` bytes (rounded up to pages) of this process's own memory, as a
 /// mapping without a blob.
@@ -270,5 +359,42 @@ pub(crate) fn forget_context(space: usize, ctx_id: u32) {
                 attached.retain(|c| *c != ctx_id);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_process_memory_is_out_of_the_hosts_reach() {
+        let owner = Owner {
+            ctx_id: 1,
+            device: 0,
+            space: 0,
+            context: 0,
+        };
+        let blob = local_memory(8192).unwrap();
+        let ptr = register(blob, owner, 1, 8192).unwrap();
+        let base = ptr as u64;
+        assert!(host_cannot_reach(base, 4));
+        assert!(
+            host_cannot_reach(base + 8191, 0),
+            "a zero length asks for the byte"
+        );
+        assert!(
+            host_cannot_reach(base - 16, 32),
+            "a range running into the block"
+        );
+        assert!(host_cannot_reach(base - 16, u64::MAX), "lengths saturate");
+        assert!(!host_cannot_reach(base - 16, 16), "the bytes just before");
+        assert!(!host_cannot_reach(base + 8192, 4), "the bytes just after");
+        assert!(matches!(
+            refuse_as_device("test", base + 4, 4),
+            Err(CUDA_ERROR_NOT_SUPPORTED)
+        ));
+        free(|_| Err(CUDA_ERROR_INVALID_VALUE), ptr).unwrap();
+        assert!(!host_cannot_reach(base, 4), "freed");
+        assert_eq!(refuse_as_device("test", base, 4), Ok(()));
     }
 }

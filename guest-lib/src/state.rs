@@ -233,6 +233,14 @@ impl Context {
         (ptr - base < allocation.size).then_some((*base, *allocation))
     }
 
+    /// Whether its carrier is the network's, which shares no memory with
+    /// the host: host memory reaches it only as copies made now.
+    pub fn over_network(&self) -> bool {
+        driver()
+            .and_then(|d| d.carrier(self.space))
+            .is_ok_and(|c| c.remote().is_some())
+    }
+
     /// The virtio-gpu context id of this context's channel.
     pub fn ctx_id(&self) -> u32 {
         self.ctx_id.load(Ordering::Acquire)

@@ -134,7 +134,15 @@ fn copy_rows(ctx: &Context, stream: u32, p: &Memcpy2D, sync: bool) -> Result<(),
         Side::Device(first) => device_span(first, pitch, width, p.height).map(Some),
         Side::Host(_) => Ok(None),
     };
-    match (span(src, src_pitch)?, span(dst, dst_pitch)?) {
+    let (src_span, dst_span) = (span(src, src_pitch)?, span(dst, dst_pitch)?);
+    for (first, len) in src_span.into_iter().chain(dst_span) {
+        crate::pinned::refuse_as_device("cuMemcpy2D", first, len)?;
+    }
+    if src_span.is_none() && dst_span.is_none() {
+        // Made here, now: a capture would not record it.
+        crate::api::memory::refuse_captured_over_network(ctx, stream, "cuMemcpy2DAsync")?;
+    }
+    match (src_span, dst_span) {
         (Some(s), Some(d)) => device_ranges::check(ctx.space, &[s, d])?,
         (Some(one), None) | (None, Some(one)) => device_ranges::check(ctx.space, &[one])?,
         (None, None) => {}

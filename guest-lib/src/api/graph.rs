@@ -43,6 +43,7 @@ use crate::api::library::function_or_kernel;
 use crate::device_ranges;
 use crate::host_functions::GateAddresses;
 use crate::params::marshal;
+use crate::pinned::{self, Unreachable};
 use crate::state::{current, driver, resolve_stream, Context, Registry};
 use rgpu_proto::command::{Copy3D, PitchedSide};
 
@@ -620,6 +621,11 @@ fn captures<R>(f: impl FnOnce(&mut Captures) -> R) -> R {
 /// The id of the capture `stream` of `context` is in, if any.
 pub(crate) fn capture_of(context: &Context, stream: u32) -> Option<u64> {
     captures(|c| c.streams.get(&(context.id, stream)).map(|s| s.id))
+}
+
+/// Whether `stream` of `context` is capturing (one load while nothing is).
+pub(crate) fn is_capturing(context: &Context, stream: u32) -> bool {
+    ACTIVE_CAPTURES.load(Ordering::Acquire) != 0 && capture_of(context, stream).is_some()
 }
 
 /// `event` was recorded in `stream`: in its capture, if it is capturing.
@@ -1255,14 +1261,8 @@ pub(crate) fn add_memset_node(
     params: *const MemsetNodeParams,
     _ctx: *mut c_void,
 ) -> Result<(), u32> {
-    if params.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    // SAFETY: non-NULL; the caller passes a readable struct.
-    let p = unsafe { &*params };
-    if !matches!(p.element_size, 1 | 2 | 4) {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
+    // SAFETY: the caller passes a readable struct.
+    let p = unsafe { memset_params("cuGraphAddMemsetNode", params) }?;
     add_node(
         out,
         graph,
@@ -1282,7 +1282,7 @@ pub(crate) fn add_memset_node(
                     height: p.height as u64,
                     pitch: p.pitch as u64,
                 },
-                NodeParams::Memset(*p),
+                NodeParams::Memset(p),
             ))
         },
     )
@@ -1292,9 +1292,11 @@ pub(crate) fn add_memset_node(
 /// Where one side of `CUDA_MEMCPY3D` starts, as a device address: device
 /// memory and unified addresses as they are, host memory only when it is
 /// page-locked memory of this process (the host's worker maps it at the
-/// same address, registered with the GPU).
+/// same address, registered with the GPU). Over the network carrier no
+/// host memory is shared with the host: any side naming it is refused.
 #[allow(clippy::too_many_arguments)]
 fn copy_side(
+    call: &'static str,
     ctx: &Context,
     memory_type: c_uint,
     host: usize,
@@ -1308,9 +1310,7 @@ fn copy_side(
         MEMORYTYPE_HOST => host as u64,
         MEMORYTYPE_DEVICE | MEMORYTYPE_UNIFIED => device,
         _ => {
-            log::warn!(
-                "rgpu: cuGraphAddMemcpyNode: memory type {memory_type} (arrays) is not supported"
-            );
+            log::warn!("rgpu: {call}: memory type {memory_type} (arrays) is not supported");
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
     };
@@ -1325,13 +1325,20 @@ fn copy_side(
     if base == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    let span = extent(pitch, rows);
+    // Page-locked memory named as either type (as a device address it
+    // might coincide with device memory on the host).
+    if pinned::host_cannot_reach(address, span.unwrap_or(1))
+        || (memory_type == MEMORYTYPE_HOST && ctx.over_network())
+    {
+        return Err(pinned::unreachable(call, Unreachable::Graph));
+    }
     if memory_type == MEMORYTYPE_HOST {
-        let span = extent(pitch, rows).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let span = span.ok_or(CUDA_ERROR_INVALID_VALUE)?;
         if !device_ranges::is_page_locked(ctx.space, address, span) {
             log::warn!(
-                "rgpu: cuGraphAddMemcpyNode: host memory {address:#x}+{span:#x} is not \
-                 page-locked memory of this process; only page-locked host memory reaches \
-                 the host's GPU"
+                "rgpu: {call}: host memory {address:#x}+{span:#x} is not page-locked memory \
+                 of this process; only page-locked host memory reaches the host's GPU"
             );
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
@@ -1346,7 +1353,7 @@ fn copy_side(
 /// A memcpy node's copy as the host makes it: both sides as device
 /// addresses. Checked as `cuGraphAddMemcpyNode` checks it, but for the
 /// ranges, which the host checks.
-fn node_copy(ctx: &Context, p: &Memcpy3D) -> Result<Copy3D, u32> {
+fn node_copy(call: &'static str, ctx: &Context, p: &Memcpy3D) -> Result<Copy3D, u32> {
     if p.src_lod != 0 || p.dst_lod != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -1363,6 +1370,7 @@ fn node_copy(ctx: &Context, p: &Memcpy3D) -> Result<Copy3D, u32> {
             .checked_add(width)
     };
     let src = copy_side(
+        call,
         ctx,
         p.src_memory_type,
         p.src_host as usize,
@@ -1373,6 +1381,7 @@ fn node_copy(ctx: &Context, p: &Memcpy3D) -> Result<Copy3D, u32> {
         extent,
     )?;
     let dst = copy_side(
+        call,
         ctx,
         p.dst_memory_type,
         p.dst_host as usize,
@@ -1419,7 +1428,7 @@ pub(crate) fn add_memcpy_node(
         count,
         NODE_MEMCPY,
         |ctx, graph, node, dependencies| {
-            let copy = node_copy(ctx, &p)?;
+            let copy = node_copy("cuGraphAddMemcpyNode", ctx, &p)?;
             let command = if copy.height == 1 && copy.depth == 1 {
                 Command::GraphAddMemcpyNode {
                     graph,
@@ -1458,7 +1467,7 @@ pub(crate) fn memcpy_node_set_params(
 ) -> Result<(), u32> {
     let node = node_of_kind(node, NODE_MEMCPY)?;
     let p = read_memcpy(params)?;
-    let copy = node_copy(&node.context, &p)?;
+    let copy = node_copy("cuGraphMemcpyNodeSetParams", &node.context, &p)?;
     node.context.call(&Command::GraphMemcpyNodeSetParams {
         node: node.handle,
         copy,
@@ -1476,7 +1485,7 @@ pub(crate) fn exec_memcpy_node_set_params(
 ) -> Result<(), u32> {
     let (exec, node) = exec_node(exec, node, NODE_MEMCPY)?;
     let p = read_memcpy(params)?;
-    let copy = node_copy(&exec.context, &p)?;
+    let copy = node_copy("cuGraphExecMemcpyNodeSetParams", &exec.context, &p)?;
     exec.context
         .call(&Command::GraphExecMemcpyNodeSetParams {
             exec: exec.handle,
@@ -1904,16 +1913,29 @@ pub(crate) fn memset_node_get_params(
     }
 }
 
-/// A memset's parameters, read and checked as `cuGraphAddMemsetNode`
-/// checks them (the host checks the range).
+/// A memset node's parameters for `call`, read and checked (the host
+/// checks the range): refused where they name page-locked memory of this
+/// process only (network carrier), which no graph reaches.
 ///
 /// # Safety
 /// A non-NULL `params` points to a readable CUDA_MEMSET_NODE_PARAMS.
-unsafe fn memset_params(params: *const MemsetNodeParams) -> Result<MemsetNodeParams, u32> {
+unsafe fn memset_params(
+    call: &'static str,
+    params: *const MemsetNodeParams,
+) -> Result<MemsetNodeParams, u32> {
     // SAFETY: the caller's contract.
     let p = unsafe { read_params(params) }?;
     if !matches!(p.element_size, 1 | 2 | 4) {
         return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // From the first byte to the last row's end; a span that overflows is
+    // left to the host's range check.
+    let span = (p.height as u64)
+        .saturating_sub(1)
+        .checked_mul(p.pitch as u64)
+        .and_then(|rows| rows.checked_add((p.width as u64).checked_mul(p.element_size.into())?));
+    if pinned::host_cannot_reach(p.dst, span.unwrap_or(1)) {
+        return Err(pinned::unreachable(call, Unreachable::Graph));
     }
     Ok(p)
 }
@@ -1925,7 +1947,7 @@ pub(crate) fn memset_node_set_params(
 ) -> Result<(), u32> {
     let node = node_of_kind(node, NODE_MEMSET)?;
     // SAFETY: the caller passes a readable struct.
-    let p = unsafe { memset_params(params) }?;
+    let p = unsafe { memset_params("cuGraphMemsetNodeSetParams", params) }?;
     node.context.call(&Command::GraphMemsetNodeSetParams {
         node: node.handle,
         dst: p.dst,
@@ -1948,7 +1970,7 @@ pub(crate) fn exec_memset_node_set_params(
 ) -> Result<(), u32> {
     let (exec, node) = exec_node(exec, node, NODE_MEMSET)?;
     // SAFETY: the caller passes a readable struct.
-    let p = unsafe { memset_params(params) }?;
+    let p = unsafe { memset_params("cuGraphExecMemsetNodeSetParams", params) }?;
     exec.context
         .call(&Command::GraphExecMemsetNodeSetParams {
             exec: exec.handle,
@@ -3019,10 +3041,14 @@ pub(crate) fn add_host_node(
         .into_iter()
         .unzip();
     let Some(gate) = crate::host_functions::arm_for_graph(&ctx, function, p.data) else {
-        log::warn!(
-            "rgpu: cuGraphAddHostNode is not supported where the host's GPU cannot reach \
-             page-locked memory"
-        );
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            log::warn!(
+                "rgpu: cuGraphAddHostNode is not supported where the host's GPU cannot reach \
+                 page-locked memory (as over the network carrier, which shares no memory with \
+                 the host)"
+            );
+        });
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     };
     let nodes = [ctx.new_handle()?, ctx.new_handle()?, ctx.new_handle()?];

@@ -269,6 +269,7 @@ pub(crate) fn htod(
     if len == 0 {
         return Ok(());
     }
+    pinned::refuse_as_device("cuMemcpyHtoD", dst, len as u64)?;
     match device_ranges::locate(ctx.space, [(dst, len as u64)])? {
         [Location::Here] => htod_unchecked(ctx, stream, dst, src, len, sync),
         [elsewhere @ Location::Elsewhere { .. }] => {
@@ -316,6 +317,7 @@ pub(crate) fn htod_unchecked(
             }
         }
         None => {
+            refuse_captured_over_network(ctx, stream, "cuMemcpyHtoDAsync")?;
             let data = bytes(src, len)?;
             match ctx.with_channel(|c| c.copy_to_device(stream, dst, data, sync))? {
                 CUDA_SUCCESS => Ok(()),
@@ -323,6 +325,21 @@ pub(crate) fn htod_unchecked(
             }
         }
     }
+}
+
+/// Over the network carrier a copy from or to host memory is made now,
+/// through the connection: captured into a graph, the host would record a
+/// copy of its staging buffer, which no replay reaches the program through.
+/// Refused at the call instead (`call` names it in the log).
+pub(crate) fn refuse_captured_over_network(
+    ctx: &Context,
+    stream: u32,
+    call: &'static str,
+) -> Result<(), u32> {
+    if crate::api::graph::is_capturing(ctx, stream) && ctx.over_network() {
+        return Err(pinned::unreachable(call, pinned::Unreachable::Graph));
+    }
+    Ok(())
 }
 
 pub(crate) fn dtoh(
@@ -336,6 +353,7 @@ pub(crate) fn dtoh(
     if len == 0 {
         return Ok(());
     }
+    pinned::refuse_as_device("cuMemcpyDtoH", src, len as u64)?;
     match device_ranges::locate(ctx.space, [(src, len as u64)])? {
         [Location::Here] => dtoh_unchecked(ctx, stream, dst, src, len, sync),
         [elsewhere @ Location::Elsewhere { .. }] => {
@@ -378,6 +396,7 @@ pub(crate) fn dtoh_unchecked(
             }
         }
         None => {
+            refuse_captured_over_network(ctx, stream, "cuMemcpyDtoHAsync")?;
             let data = bytes_mut(dst, len)?;
             match ctx.with_channel(|c| c.copy_from_device(stream, data, src))? {
                 CUDA_SUCCESS => Ok(()),
@@ -398,6 +417,8 @@ pub(crate) fn dtod(
     if len == 0 {
         return Ok(());
     }
+    pinned::refuse_as_device("cuMemcpyDtoD", dst, len as u64)?;
+    pinned::refuse_as_device("cuMemcpyDtoD", src, len as u64)?;
     match device_ranges::locate(ctx.space, [(dst, len as u64), (src, len as u64)])? {
         [Location::Here, Location::Here] => dtod_unchecked(ctx, stream, dst, src, len, sync),
         [Location::Nowhere, _] => Err(not_device_memory(dst, len)),
@@ -536,6 +557,7 @@ fn memset(
     let len = (count as u64)
         .checked_mul(u64::from(element_size))
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    pinned::refuse_as_device("cuMemsetD*", dst, len)?;
     let owner = match device_ranges::locate(ctx.space, [(dst, len)])? {
         [Location::Nowhere] => {
             log::debug!("rgpu: device range {dst:#x}+{len:#x} is not this process's memory");

@@ -76,10 +76,14 @@ fn launch_host_func_on(
         // Natively a host node of the graph; without a gate the function
         // would run after a synchronize, which a capturing stream refuses
         // (and the refusal would end the capture): refused first.
-        log::warn!(
-            "rgpu: cuLaunchHostFunc on a capturing stream is not supported where the host's GPU \
-             cannot reach page-locked memory"
-        );
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            log::warn!(
+                "rgpu: cuLaunchHostFunc on a capturing stream is not supported where the host's \
+                 GPU cannot reach page-locked memory (as over the network carrier, which shares \
+                 no memory with the host)"
+            );
+        });
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
     ctx.call(&Command::StreamSynchronize { stream: handle })?;
@@ -122,6 +126,12 @@ fn memory_operation_on(
     if !address.is_multiple_of(u64::from(width)) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    let call = if wait {
+        "cuStreamWaitValue"
+    } else {
+        "cuStreamWriteValue"
+    };
+    crate::pinned::refuse_as_device(call, address, u64::from(width))?;
     match device_ranges::locate(ctx.space, [(address, u64::from(width))])? {
         [Location::Here] => {}
         _ => {

@@ -29,7 +29,15 @@ fn copy(
         return Ok(());
     }
     // One lookup tells the direction and checks the device sides.
-    let [to, from] = device_ranges::locate(ctx.space, [(dst, len as u64), (src, len as u64)])?;
+    let [mut to, mut from] =
+        device_ranges::locate(ctx.space, [(dst, len as u64), (src, len as u64)])?;
+    // Page-locked memory of this process only (network carrier) is host
+    // memory, whatever device memory on the host its address might name.
+    for (side, ptr) in [(&mut to, dst), (&mut from, src)] {
+        if crate::pinned::host_cannot_reach(ptr, len as u64) {
+            *side = Location::Nowhere;
+        }
+    }
     let (dst_owner, src_owner) = match (to, from) {
         (Location::Nowhere, Location::Nowhere) => (None, None),
         (Location::Nowhere, from) => (None, peer::owner(from)?),
@@ -41,6 +49,8 @@ fn copy(
     match (to, from) {
         (Location::Here, Location::Here) => dtod_unchecked(ctx, stream, dst, src, len, sync),
         (Location::Nowhere, Location::Nowhere) => {
+            // Made here, now: a capture would not record it.
+            crate::api::memory::refuse_captured_over_network(ctx, stream, "cuMemcpyAsync")?;
             if sync {
                 ctx.call(&rgpu_proto::Command::StreamSynchronize { stream })?;
             }
