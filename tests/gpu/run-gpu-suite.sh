@@ -247,9 +247,13 @@ for program in graph_test graph_api_test query_test vmm_test shareable_test pool
             -o "$work/$program-$side" "$bundle/$program.c" -L "$work/$side-lib" -lcuda -lpthread
     done
     step "$program native" "checks passed" "${native[@]}" "$work/$program-native" --ptx "$ptx"
-    # The network carrier shares no memory with the host: no mapped words.
+    # The network carrier shares no memory with the host: no mapped words,
+    # and graph calls naming page-locked memory must be refused.
     remote_only=()
-    [ "$program" = query_test ] && [ -n "${RGPU_SERVER:-}" ] && remote_only=(--no-mapped-memory)
+    case $program in
+    query_test | graph_test | graph_api_test)
+        [ -n "${RGPU_SERVER:-}" ] && remote_only=(--no-mapped-memory) ;;
+    esac
     step "$program through rgpu" "checks passed" \
         "${through_rgpu[@]}" "$work/$program-rgpu" --ptx "$ptx" "${remote_only[@]}"
     grep -h '^MEASURED' "$logs/$program-native.log" "$logs/$program-through-rgpu.log" 2>/dev/null

@@ -1,7 +1,16 @@
 /* graph_api_test: CUDA graphs built node by node (issue 10), the explicit
  * graph API.
  *
- * Usage: graph_api_test --ptx reference_kernels.ptx
+ * Usage: graph_api_test --ptx reference_kernels.ptx [--no-mapped-memory]
+ *
+ * --no-mapped-memory: through rgpu's network carrier, which shares no
+ * memory with the host, so page-locked memory is the program's own: the
+ * host-node section and the memcpy nodes to and from page-locked memory
+ * are not run; instead every graph call naming page-locked memory (memset
+ * and memcpy nodes, added or set, by the per-kind and the generic calls)
+ * and every host node must be refused with CUDA_ERROR_NOT_SUPPORTED, and
+ * the memcpy section's 2D and 3D nodes run between copies made outside the
+ * graph. Everything else runs as without it.
  *
  * A graph: a memset node (the index buffer to 0x22222222) -> a kernel node
  * (rgpu_fill_index over it) -> a memcpy node (device to device, into a
@@ -376,17 +385,36 @@ static int mismatches(CUdeviceptr d, unsigned base, int fixed) {
     return wrong;
 }
 
+/* Launches the memcpy-node section's executable graph. Without mapped
+ * memory its page-locked nodes were refused: the bytes go in from `src`
+ * and come out to `out` by copies made outside the graph. */
+static void launch_copies(CUgraphExec exec, CUstream stream, int mapped_memory, CUdeviceptr d_src,
+                          const unsigned char *src, CUdeviceptr d_dst, unsigned char *out,
+                          size_t bytes) {
+    if (!mapped_memory) CHECK_CU(cuMemcpyHtoD(d_src, src, bytes));
+    CHECK_CU(cuGraphLaunch(exec, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    if (!mapped_memory) CHECK_CU(cuMemcpyDtoH(out, d_dst, bytes));
+}
+
 int main(int argc, char **argv) {
-    const char *ptx_path = argc == 3 && !strcmp(argv[1], "--ptx") ? argv[2] : NULL;
+    const char *ptx_path = NULL;
+    int mapped_memory = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-mapped-memory")) mapped_memory = 0;
+        else if (i + 1 < argc && !strcmp(argv[i], "--ptx")) ptx_path = argv[++i];
+    }
     char *ptx = ptx_path ? read_file(ptx_path) : NULL;
-    int through_rgpu = getenv("RGPU_SOCKET") != NULL;
+    /* --no-mapped-memory is given through rgpu's network carrier only. */
+    int through_rgpu = getenv("RGPU_SOCKET") != NULL || !mapped_memory;
     CUdevice dev;
     CUmodule module;
     CUfunction fill_index;
     if (!ptx || cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) ||
         cuCtxSetCurrent(ctx) || cuModuleLoadData(&module, ptx) ||
         cuModuleGetFunction(&fill_index, module, "rgpu_fill_index")) {
-        printf("FAIL: no CUDA context or kernels (usage: graph_api_test --ptx PTX)\n");
+        printf("FAIL: no CUDA context or kernels (usage: graph_api_test --ptx PTX "
+               "[--no-mapped-memory])\n");
         return 1;
     }
     CUdeviceptr d_index = 0, d_copy = 0, d_child = 0;
@@ -843,7 +871,7 @@ int main(int argc, char **argv) {
      * cuGraphAddHostNode, and one by cuGraphAddNode after it) -> a copy of
      * the word the last one wrote; launched twice, each host node runs
      * once per launch, in order. */
-    {
+    if (mapped_memory) {
         struct host_seen seen = {NULL, 0, 0};
         CUgraph hosts = NULL;
         CUgraphExec hosts_exec = NULL;
@@ -995,6 +1023,65 @@ int main(int argc, char **argv) {
         }
         CHECK_CU(cuMemFree(d_word));
         CHECK_CU(cuMemFreeHost((void *)(uintptr_t)seen.words));
+    } else {
+        /* Through the network carrier page-locked memory is this process's
+         * own: a node naming it is refused at once, not made into a graph
+         * that leaves it alone, and so are host nodes (their gates are
+         * page-locked memory). The graph stays empty, the word untouched. */
+        volatile unsigned *words = NULL;
+        CUgraph refused = NULL;
+        CUgraphNode n = NULL;
+        CUdeviceptr d_word = 0;
+        GraphNodeParams params;
+        size_t held = 1;
+        unsigned got = 0;
+        REQUIRE_CU(cuMemAllocHost((void **)&words, 8));
+        REQUIRE_CU(cuMemAlloc(&d_word, 4));
+        words[0] = words[1] = 7;
+        CHECK_CU(cuMemsetD32(d_word, 3, 1));
+        CHECK_CU(cuGraphCreate(&refused, 0));
+        MemsetNodeParams set_word = {(CUdeviceptr)(uintptr_t)words, 4, 500, 4, 1, 1};
+        CHECK_RC(cuGraphAddMemsetNode(&n, refused, NULL, 0, &set_word, ctx),
+                 CUDA_ERROR_NOT_SUPPORTED);
+        memset(&params, 0, sizeof params);
+        params.type = NODE_TYPE_MEMSET;
+        params.u.memset.params = set_word;
+        params.u.memset.ctx = ctx;
+        CHECK_RC(cuGraphAddNode(&n, refused, NULL, 0, &params), CUDA_ERROR_NOT_SUPPORTED);
+        Memcpy3D copy_word = copy_dtod(d_word, (CUdeviceptr)(uintptr_t)(words + 1), 4);
+        CHECK_RC(cuGraphAddMemcpyNode(&n, refused, NULL, 0, &copy_word, ctx),
+                 CUDA_ERROR_NOT_SUPPORTED);
+        copy_word.srcMemoryType = MEMORYTYPE_UNIFIED;
+        CHECK_RC(cuGraphAddMemcpyNode(&n, refused, NULL, 0, &copy_word, ctx),
+                 CUDA_ERROR_NOT_SUPPORTED);
+        memset(&params, 0, sizeof params);
+        params.type = NODE_TYPE_MEMCPY;
+        params.u.memcpy.copyCtx = ctx;
+        params.u.memcpy.copyParams = copy_word;
+        CHECK_RC(cuGraphAddNode(&n, refused, NULL, 0, &params), CUDA_ERROR_NOT_SUPPORTED);
+        struct host_seen seen = {words, 0, 0};
+        HostNodeParams host = {host_fn, &seen};
+        CHECK_RC(cuGraphAddHostNode(&n, refused, NULL, 0, &host), CUDA_ERROR_NOT_SUPPORTED);
+        memset(&params, 0, sizeof params);
+        params.type = 3;
+        params.u.host.fn = host_fn;
+        params.u.host.userData = &seen;
+        CHECK_RC(cuGraphAddNode(&n, refused, NULL, 0, &params), CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_CU(cuGraphGetNodes(refused, NULL, &held));
+        CHECK_EQ_INT((int)held, 0);
+        /* Outside graphs too, it is no device memory: a memset or a copy
+         * naming it as such is refused. */
+        CHECK_RC(cuMemsetD32((CUdeviceptr)(uintptr_t)words, 500, 1), CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_RC(cuMemcpyDtoD(d_word, (CUdeviceptr)(uintptr_t)(words + 1), 4),
+                 CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_CU(cuCtxSynchronize());
+        CHECK_EQ_INT(seen.calls, 0);
+        CHECK_EQ_INT((int)words[0], 7);
+        CHECK_CU(cuMemcpyDtoH(&got, d_word, 4));
+        CHECK_EQ_INT((int)got, 3);
+        CHECK_CU(cuGraphDestroy(refused));
+        CHECK_CU(cuMemFree(d_word));
+        CHECK_CU(cuMemFreeHost((void *)(uintptr_t)words));
     }
 
     /* Edges after the fact: two memsets of one buffer, unordered, then
@@ -1064,7 +1151,14 @@ int main(int argc, char **argv) {
         Memcpy3D in = copy_dtod(d_src, 0, BYTES);
         in.srcMemoryType = MEMORYTYPE_HOST;
         in.srcHost = pinned_in;
-        CHECK_CU(cuGraphAddMemcpyNode(&c_in, copies, NULL, 0, &in, ctx));
+        if (mapped_memory) {
+            CHECK_CU(cuGraphAddMemcpyNode(&c_in, copies, NULL, 0, &in, ctx));
+        } else {
+            /* No graph reaches the program's page-locked memory: refused
+             * (launch_copies copies the bytes in instead). */
+            CHECK_RC(cuGraphAddMemcpyNode(&c_in, copies, NULL, 0, &in, ctx),
+                     CUDA_ERROR_NOT_SUPPORTED);
+        }
         /* 2D: rows 1..3 of d_src (pitch 64), from byte 8, 16 wide -> d_dst
          * rows 0..2 (pitch 32) from byte 4; unified addresses. */
         Memcpy3D two = copy_dtod(d_dst, d_src, 16);
@@ -1075,7 +1169,8 @@ int main(int argc, char **argv) {
         two.dstXInBytes = 4;
         two.dstPitch = 32;
         two.Height = 3;
-        CHECK_CU(cuGraphAddMemcpyNode(&c_2d, copies, &c_in, 1, &two, ctx));
+        CHECK_CU(cuGraphAddMemcpyNode(&c_2d, copies, mapped_memory ? &c_in : NULL,
+                                      mapped_memory ? 1 : 0, &two, ctx));
         /* 3D: 2 slices of 2 rows (slice height 4 rows of pitch 16 on the
          * source, 2 rows of pitch 8 on the destination) of 8 bytes, from
          * d_src+128 to d_dst+128+4... the destination's slices abut. */
@@ -1091,10 +1186,20 @@ int main(int argc, char **argv) {
         Memcpy3D out = copy_dtod(0, d_dst, BYTES);
         out.dstMemoryType = MEMORYTYPE_HOST;
         out.dstHost = pinned_out;
-        CHECK_CU(cuGraphAddMemcpyNode(&c_out, copies, &c_3d, 1, &out, ctx));
+        if (mapped_memory) {
+            CHECK_CU(cuGraphAddMemcpyNode(&c_out, copies, &c_3d, 1, &out, ctx));
+        } else {
+            CHECK_RC(cuGraphAddMemcpyNode(&c_out, copies, &c_3d, 1, &out, ctx),
+                     CUDA_ERROR_NOT_SUPPORTED);
+            /* Named by its address as unified memory, the same. */
+            Memcpy3D out_unified = copy_dtod((CUdeviceptr)(uintptr_t)pinned_out, d_dst, BYTES);
+            out_unified.dstMemoryType = MEMORYTYPE_UNIFIED;
+            CHECK_RC(cuGraphAddMemcpyNode(&c_out, copies, &c_3d, 1, &out_unified, ctx),
+                     CUDA_ERROR_NOT_SUPPORTED);
+        }
         CHECK_CU(cuGraphInstantiateWithFlags(&copies_exec, copies, 0));
-        CHECK_CU(cuGraphLaunch(copies_exec, stream));
-        CHECK_CU(cuStreamSynchronize(stream));
+        launch_copies(copies_exec, stream, mapped_memory, d_src, pinned_in, d_dst, pinned_out,
+                      BYTES);
         copies_want(want, pinned_in, 1);
         CHECK_EQ_INT(bytes_differing(pinned_out, want, BYTES), 0);
         /* Parameters read back as given. */
@@ -1110,10 +1215,24 @@ int main(int argc, char **argv) {
         for (int i = 0; i < BYTES; i++) pinned_in2[i] = (unsigned char)(i * 5 + 3);
         Memcpy3D in2 = in;
         in2.srcHost = pinned_in2;
-        CHECK_CU(cuGraphExecMemcpyNodeSetParams(copies_exec, c_in, &in2, ctx));
+        if (mapped_memory) {
+            CHECK_CU(cuGraphExecMemcpyNodeSetParams(copies_exec, c_in, &in2, ctx));
+        } else {
+            /* Set on a node of the graph, page-locked memory is refused
+             * as well (per kind and generic), and the node keeps its copy. */
+            GraphNodeParams params;
+            CHECK_RC(cuGraphExecMemcpyNodeSetParams(copies_exec, c_2d, &in2, ctx),
+                     CUDA_ERROR_NOT_SUPPORTED);
+            memset(&params, 0, sizeof params);
+            params.type = NODE_TYPE_MEMCPY;
+            params.u.memcpy.copyCtx = ctx;
+            params.u.memcpy.copyParams = in2;
+            CHECK_RC(cuGraphExecNodeSetParams(copies_exec, c_2d, &params),
+                     CUDA_ERROR_NOT_SUPPORTED);
+        }
         CHECK_CU(cuMemsetD8(d_dst, 0xcc, BYTES));
-        CHECK_CU(cuGraphLaunch(copies_exec, stream));
-        CHECK_CU(cuStreamSynchronize(stream));
+        launch_copies(copies_exec, stream, mapped_memory, d_src, pinned_in2, d_dst, pinned_out,
+                      BYTES);
         copies_want(want, pinned_in2, 1);
         CHECK_EQ_INT(bytes_differing(pinned_out, want, BYTES), 0);
         /* In the graph: the 2D copy starts a row up; an executable graph
@@ -1121,14 +1240,56 @@ int main(int argc, char **argv) {
          * graph's change stayed there). */
         Memcpy3D two_up = two;
         two_up.srcY = 0;
+        if (!mapped_memory) {
+            /* The graph's own set too, with the 2D copy's destination in
+             * page-locked memory (by type and by address), and a memset
+             * node set to it: refused, the parameters as they were. */
+            GraphNodeParams params;
+            Memcpy3D to_pinned = two_up;
+            to_pinned.dstMemoryType = MEMORYTYPE_HOST;
+            to_pinned.dstHost = pinned_out;
+            CHECK_RC(cuGraphMemcpyNodeSetParams(c_2d, &to_pinned), CUDA_ERROR_NOT_SUPPORTED);
+            to_pinned.dstMemoryType = MEMORYTYPE_UNIFIED;
+            to_pinned.dstDevice = (CUdeviceptr)(uintptr_t)pinned_out;
+            CHECK_RC(cuGraphMemcpyNodeSetParams(c_2d, &to_pinned), CUDA_ERROR_NOT_SUPPORTED);
+            memset(&params, 0, sizeof params);
+            params.type = NODE_TYPE_MEMCPY;
+            params.u.memcpy.copyCtx = ctx;
+            params.u.memcpy.copyParams = to_pinned;
+            CHECK_RC(cuGraphNodeSetParams(c_2d, &params), CUDA_ERROR_NOT_SUPPORTED);
+            CHECK_CU(cuGraphMemcpyNodeGetParams(c_2d, &back));
+            CHECK_TRUE(back.srcY == 1 && back.dstMemoryType == MEMORYTYPE_UNIFIED &&
+                       back.dstDevice == d_dst);
+            CUgraph sets = NULL;
+            CUgraphExec sets_exec = NULL;
+            CUgraphNode s_set = NULL;
+            MemsetNodeParams on_device = {d_dst, BYTES, 0, 1, BYTES, 1};
+            MemsetNodeParams on_pinned = {(CUdeviceptr)(uintptr_t)pinned_out, BYTES, 0, 1, BYTES, 1};
+            MemsetNodeParams got_set;
+            CHECK_CU(cuGraphCreate(&sets, 0));
+            CHECK_CU(cuGraphAddMemsetNode(&s_set, sets, NULL, 0, &on_device, ctx));
+            CHECK_CU(cuGraphInstantiateWithFlags(&sets_exec, sets, 0));
+            CHECK_RC(cuGraphMemsetNodeSetParams(s_set, &on_pinned), CUDA_ERROR_NOT_SUPPORTED);
+            CHECK_RC(cuGraphExecMemsetNodeSetParams(sets_exec, s_set, &on_pinned, ctx),
+                     CUDA_ERROR_NOT_SUPPORTED);
+            memset(&params, 0, sizeof params);
+            params.type = NODE_TYPE_MEMSET;
+            params.u.memset.params = on_pinned;
+            params.u.memset.ctx = ctx;
+            CHECK_RC(cuGraphNodeSetParams(s_set, &params), CUDA_ERROR_NOT_SUPPORTED);
+            CHECK_CU(cuGraphMemsetNodeGetParams(s_set, &got_set));
+            CHECK_TRUE(got_set.dst == d_dst);
+            CHECK_CU(cuGraphExecDestroy(sets_exec));
+            CHECK_CU(cuGraphDestroy(sets));
+        }
         CHECK_CU(cuGraphMemcpyNodeSetParams(c_2d, &two_up));
         CHECK_CU(cuGraphMemcpyNodeGetParams(c_2d, &back));
         CHECK_EQ_INT((int)back.srcY, 0);
         CUgraphExec copies_exec2 = NULL;
         CHECK_CU(cuGraphInstantiateWithFlags(&copies_exec2, copies, 0));
         CHECK_CU(cuMemsetD8(d_dst, 0xcc, BYTES));
-        CHECK_CU(cuGraphLaunch(copies_exec2, stream));
-        CHECK_CU(cuStreamSynchronize(stream));
+        launch_copies(copies_exec2, stream, mapped_memory, d_src, pinned_in, d_dst, pinned_out,
+                      BYTES);
         copies_want(want, pinned_in, 0);
         CHECK_EQ_INT(bytes_differing(pinned_out, want, BYTES), 0);
         CHECK_CU(cuGraphExecDestroy(copies_exec2));

@@ -1,7 +1,7 @@
 /* graph_test: CUDA graphs by stream capture (issue 10), as PyTorch's
  * torch.cuda.graph uses them.
  *
- * Usage: graph_test --ptx reference_kernels.ptx
+ * Usage: graph_test --ptx reference_kernels.ptx [--no-mapped-memory]
  *
  * On a stream: begin capture (the stream then reports ACTIVE, with a
  * capture id); a memset of a buffer, rgpu_fill_index over it and
@@ -12,6 +12,16 @@
  * destroyed, it cannot be launched. A host function captured into a graph
  * runs once per replay, in order with the work around it, and so do host
  * functions queued directly.
+ *
+ * --no-mapped-memory: through rgpu's network carrier, which shares no
+ * memory with the host, so page-locked memory is the program's own and no
+ * graph reaches it. In a capture, a memset or device copy naming it, a
+ * copy from or to it and a host function are refused with
+ * CUDA_ERROR_NOT_SUPPORTED at the call, and the capture goes on without
+ * them (its graph holds the rest and runs); directly on a stream, host
+ * functions run in order with copies from and to page-locked memory, and
+ * a memset, device copy or stream memory operation naming it as device
+ * memory is refused. Everything else runs as without it.
  *
  * Prints "graph_test: N checks passed" (exit 0) or every failed check
  * (exit 1). */
@@ -64,7 +74,12 @@ static void look_then_write(void *data) {
 }
 
 int main(int argc, char **argv) {
-    const char *ptx_path = argc == 3 && !strcmp(argv[1], "--ptx") ? argv[2] : NULL;
+    const char *ptx_path = NULL;
+    int mapped_memory = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-mapped-memory")) mapped_memory = 0;
+        else if (i + 1 < argc && !strcmp(argv[i], "--ptx")) ptx_path = argv[++i];
+    }
     char *ptx = ptx_path ? read_file(ptx_path) : NULL;
     CUdevice dev;
     CUcontext ctx;
@@ -74,7 +89,8 @@ int main(int argc, char **argv) {
         cuCtxSetCurrent(ctx) || cuModuleLoadData(&module, ptx) ||
         cuModuleGetFunction(&fill_index, module, "rgpu_fill_index") ||
         cuModuleGetFunction(&scale, module, "rgpu_scale")) {
-        printf("FAIL: no CUDA context or kernels (usage: graph_test --ptx PTX)\n");
+        printf("FAIL: no CUDA context or kernels (usage: graph_test --ptx PTX "
+               "[--no-mapped-memory])\n");
         return 1;
     }
     static uint32_t indices[N];
@@ -179,7 +195,7 @@ int main(int argc, char **argv) {
     /* A host function queued during a capture is part of the graph: not
      * run while capturing, run once per replay, in order (it sees the
      * memset before it; the copy after it sees what it wrote). */
-    {
+    if (mapped_memory) {
         struct ordered seen = {NULL, 0, 0};
         CUgraph host_graph = NULL;
         CUgraphExec host_exec = NULL;
@@ -224,6 +240,79 @@ int main(int argc, char **argv) {
 
         /* Stream memory operations on device memory: a write, then a wait
          * that the write satisfies (CU_STREAM_WAIT_VALUE_EQ). */
+        got = 0;
+        CHECK_CU(cuStreamWriteValue32_v2(stream, d_word, 99, 0));
+        CHECK_CU(cuStreamWaitValue32_v2(stream, d_word, 99, 0x1));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_CU(cuMemcpyDtoH(&got, d_word, 4));
+        CHECK_EQ_INT((int)got, 99);
+        CHECK_CU(cuMemFree(d_word));
+        CHECK_CU(cuMemFreeHost((void *)(uintptr_t)seen.words));
+    } else {
+        /* The network carrier: refused at the call in a capture, which
+         * goes on (its graph is the one memset of device memory). */
+        struct ordered seen = {NULL, 0, 0};
+        CUgraph host_graph = NULL;
+        CUgraphExec host_exec = NULL;
+        CUdeviceptr d_word = 0;
+        CUdeviceptr pinned_word = 0;
+        unsigned got = 0;
+        size_t held = 0;
+        REQUIRE_CU(cuMemAllocHost((void **)&seen.words, 8));
+        REQUIRE_CU(cuMemAlloc(&d_word, 4));
+        seen.words[0] = seen.words[1] = 0;
+        pinned_word = (CUdeviceptr)(uintptr_t)seen.words;
+        CHECK_CU(cuStreamBeginCapture_v2(other, CAPTURE_MODE_THREAD_LOCAL));
+        CHECK_RC(cuMemsetD32Async(pinned_word, 1234, 1, other), CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_RC(cuLaunchHostFunc(other, look_then_write, &seen), CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_RC(cuMemcpyDtoDAsync(d_word, pinned_word + 4, 4, other), CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_RC(cuMemcpyHtoDAsync(d_word, (const void *)(uintptr_t)(seen.words + 1), 4, other),
+                 CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_RC(cuMemcpyDtoHAsync((void *)(uintptr_t)seen.words, d_word, 4, other),
+                 CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_CU(cuMemsetD32Async(d_word, 4242, 1, other));
+        CHECK_CU(cuStreamIsCapturing(other, &status));
+        CHECK_EQ_INT(status, 1);
+        CHECK_CU(cuStreamEndCapture(other, &host_graph));
+        CHECK_CU(cuGraphGetNodes(host_graph, NULL, &held));
+        CHECK_EQ_INT((int)held, 1);
+        CHECK_CU(cuGraphInstantiateWithFlags(&host_exec, host_graph, 0));
+        CHECK_CU(cuGraphLaunch(host_exec, other));
+        CHECK_CU(cuStreamSynchronize(other));
+        CHECK_CU(cuMemcpyDtoH(&got, d_word, 4));
+        CHECK_EQ_INT((int)got, 4242);
+        CHECK_EQ_INT(seen.calls, 0);
+        CHECK_TRUE(seen.words[0] == 0 && seen.words[1] == 0);
+        CHECK_CU(cuGraphExecDestroy(host_exec));
+        CHECK_CU(cuGraphDestroy(host_graph));
+
+        /* Directly on a stream, a few in a row: the device word copied
+         * into the first page-locked word before each host function, the
+         * second copied back after it. */
+        for (int i = 0; i < 4; i++) {
+            seen.words[1] = 0;
+            CHECK_CU(cuMemsetD32Async(d_word, 4321u + i, 1, stream));
+            CHECK_CU(cuMemcpyDtoHAsync((void *)(uintptr_t)seen.words, d_word, 4, stream));
+            CHECK_CU(cuLaunchHostFunc(stream, look_then_write, &seen));
+            CHECK_CU(cuMemcpyHtoDAsync(d_word, (const void *)(uintptr_t)(seen.words + 1), 4,
+                                       stream));
+            CHECK_CU(cuStreamSynchronize(stream));
+            CHECK_EQ_INT((int)seen.first_word, (int)(4321u + i));
+            got = 0;
+            CHECK_CU(cuMemcpyDtoH(&got, d_word, 4));
+            CHECK_EQ_INT((int)got, 777);
+        }
+        CHECK_EQ_INT(seen.calls, 4);
+        /* Not device memory here: a memset, a device copy and a stream
+         * memory operation naming it are refused, and leave it alone. */
+        CHECK_RC(cuMemsetD32Async(pinned_word, 1, 1, stream), CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_RC(cuMemcpyDtoDAsync(pinned_word, d_word, 4, stream), CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_RC(cuStreamWriteValue32_v2(stream, pinned_word, 1, 0), CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT((int)seen.words[0], 4324);
+        CHECK_EQ_INT((int)seen.words[1], 777);
+
+        /* Stream memory operations on device memory, as above. */
         got = 0;
         CHECK_CU(cuStreamWriteValue32_v2(stream, d_word, 99, 0));
         CHECK_CU(cuStreamWaitValue32_v2(stream, d_word, 99, 0x1));

@@ -797,3 +797,85 @@ fn the_gateway_refuses_what_no_client_may_ask() {
         .finish(RUN_TIMEOUT)
         .assert_checks_passed("driver_api_test after the hostile frames");
 }
+
+/// CUDA graphs through the network carrier, which shares no memory with
+/// the host: graph_test and graph_api_test with `--no-mapped-memory` run
+/// everything but page-locked memory in graphs (captures, explicit nodes,
+/// updates, child graphs, 2D and 3D memcpy nodes, every value checked) and
+/// assert that each graph call naming page-locked memory (memset and
+/// memcpy nodes added or set, per kind and generic; copies, memsets and
+/// host functions during a capture; host nodes) and each use of it as
+/// device memory is refused with CUDA_ERROR_NOT_SUPPORTED at the call,
+/// not left to make a graph that silently leaves it alone. The guest says
+/// why once per call.
+#[test]
+fn graphs_run_through_the_tls_carrier_and_refuse_page_locked_memory() {
+    let pki = TestPki::new();
+    let client = pki.ca.client("default", false);
+    let (daemon, port) = tls_daemon(&pki, &[]);
+    let guest = GuestLib::new();
+    let url = format!("tls://localhost:{port}");
+    let env = pki.client_env(Some(&client));
+    let graph_reason = "so a graph cannot reach the program's host memory";
+    let device_reason = "so page-locked memory has no device address there";
+
+    let program = guest.build_program("graph_test.c");
+    let mut command = remote_command(&guest, &program, &url, &env);
+    command.args(["--ptx", &ptx(), "--no-mapped-memory"]);
+    let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
+    print!("{}", outcome.stdout);
+    outcome.assert_passed("graph_test");
+    let stderr = &outcome.stderr;
+    for call in ["cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync"] {
+        let said = stderr
+            .lines()
+            .filter(|l| l.contains(&format!("{call} naming")) && l.contains(graph_reason))
+            .count();
+        assert_eq!(said, 1, "{call} refused once, said once:\n{stderr}");
+    }
+    for call in ["cuMemsetD*", "cuMemcpyDtoD", "cuStreamWriteValue"] {
+        let said = stderr
+            .lines()
+            .filter(|l| l.contains(&format!("{call} naming")) && l.contains(device_reason))
+            .count();
+        // Refused twice each (in the capture and on the stream), said once.
+        assert_eq!(said, 1, "{call}:\n{stderr}");
+    }
+    assert!(
+        stderr.contains("cuLaunchHostFunc on a capturing stream is not supported"),
+        "{stderr}"
+    );
+    // Refused in the guest: nothing failed on the host.
+    daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
+    let stats = daemon.stats();
+    assert_eq!(stats.get("command_errors"), 0, "{stats:?}");
+
+    let program = guest.build_program("graph_api_test.c");
+    let mut command = remote_command(&guest, &program, &url, &env);
+    command.args(["--ptx", &ptx(), "--no-mapped-memory"]);
+    let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
+    print!("{}", outcome.stdout);
+    outcome.assert_passed("graph_api_test");
+    let stderr = &outcome.stderr;
+    for call in [
+        "cuGraphAddMemsetNode",
+        "cuGraphMemsetNodeSetParams",
+        "cuGraphExecMemsetNodeSetParams",
+        "cuGraphAddMemcpyNode",
+        "cuGraphMemcpyNodeSetParams",
+        "cuGraphExecMemcpyNodeSetParams",
+    ] {
+        let said = stderr
+            .lines()
+            .filter(|l| l.contains(&format!("{call} naming")) && l.contains(graph_reason))
+            .count();
+        assert_eq!(said, 1, "{call}:\n{stderr}");
+    }
+    assert!(
+        stderr.contains("cuGraphAddHostNode is not supported"),
+        "{stderr}"
+    );
+    // The host freed everything the two processes had.
+    let after = daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
+    assert_eq!(after.get("device_memory_bytes"), 0, "{after:?}");
+}
