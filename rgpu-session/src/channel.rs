@@ -74,6 +74,8 @@ pub struct Channel {
     scratch: Vec<u8>,
     /// The guest's key for ring stamps, read at bind.
     stamp_key: u64,
+    /// The position last published in `consumed`.
+    published: Cell<u64>,
     /// A position whose stamp is not believed: the command there poisoned
     /// the ring, and `produced` has not passed it yet.
     distrusted: Option<u64>,
@@ -117,6 +119,7 @@ impl Channel {
             produced_seen: Cell::new(consumed),
             scratch: Vec::new(),
             stamp_key,
+            published: Cell::new(consumed),
             distrusted: None,
         };
         channel.set_host_idle(false);
@@ -131,11 +134,29 @@ impl Channel {
         self.consumed
     }
 
-    /// The guest's `produced` counter.
+    /// The guest's `produced` counter. Where it has caught up with the
+    /// host's position, a trailing `Padding` the host moved past is
+    /// published ([`Channel::publish_trailing`]).
     pub fn produced(&self) -> u64 {
         let produced = self.produced_word.load(Ordering::SeqCst);
         self.produced_seen.set(produced);
+        if produced == self.consumed && self.published.get() != self.consumed {
+            self.publish_consumed();
+        }
         produced
+    }
+
+    /// Publishes the host's position past trailing `Padding` (a ring tail
+    /// the guest filled) once `produced` says nothing follows it. A
+    /// `Padding` found by its stamp alone may carry the data of a command
+    /// the guest is still writing: its space is not the guest's again
+    /// until that command has run (`advance`).
+    pub fn publish_trailing(&self) {
+        if self.produced_seen.get() == self.consumed {
+            self.publish_consumed();
+        } else {
+            self.produced();
+        }
     }
 
     /// Whether the ring holds commands the host has not executed.
@@ -283,6 +304,7 @@ impl Channel {
 
     pub fn publish_consumed(&self) {
         self.consumed_word.store(self.consumed, Ordering::Release);
+        self.published.set(self.consumed);
     }
 
     /// Publishes in the completion table that the item of `tag` had

@@ -867,10 +867,11 @@ impl Worker {
             }
         }
         if let Some(channel) = self.channel.as_mut() {
-            // Publish a trailing Padding (nothing follows it yet); one with a
-            // command behind it is published with that command.
+            // A trailing Padding is published once `produced` covers it and
+            // nothing follows; one with a command behind it is published
+            // with that command.
             if !channel.has_work() {
-                channel.publish_consumed();
+                channel.publish_trailing();
             }
         }
         self.complete_reached();

@@ -455,6 +455,40 @@ fn a_stamped_command_runs_before_produced_says_so_and_a_stale_stamp_does_not() {
     let (result, _) = guest.call(&session, Command::CtxSynchronize);
     assert_eq!(result, CUDA_SUCCESS);
 
+    // A stamped Padding carrying the data of a command not written yet:
+    // the host moves past it but does not give its space back until the
+    // command has run.
+    let before = guest.consumed();
+    assert_eq!(before, guest.produced);
+    let mut staged = WireWriter::new();
+    CommandHeader {
+        opcode: rgpu_proto::Opcode::Padding as u16,
+        flags: 0,
+        body_len: 64,
+        reply_seq: 0,
+        stamp: 0,
+    }
+    .encode(&mut staged);
+    let mut staged = staged.as_bytes().to_vec();
+    staged.extend_from_slice(&[0x5a; 64]);
+    guest.push_raw_stamped(&session, &staged, None);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(guest.consumed(), before);
+    let after_data = guest.next_seq;
+    guest.next_seq += 1;
+    guest.push_stamped(&session, &Command::CtxSynchronize, after_data, None);
+    assert_eq!(await_reply(&guest, after_data), CUDA_SUCCESS);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while guest.consumed() != guest.produced {
+        assert!(
+            Instant::now() < deadline,
+            "consumed stayed at {}",
+            guest.consumed()
+        );
+        std::thread::yield_now();
+    }
+    guest.publish();
+
     // A stamped header that does not decode poisons the ring once; its
     // stamp is not believed again (the host does not read it over and
     // over), and the guest goes on once it publishes.
