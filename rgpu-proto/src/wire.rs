@@ -137,6 +137,10 @@ impl WireWriter {
     pub fn into_bytes(self) -> Vec<u8> {
         self.bytes
     }
+    /// Empties the writer, keeping its buffer for the next encoding.
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+    }
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes
     }

@@ -162,6 +162,8 @@ struct State {
     /// (reading it per command made both sides miss on it each time).
     consumed_seen: u64,
     next_seq: u64,
+    /// Where commands are encoded before they are copied into the ring.
+    encoded: WireWriter,
 }
 
 /// Where events and streams were last given work, for queries (a mutex of
@@ -266,6 +268,7 @@ impl Channel {
                 produced: 0,
                 consumed_seen: 0,
                 next_seq: 1,
+                encoded: WireWriter::with_capacity(256),
             }),
             notes: Mutex::default(),
             console: Mutex::new(None),
@@ -789,10 +792,16 @@ impl Channel {
         command: &Command,
         seq: u64,
     ) -> Result<(), CarrierError> {
-        let bytes = command.to_bytes(seq);
-        self.reserve(state, bytes.len() as u64)?;
-        self.write_entry(state.produced, &bytes);
-        state.produced += bytes.len() as u64;
+        // Encoded into the channel's buffer (no allocation per command).
+        let mut encoded = std::mem::take(&mut state.encoded);
+        encoded.clear();
+        let len = command.encode(seq, &mut encoded) as u64;
+        let written = self.reserve(state, len).map(|_| {
+            self.write_entry(state.produced, encoded.as_bytes());
+        });
+        state.encoded = encoded;
+        written?;
+        state.produced += len;
         self.note(command, state.produced);
         self.publish(state)
     }
