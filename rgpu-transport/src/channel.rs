@@ -230,8 +230,6 @@ pub struct Channel {
     /// Device printf output kept for whoever relays this channel (the
     /// network gateway) instead of printed here; `None`: printed.
     console: Mutex<Option<Vec<u8>>>,
-    /// The CPU has `prefetchw` ([`Channel::prepare_next`]).
-    prefetch_writable: bool,
     /// The key of this channel's ring stamps (rgpu-proto `channel`).
     stamp_key: u64,
 }
@@ -272,10 +270,6 @@ impl Channel {
             }),
             notes: Mutex::default(),
             console: Mutex::new(None),
-            #[cfg(target_arch = "x86_64")]
-            prefetch_writable: has_prefetchw(),
-            #[cfg(not(target_arch = "x86_64"))]
-            prefetch_writable: false,
             stamp_key: random_key(),
         };
         if let Err(e) = channel.bind() {
@@ -357,28 +351,7 @@ impl Channel {
         let mut state = self.lock();
         let seq = Self::take_seq(&mut state);
         self.write_command(&mut state, command, seq)?;
-        let reply =
-            self.wait_reply_spinning(&mut state, seq, self.spin + expected_duration(command));
-        self.prepare_next(&state);
-        reply
-    }
-
-    /// Asks for the ring's next line in this core's cache, writable: the
-    /// host has read everything up to `produced` by the time it answered,
-    /// and reads that line again only after the next `produced` store, so
-    /// the next command is written without waiting for the line.
-    fn prepare_next(&self, state: &State) {
-        #[cfg(target_arch = "x86_64")]
-        if self.prefetch_writable {
-            let ring = self.layout.ring_size;
-            let at = self.at(self.layout.ring_offset + state.produced % ring);
-            // SAFETY: `prefetchw` exists (checked at open); a prefetch
-            // only moves a cache line, it never faults or changes memory,
-            // and `at` lies inside the ring.
-            unsafe { prefetch_writable(at) };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = state;
+        self.wait_reply_spinning(&mut state, seq, self.spin + expected_duration(command))
     }
 
     /// Copies `data` from anywhere in this process to device memory at `dst`
@@ -1013,27 +986,6 @@ impl Channel {
         }
         Ok(Reply { result, payload })
     }
-}
-
-/// `prefetchw`: the line at `at` into this core's cache, owned. The caller
-/// checked [`has_prefetchw`].
-#[cfg(target_arch = "x86_64")]
-unsafe fn prefetch_writable(at: *const u8) {
-    // SAFETY: the instruction exists (the caller checked); a prefetch never
-    // faults, reads or writes memory, or touches the stack or flags.
-    unsafe {
-        core::arch::asm!("prefetchw [{0}]", in(reg) at, options(nostack, preserves_flags, readonly));
-    }
-}
-
-/// Whether the CPU has `prefetchw` (CPUID 0x8000_0001, ECX bit 8; stable
-/// Rust does not detect the feature by name yet).
-#[cfg(target_arch = "x86_64")]
-fn has_prefetchw() -> bool {
-    // CPUID exists on every x86_64 CPU; the extended leaf is asked for only
-    // when the CPU reports it.
-    let highest = core::arch::x86_64::__cpuid(0x8000_0000).eax;
-    highest >= 0x8000_0001 && core::arch::x86_64::__cpuid(0x8000_0001).ecx & (1 << 8) != 0
 }
 
 /// A key for this channel's ring stamps: random enough that no stale byte
