@@ -28,6 +28,9 @@
 //! (for the doorbell rule above, and for writers that stamp nothing). The
 //! key makes a stale or data-filled slot that reads as the stamp of a
 //! position a 2^-64 accident; a guest that forges one confuses only itself.
+//! The host moves `consumed` past a `Padding` (which may carry the data of
+//! the command after it) only once that command has run, or once
+//! `produced` shows nothing follows the `Padding` (a filled ring tail).
 //!
 //! The rest of the control header, from [`OFFSET_COMPLETIONS`], is the
 //! completion table (queries that never wait): the host publishes there
