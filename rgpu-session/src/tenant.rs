@@ -388,6 +388,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_watchdog_times_one_wait_from_when_it_first_sees_it() {
+        let tenant = Tenant::new();
+        let usage = tenant.join(5, None);
+        let mut watch = WaitWatch::default();
+        let limit = Duration::from_millis(30);
+        // Not waiting: never overdue.
+        assert!(tenant.overdue(limit, &mut watch).is_none());
+        std::thread::sleep(limit * 2);
+        assert!(tenant.overdue(limit, &mut watch).is_none());
+        // One wait, first seen now: overdue once it outlasts the limit.
+        usage.begin_wait(9);
+        assert!(tenant.overdue(limit, &mut watch).is_none());
+        std::thread::sleep(limit * 2);
+        let overdue = tenant.overdue(limit, &mut watch).expect("overdue");
+        assert_eq!((overdue.ctx_id, overdue.reply_seq), (5, 9));
+        // Another wait is timed afresh, though the one before ran long.
+        usage.end_wait();
+        usage.begin_wait(10);
+        assert!(tenant.overdue(limit, &mut watch).is_none());
+        // A wait that ended is not overdue, however long ago it began.
+        std::thread::sleep(limit * 2);
+        usage.end_wait();
+        assert!(tenant.overdue(limit, &mut watch).is_none());
+        // A session that left is forgotten.
+        usage.begin_wait(11);
+        assert!(tenant.overdue(limit, &mut watch).is_none());
+        tenant.leave(&usage);
+        assert!(tenant.overdue(limit, &mut watch).is_none());
+        assert!(watch.since.is_empty());
+    }
+
+    #[test]
     fn lists_sessions_with_a_context_until_they_leave() {
         let tenant = Tenant::new();
         let one = tenant.join(1, None);
