@@ -20,6 +20,7 @@ use rgpu_proto::command::{
     COMMAND_STAMP_OFFSET,
 };
 use rgpu_proto::cuda_result::CUDA_ERROR_INVALID_VALUE;
+use rgpu_proto::wire::WireWriter;
 use rgpu_proto::{Command, DecodeError, PROTOCOL_VERSION};
 
 use crate::blob::SharedWord;
@@ -135,8 +136,11 @@ impl Channel {
     }
 
     /// The guest's `produced` counter. Where it has caught up with the
-    /// host's position, a trailing `Padding` the host moved past is
-    /// published ([`Channel::publish_trailing`]).
+    /// host's position, that position is published: a trailing `Padding`
+    /// (a ring tail the guest filled) is given back once `produced` says
+    /// nothing follows it. A `Padding` found by its stamp alone may carry
+    /// the data of a command the guest is still writing: its space is not
+    /// the guest's again until that command has run (`advance`).
     pub fn produced(&self) -> u64 {
         let produced = self.produced_word.load(Ordering::SeqCst);
         self.produced_seen.set(produced);
@@ -144,19 +148,6 @@ impl Channel {
             self.publish_consumed();
         }
         produced
-    }
-
-    /// Publishes the host's position past trailing `Padding` (a ring tail
-    /// the guest filled) once `produced` says nothing follows it. A
-    /// `Padding` found by its stamp alone may carry the data of a command
-    /// the guest is still writing: its space is not the guest's again
-    /// until that command has run (`advance`).
-    pub fn publish_trailing(&self) {
-        if self.produced_seen.get() == self.consumed {
-            self.publish_consumed();
-        } else {
-            self.produced();
-        }
     }
 
     /// Whether the ring holds commands the host has not executed.
@@ -392,14 +383,13 @@ fn write_reply_record(
     let console_bytes = console.get(..console_len).unwrap_or_default();
     let base = layout.reply_offset;
     // result, len and console_len lie side by side: one write.
-    let mut fields = [0u8; 12];
-    let (result_bytes, lengths) = fields.split_at_mut(4);
-    let (len_bytes, console_len_bytes) = lengths.split_at_mut(4);
-    result_bytes.copy_from_slice(&result.to_le_bytes());
-    len_bytes.copy_from_slice(&(payload.len() as u32).to_le_bytes());
-    console_len_bytes.copy_from_slice(&(console_len as u32).to_le_bytes());
     const { assert!(REPLY_OFFSET_LEN == REPLY_OFFSET_RESULT + 4) };
     const { assert!(REPLY_OFFSET_CONSOLE_LEN == REPLY_OFFSET_LEN + 4) };
+    let mut fields = WireWriter::with_capacity(12);
+    fields
+        .u32(result)
+        .u32(payload.len() as u32)
+        .u32(console_len as u32);
     let write_if_any = |offset: u64, bytes: &[u8]| match bytes.is_empty() {
         true => Ok(()),
         false => blob.write(offset, bytes),
@@ -412,7 +402,7 @@ fn write_reply_record(
                 console_bytes,
             )
         })
-        .and_then(|()| blob.write(base + REPLY_OFFSET_RESULT, &fields))
+        .and_then(|()| blob.write(base + REPLY_OFFSET_RESULT, fields.as_bytes()))
         .and_then(|()| blob.atomic_u64(base + REPLY_OFFSET_SEQ));
     match written {
         Ok(seq_word) => {

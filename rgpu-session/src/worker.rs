@@ -866,14 +866,9 @@ impl Worker {
                 }
             }
         }
-        if let Some(channel) = self.channel.as_mut() {
-            // A trailing Padding is published once `produced` covers it and
-            // nothing follows; one with a command behind it is published
-            // with that command.
-            if !channel.has_work() {
-                channel.publish_trailing();
-            }
-        }
+        // A trailing Padding was published when `has_work` last read
+        // `produced` (Channel::produced); one with a command behind it is
+        // published with that command.
         self.complete_reached();
         if worked {
             Drained::Worked
@@ -906,27 +901,17 @@ impl Worker {
             }
             (_, None) => {}
             (_, Some(channel)) => {
-                let console = &mut self.console;
                 // An earlier unanswered command's error goes with the next
                 // success; a failure answers with its own.
-                match &result {
-                    Err(code) => {
-                        channel.write_reply_with_console(reply_seq, *code, &[], console);
-                    }
+                let (code, payload) = match &result {
+                    Err(code) => (*code, &[][..]),
                     Ok(payload) => match self.sticky.take() {
-                        Some(code) => {
-                            channel.write_reply_with_console(reply_seq, code, &[], console);
-                        }
-                        None => {
-                            copied = channel.write_reply_with_console(
-                                reply_seq,
-                                CUDA_SUCCESS,
-                                payload,
-                                console,
-                            );
-                        }
+                        Some(code) => (code, &[][..]),
+                        None => (CUDA_SUCCESS, payload.as_slice()),
                     },
-                }
+                };
+                copied =
+                    channel.write_reply_with_console(reply_seq, code, payload, &mut self.console);
             }
         }
         Counters::add(&self.counters.commands_executed, 1);
