@@ -333,6 +333,20 @@ fn modules_functions_launches_and_events() {
     session.shutdown();
 }
 
+/// A command header (no stamp), encoded; the body is the caller's to add.
+fn header(opcode: u16, body_len: u32, reply_seq: u64) -> WireWriter {
+    let mut w = WireWriter::new();
+    CommandHeader {
+        opcode,
+        flags: 0,
+        body_len,
+        reply_seq,
+        stamp: 0,
+    }
+    .encode(&mut w);
+    w
+}
+
 #[test]
 fn garbage_poisons_the_ring_but_the_session_keeps_answering() {
     let (mut guest, session, counters, _executor) = setup();
@@ -347,15 +361,7 @@ fn garbage_poisons_the_ring_but_the_session_keeps_answering() {
     assert_eq!(result, CUDA_SUCCESS);
 
     // A sound header whose body runs past `produced`.
-    let mut w = WireWriter::new();
-    CommandHeader {
-        opcode: rgpu_proto::Opcode::MemAlloc as u16,
-        flags: 0,
-        body_len: 8,
-        reply_seq: 0,
-        stamp: 0,
-    }
-    .encode(&mut w);
+    let w = header(rgpu_proto::Opcode::MemAlloc as u16, 8, 0);
     guest.push_raw(&session, w.as_bytes());
     guest.publish();
     guest.kick(&session);
@@ -364,15 +370,7 @@ fn garbage_poisons_the_ring_but_the_session_keeps_answering() {
 
     // A sound header with an unknown opcode: skipped, answered with an error.
     let seq = 9999;
-    let mut w = WireWriter::new();
-    CommandHeader {
-        opcode: 0x7777,
-        flags: 0,
-        body_len: 8,
-        reply_seq: seq,
-        stamp: 0,
-    }
-    .encode(&mut w);
+    let mut w = header(0x7777, 8, seq);
     w.u64(0);
     let (result, _) = guest.call_raw(&session, w.as_bytes(), seq);
     assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
@@ -460,16 +458,9 @@ fn a_stamped_command_runs_before_produced_says_so_and_a_stale_stamp_does_not() {
     // command has run.
     let before = guest.consumed();
     assert_eq!(before, guest.produced);
-    let mut staged = WireWriter::new();
-    CommandHeader {
-        opcode: rgpu_proto::Opcode::Padding as u16,
-        flags: 0,
-        body_len: 64,
-        reply_seq: 0,
-        stamp: 0,
-    }
-    .encode(&mut staged);
-    let mut staged = staged.as_bytes().to_vec();
+    let mut staged = header(rgpu_proto::Opcode::Padding as u16, 64, 0)
+        .as_bytes()
+        .to_vec();
     staged.extend_from_slice(&[0x5a; 64]);
     guest.push_raw_stamped(&session, &staged, None);
     std::thread::sleep(Duration::from_millis(100));

@@ -818,6 +818,13 @@ fn graphs_run_through_the_tls_carrier_and_refuse_page_locked_memory() {
     let env = pki.client_env(Some(&client));
     let graph_reason = "so a graph cannot reach the program's host memory";
     let device_reason = "so page-locked memory has no device address there";
+    // How many lines of `stderr` refuse `call` for `reason`.
+    let said = |stderr: &str, call: &str, reason: &str| {
+        stderr
+            .lines()
+            .filter(|l| l.contains(&format!("{call} naming")) && l.contains(reason))
+            .count()
+    };
 
     let program = guest.build_program("graph_test.c");
     let mut command = remote_command(&guest, &program, &url, &env);
@@ -827,19 +834,15 @@ fn graphs_run_through_the_tls_carrier_and_refuse_page_locked_memory() {
     outcome.assert_passed("graph_test");
     let stderr = &outcome.stderr;
     for call in ["cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync"] {
-        let said = stderr
-            .lines()
-            .filter(|l| l.contains(&format!("{call} naming")) && l.contains(graph_reason))
-            .count();
-        assert_eq!(said, 1, "{call} refused once, said once:\n{stderr}");
+        assert_eq!(
+            said(stderr, call, graph_reason),
+            1,
+            "{call} refused once, said once:\n{stderr}"
+        );
     }
     for call in ["cuMemsetD*", "cuMemcpyDtoD", "cuStreamWriteValue"] {
-        let said = stderr
-            .lines()
-            .filter(|l| l.contains(&format!("{call} naming")) && l.contains(device_reason))
-            .count();
         // Refused twice each (in the capture and on the stream), said once.
-        assert_eq!(said, 1, "{call}:\n{stderr}");
+        assert_eq!(said(stderr, call, device_reason), 1, "{call}:\n{stderr}");
     }
     assert!(
         stderr.contains("cuLaunchHostFunc on a capturing stream is not supported"),
@@ -865,11 +868,7 @@ fn graphs_run_through_the_tls_carrier_and_refuse_page_locked_memory() {
         "cuGraphMemcpyNodeSetParams",
         "cuGraphExecMemcpyNodeSetParams",
     ] {
-        let said = stderr
-            .lines()
-            .filter(|l| l.contains(&format!("{call} naming")) && l.contains(graph_reason))
-            .count();
-        assert_eq!(said, 1, "{call}:\n{stderr}");
+        assert_eq!(said(stderr, call, graph_reason), 1, "{call}:\n{stderr}");
     }
     assert!(
         stderr.contains("cuGraphAddHostNode is not supported"),
