@@ -250,6 +250,16 @@ pub(crate) fn refuse_as_device(call: &'static str, ptr: u64, len: u64) -> Result
     Ok(())
 }
 
+/// Whether `[ptr, ptr + len)` lies within one block of page-locked memory
+/// of this process only (network carrier): memory the program may fill
+/// itself, as no GPU work of the host's can reach it.
+pub(crate) fn is_process_only(ptr: u64, len: u64) -> bool {
+    usize::try_from(ptr)
+        .ok()
+        .and_then(|start| find(start, len))
+        .is_some_and(|(_, block)| block.resource_id == LOCAL)
+}
+
 /// `size` bytes (rounded up to pages) of this process's own memory, as a
 /// mapping without a blob.
 fn local_memory(size: u64) -> Result<rgpu_transport::BlobMapping, u32> {

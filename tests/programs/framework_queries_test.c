@@ -285,6 +285,35 @@ static int unified_host_memory(CUfunction scale, int run_kernel) {
     return 0;
 }
 
+/* Over the network carrier, page-locked memory is the process's own: XLA
+ * still zeroes its timers' page-locked flags with a memset naming them as
+ * device memory (unified addressing), which fills them in the process,
+ * asynchronous or not; a memset running past the allocation and one
+ * recorded by a capture are refused. */
+static int process_only_host_memory(void) {
+    unsigned n = 1024, wrong = 0;
+    unsigned *h = NULL;
+    CUstream stream = NULL;
+    REQUIRE_CU(cuMemHostAlloc((void **)&h, n * sizeof(unsigned), 0x01 /* PORTABLE */));
+    REQUIRE_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    CUdeviceptr as_device = (CUdeviceptr)(uintptr_t)h;
+    for (unsigned i = 0; i < n; i++) h[i] = 0xffffffffu;
+    CHECK_CU(cuMemsetD32Async(as_device, 0x01020304u, n / 2, stream));
+    CHECK_CU(cuMemsetD8(as_device + 4 * (n / 2), 0x5a, 8));
+    CHECK_CU(cuMemsetD16Async(as_device + 4 * (n - 1), 0x7788, 2, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    for (unsigned i = 0; i < n / 2; i++) wrong += h[i] != 0x01020304u;
+    wrong += h[n / 2] != 0x5a5a5a5au || h[n / 2 + 1] != 0x5a5a5a5au;
+    for (unsigned i = n / 2 + 2; i < n - 1; i++) wrong += h[i] != 0xffffffffu;
+    wrong += h[n - 1] != 0x77887788u;
+    CHECK_EQ_INT(wrong, 0);
+    CHECK_RC(cuMemsetD32(as_device + 4 * (n - 1), 0, 2), CUDA_ERROR_NOT_SUPPORTED);
+    CHECK_TRUE(h[n - 1] == 0x77887788u);
+    CHECK_CU(cuStreamDestroy(stream));
+    CHECK_CU(cuMemFreeHost(h));
+    return 0;
+}
+
 /* Tensor maps (XLA's and Triton's Hopper kernels): encoded, refused where
  * the driver documents a refusal, and the address replaced as a fresh
  * encoding would put it. */
@@ -566,7 +595,7 @@ static int cache_configuration(void) {
 
 int main(int argc, char **argv) {
     const char *image_path = NULL;
-    int require_clusters = 0, mapped_host = 0, mapped_kernel = 0, i;
+    int require_clusters = 0, mapped_host = 0, mapped_kernel = 0, process_only_host = 0, i;
     char *image;
     CUdevice device = 0;
     CUcontext ctx = NULL;
@@ -582,10 +611,12 @@ int main(int argc, char **argv) {
             mapped_host = 1;
         } else if (strcmp(argv[i], "--mapped-kernel") == 0) {
             mapped_host = mapped_kernel = 1;
+        } else if (strcmp(argv[i], "--process-only-host") == 0) {
+            process_only_host = 1;
         } else {
             fprintf(stderr,
                     "usage: %s --image PATH [--require-clusters] [--mapped-host] "
-                    "[--mapped-kernel]\n",
+                    "[--mapped-kernel] [--process-only-host]\n",
                     argv[0]);
             return 2;
         }
@@ -613,6 +644,7 @@ int main(int argc, char **argv) {
      * process's own and the host's GPU cannot see it. */
     if (mapped_host) mapped_host_memory(scale, mapped_kernel);
     if (mapped_host) unified_host_memory(scale, mapped_kernel);
+    if (process_only_host) process_only_host_memory();
     streams_and_contexts(ctx, device);
     occupancy_and_attributes(add, empty, device, require_clusters);
     launch_with_big_shared_memory(add);

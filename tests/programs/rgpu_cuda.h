@@ -110,6 +110,7 @@ CUresult cuMemsetD8(CUdeviceptr dst, unsigned char value, size_t count);
 CUresult cuMemsetD16(CUdeviceptr dst, unsigned short value, size_t count);
 CUresult cuMemsetD32(CUdeviceptr dst, unsigned int value, size_t count);
 CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUstream stream);
+CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short value, size_t count, CUstream stream);
 
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuModuleUnload(CUmodule module);

@@ -141,7 +141,7 @@ fn driver_api_and_runtime_style_programs_run_through_the_tls_carrier() {
     // pointer attributes, occupancy, capture state).
     let queries = guest.build_program("framework_queries_test.c");
     let mut command = remote_command(&guest, &queries, &url, &env);
-    command.args(["--image", &ptx()]);
+    command.args(["--image", &ptx(), "--process-only-host"]);
     GuestProcess::spawn(command)
         .finish(RUN_TIMEOUT)
         .assert_passed("framework_queries_test");

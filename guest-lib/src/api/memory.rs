@@ -557,7 +557,9 @@ fn memset(
     let len = (count as u64)
         .checked_mul(u64::from(element_size))
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    pinned::refuse_as_device("cuMemsetD*", dst, len)?;
+    if pinned::host_cannot_reach(dst, len) {
+        return memset_process_only(ctx, stream, dst, value, element_size, count, len);
+    }
     let owner = match device_ranges::locate(ctx.space, [(dst, len)])? {
         [Location::Nowhere] => {
             log::debug!("rgpu: device range {dst:#x}+{len:#x} is not this process's memory");
@@ -575,6 +577,48 @@ fn memset(
             count: count as u64,
         })
     })
+}
+
+/// A memset of page-locked memory named as device memory over the network
+/// carrier, which shares no memory with the host: the program's own bytes,
+/// filled here and now. That keeps the stream's order, as nothing the host
+/// runs reaches this memory (copies into it end before their call
+/// returns, host functions run in their call). XLA zeroes its timers'
+/// page-locked flags so. A capture would not record it: refused.
+fn memset_process_only(
+    ctx: &Context,
+    stream: u32,
+    dst: CUdeviceptr,
+    value: u32,
+    element_size: u32,
+    count: usize,
+    len: u64,
+) -> Result<(), u32> {
+    if !pinned::is_process_only(dst, len) {
+        // Partly page-locked, partly something else: no one allocation.
+        return Err(pinned::unreachable(
+            "cuMemsetD*",
+            pinned::Unreachable::DeviceAddress,
+        ));
+    }
+    refuse_captured_over_network(ctx, stream, "cuMemsetD*")?;
+    let bytes = value.to_le_bytes();
+    let element = bytes
+        .get(..element_size as usize)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let start = dst as usize as *mut u8;
+    for i in 0..count {
+        // SAFETY: `[dst, dst + len)` lies in one live page-locked block of
+        // this process (checked above), `len` = `count` * `element_size`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                element.as_ptr(),
+                start.add(i * element.len()),
+                element.len(),
+            )
+        };
+    }
+    Ok(())
 }
 
 macro_rules! memset_forms {
