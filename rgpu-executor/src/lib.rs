@@ -140,7 +140,6 @@ pub mod exec_update {
     pub const SUCCESS: u32 = 0;
     pub const TOPOLOGY_CHANGED: u32 = 2;
     pub const NODE_TYPE_CHANGED: u32 = 3;
-    pub const NOT_SUPPORTED: u32 = 6;
 }
 
 /// What `cuGraphExecUpdate_v2` answered.

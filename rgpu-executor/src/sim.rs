@@ -635,6 +635,13 @@ pub struct SimContext {
     /// Executable graphs: a copy of their graph's nodes when instantiated
     /// (the handles stay those of that graph's nodes).
     graph_execs: HashMap<u64, Vec<SimNode>>,
+    /// Executable graphs: the memory-allocation nodes whose memory each
+    /// holds (its graph's, and those of graphs it was updated from).
+    exec_allocations: HashMap<u64, Vec<SimNode>>,
+    /// Graphs with memory nodes -> the one executable graph that has their
+    /// allocations (instantiated or updated from them), as the driver
+    /// allows one at a time.
+    allocations_owner: HashMap<u64, u64>,
     /// Kernel nodes' attributes as set: kept, not acted on.
     node_attributes: AttributeStore,
     /// Streams' attributes as set, likewise (by `stream_key`).
@@ -883,6 +890,8 @@ impl SimContext {
             invalidated_captures: HashSet::new(),
             graphs: HashMap::new(),
             graph_execs: HashMap::new(),
+            exec_allocations: HashMap::new(),
+            allocations_owner: HashMap::new(),
             node_attributes: AttributeStore::default(),
             stream_attributes: AttributeStore::default(),
             graph_allocations: HashMap::new(),
@@ -2469,9 +2478,22 @@ impl ContextExecutor for SimContext {
             .get(&graph)
             .cloned()
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        self.hold_allocations(&nodes, true);
+        let memory: Vec<SimNode> = nodes
+            .iter()
+            .filter(|n| n.op.is_memory_node())
+            .cloned()
+            .collect();
+        // The driver keeps a graph's allocations with one executable graph.
+        if !memory.is_empty() && self.allocations_owner.contains_key(&graph) {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        self.hold_allocations(&memory, true);
         let handle = self.new_handle();
         self.graph_execs.insert(handle, nodes);
+        if !memory.is_empty() {
+            self.allocations_owner.insert(graph, handle);
+        }
+        self.exec_allocations.insert(handle, memory);
         Ok(handle)
     }
 
@@ -2486,11 +2508,12 @@ impl ContextExecutor for SimContext {
     }
 
     fn graph_exec_destroy(&mut self, exec: u64) -> CuResult<()> {
-        let nodes = self
-            .graph_execs
+        self.graph_execs
             .remove(&exec)
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        self.hold_allocations(&nodes, false);
+        let held = self.exec_allocations.remove(&exec).unwrap_or_default();
+        self.hold_allocations(&held, false);
+        self.allocations_owner.retain(|_, owner| *owner != exec);
         Ok(())
     }
 
@@ -2500,6 +2523,7 @@ impl ContextExecutor for SimContext {
             .remove(&graph)
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         self.hold_allocations(&nodes, false);
+        self.allocations_owner.remove(&graph);
         Ok(())
     }
 
@@ -2715,10 +2739,6 @@ impl ContextExecutor for SimContext {
             update_result,
             error_node: node.map(|n| n.handle),
         };
-        // Which allocation an executable graph holds does not change.
-        if let Some(memory) = new.iter().chain(old).find(|n| n.op.is_memory_node()) {
-            return Ok(failed(exec_update::NOT_SUPPORTED, Some(memory)));
-        }
         if new.len() != old.len() || topology(new) != topology(old) {
             return Ok(failed(exec_update::TOPOLOGY_CHANGED, None));
         }
@@ -2730,10 +2750,33 @@ impl ContextExecutor for SimContext {
             return Ok(failed(exec_update::NODE_TYPE_CHANGED, Some(changed)));
         }
         let ops: Vec<GraphOp> = new.iter().map(|n| n.op.clone()).collect();
+        let has_memory_nodes = new.iter().any(|n| n.op.is_memory_node());
+        // The executable graph also holds the new graph's allocations, which
+        // its nodes may now name, and has them as its own.
+        let memory: Vec<SimNode> = new
+            .iter()
+            .filter(|n| matches!(n.op, GraphOp::MemAlloc(_)))
+            .cloned()
+            .collect();
         if let Some(old) = self.graph_execs.get_mut(&exec) {
             for (node, op) in old.iter_mut().zip(ops) {
                 node.op = op;
             }
+        }
+        let held = self.exec_allocations.entry(exec).or_default();
+        let fresh: Vec<SimNode> = memory
+            .into_iter()
+            .filter(|n| {
+                !held.iter().any(|h| match (&h.op, &n.op) {
+                    (GraphOp::MemAlloc(a), GraphOp::MemAlloc(b)) => a == b,
+                    _ => false,
+                })
+            })
+            .collect();
+        held.extend(fresh.iter().cloned());
+        self.hold_allocations(&fresh, true);
+        if has_memory_nodes {
+            self.allocations_owner.insert(graph, exec);
         }
         Ok(ExecUpdate {
             result: CUDA_SUCCESS,

@@ -598,7 +598,7 @@ fn graph_allocations_count_against_the_tenant_while_a_graph_holds_them() {
         CUDA_ERROR_INVALID_VALUE
     );
     assert_eq!(call(free(50, 63, vec![62], ptr)).0, CUDA_SUCCESS);
-    // Not carried by a clone, a child or an update here.
+    // Not carried by a clone or a child (as the driver answers).
     assert_eq!(
         call(Command::GraphClone {
             graph: 51,
@@ -629,6 +629,9 @@ fn graph_allocations_count_against_the_tenant_while_a_graph_holds_them() {
         flags: 0,
     };
     assert_eq!(call(instantiate).0, CUDA_SUCCESS);
+    // An update from a graph of another shape fails on its topology; one
+    // from a twin with an allocation of its own succeeds, and the
+    // executable graph then holds the twin's allocation too.
     let (result, payload) = call(Command::GraphExecUpdate {
         exec: 90,
         graph: 52,
@@ -636,8 +639,50 @@ fn graph_allocations_count_against_the_tenant_while_a_graph_holds_them() {
     assert_eq!(result, CUDA_SUCCESS);
     assert_eq!(
         rgpu_proto::reply::decode_u64s::<3>(&payload).unwrap(),
-        [910, 6, 0]
+        [910, 2, 0]
     );
+    assert_eq!(
+        call(Command::GraphCreate {
+            graph: 53,
+            flags: 0
+        })
+        .0,
+        CUDA_SUCCESS
+    );
+    let (result, payload) = call(alloc(53, 64, MIB));
+    assert_eq!(result, CUDA_SUCCESS);
+    let twin_ptr = rgpu_proto::reply::decode_u64s::<1>(&payload).unwrap()[0];
+    let twin_set = Command::GraphAddMemsetNode {
+        graph: 53,
+        node: 65,
+        dependencies: vec![64],
+        dst: twin_ptr,
+        value: 2,
+        element_size: 4,
+        width: 1024,
+        height: 1,
+        pitch: 4096,
+    };
+    assert_eq!(call(twin_set).0, CUDA_SUCCESS);
+    assert_eq!(call(free(53, 66, vec![65], twin_ptr)).0, CUDA_SUCCESS);
+    assert_eq!(budget.used(), 4 * MIB);
+    let (result, payload) = call(Command::GraphExecUpdate {
+        exec: 90,
+        graph: 53,
+    });
+    assert_eq!(result, CUDA_SUCCESS);
+    assert_eq!(
+        rgpu_proto::reply::decode_u64s::<3>(&payload).unwrap(),
+        [0, 0, 0]
+    );
+    // The twin's allocations are the executable graph's now: the twin is
+    // not instantiated beside it.
+    let beside = Command::GraphInstantiate {
+        graph: 53,
+        exec: 91,
+        flags: 0,
+    };
+    assert_eq!(call(beside).0, CUDA_ERROR_NOT_SUPPORTED);
     assert_eq!(
         call(Command::GraphLaunch {
             exec: 90,
@@ -646,9 +691,10 @@ fn graph_allocations_count_against_the_tenant_while_a_graph_holds_them() {
         .0,
         CUDA_SUCCESS
     );
-    // The executable graph still holds it once the graph is gone.
+    // The executable graph still holds both once the graphs are gone.
     assert_eq!(call(Command::GraphDestroy { graph: 50 }).0, CUDA_SUCCESS);
-    assert_eq!(budget.used(), 3 * MIB);
+    assert_eq!(call(Command::GraphDestroy { graph: 53 }).0, CUDA_SUCCESS);
+    assert_eq!(budget.used(), 4 * MIB);
     assert_eq!(call(Command::GraphExecDestroy { exec: 90 }).0, CUDA_SUCCESS);
     assert_eq!(budget.used(), 0);
     // Gone: no command names it, and the budget has room again.

@@ -255,5 +255,12 @@ for name in "${names[@]}"; do
     printf '%-16s %-8s %s\n' "$name" "${verdict[$name-native]:-?}" "${verdict[$name-rgpu]:-?}"
 done
 echo
+# Issue 10: every "not supported" line the runs through rgpu logged (their
+# stderr and the daemon's log), each distinct message once with its count,
+# for the README's list of what stays unsupported and why.
+unsupported=$(cat "$logs"/*-rgpu.err "$logs/daemon.log" 2>/dev/null | grep -i "not supported" |
+    sed -E 's/^\[[^]]*\] *//; s/(pid|ctx|conn|worker) [0-9.]+/\1 N/g' | sort | uniq -c | sort -rn)
+echo "compat: not-supported lines through rgpu: $(printf '%s' "$unsupported" | grep -c .) distinct"
+printf '%s\n' "$unsupported" | grep . | head -30 | sed 's/^ */compat:   /'
 echo "compat suite: $failures failure(s); logs in $logs"
 exit "$failures"

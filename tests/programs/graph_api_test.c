@@ -732,6 +732,52 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 2; i++) CHECK_CU(cuGraphLaunch(mem_exec, stream));
     CHECK_CU(cuStreamSynchronize(stream));
     CHECK_EQ_INT(mismatches(d_copy, mem_base, 0), 0);
+    /* As the H200's driver 580 answers: a graph with memory nodes is not
+     * cloned and loses no node, but its executable graph is updated from
+     * it or from a twin of the same shape with an allocation of its own,
+     * whose allocations the executable graph then has: the twin is not
+     * instantiated beside it, nor is the graph a second time. */
+    {
+        CUgraph mem_clone = NULL, twin = NULL;
+        CUgraphNode t_alloc = NULL, t_fill = NULL, t_out = NULL, t_free = NULL;
+        CUgraphExec twin_exec = NULL, second_exec = NULL;
+        CHECK_RC(cuGraphClone(&mem_clone, mem), CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_RC(cuGraphDestroyNode(n_fill), CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_RC(cuGraphDestroyNode(n_free), CUDA_ERROR_NOT_SUPPORTED);
+        ExecUpdateResultInfo mem_info;
+        memset(&mem_info, 0, sizeof mem_info);
+        CHECK_CU(cuGraphExecUpdate_v2(mem_exec, mem, &mem_info));
+        CHECK_EQ_INT(mem_info.result, UPDATE_SUCCESS);
+        MemAllocNodeParams twin_alloc = alloc;
+        twin_alloc.dptr = 0;
+        CHECK_CU(cuGraphCreate(&twin, 0));
+        CHECK_CU(cuGraphAddMemAllocNode(&t_alloc, twin, NULL, 0, &twin_alloc));
+        CHECK_TRUE(twin_alloc.dptr != 0 && twin_alloc.dptr != scratch);
+        CUdeviceptr twin_scratch = twin_alloc.dptr;
+        unsigned twin_base = 7000;
+        void *twin_params[] = {&twin_scratch, &twin_base, &count};
+        KernelNodeParams twin_fill = fill_index_node(fill_index, twin_params);
+        Memcpy3D twin_copy = copy_dtod(d_copy, twin_scratch, N * 4);
+        CHECK_CU(cuGraphAddKernelNode_v2(&t_fill, twin, &t_alloc, 1, &twin_fill));
+        CHECK_CU(cuGraphAddMemcpyNode(&t_out, twin, &t_fill, 1, &twin_copy, ctx));
+        CHECK_CU(cuGraphAddMemFreeNode(&t_free, twin, &t_out, 1, twin_scratch));
+        memset(&mem_info, 0, sizeof mem_info);
+        CHECK_CU(cuGraphExecUpdate_v2(mem_exec, twin, &mem_info));
+        CHECK_EQ_INT(mem_info.result, UPDATE_SUCCESS);
+        CHECK_CU(cuGraphLaunch(mem_exec, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT(mismatches(d_copy, twin_base, 0), 0);
+        CUresult twin_beside = cuGraphInstantiateWithFlags(&twin_exec, twin, 0);
+        CUresult second = cuGraphInstantiateWithFlags(&second_exec, mem, 0);
+        printf("a graph with memory nodes instantiated beside its executable graph: twin %d, "
+               "itself %d\n",
+               twin_beside, second);
+        CHECK_EQ_INT(twin_beside, CUDA_ERROR_NOT_SUPPORTED);
+        CHECK_EQ_INT(second, CUDA_ERROR_NOT_SUPPORTED);
+        if (twin_beside == CUDA_SUCCESS) CHECK_CU(cuGraphExecDestroy(twin_exec));
+        if (second == CUDA_SUCCESS) CHECK_CU(cuGraphExecDestroy(second_exec));
+        CHECK_CU(cuGraphDestroy(twin));
+    }
     /* Misuse: a free node of memory that is no graph allocation, a graph
      * with memory nodes as a child graph (documented as errors; the H200's
      * driver 580 answers INVALID_VALUE and NOT_SUPPORTED; printed). */

@@ -21,20 +21,31 @@ pub(super) fn graph_instantiate(env: &mut Env<'_>, command: &Command) -> CuResul
     handles.graph_execs.insert(*exec, created);
     handles.graph_exec_sources.insert(*exec, source);
     // It holds its graph's allocations until it is destroyed.
-    let held = handles
-        .graph_contents
-        .get(&source)
-        .map(|c| c.allocations.clone())
-        .unwrap_or_default();
-    for ptr in &held {
-        if let Some(allocation) = handles.graph_allocations.get_mut(ptr) {
-            allocation.holders = allocation.holders.saturating_add(1);
-        }
-    }
-    handles.graph_exec_allocations.insert(*exec, held);
+    handles.graph_exec_allocations.insert(*exec, Vec::new());
+    hold_graph_allocations(handles, *exec, source);
     // An instantiated graph may hold device memory of its own.
     let _ = tenant.account_driver_memory(Refresh::Settle, executor, counters);
     Ok(Vec::new())
+}
+
+/// Executable graph `exec` holds the allocations of `graph`'s memory nodes
+/// (those it does not hold yet) until it is destroyed.
+fn hold_graph_allocations(handles: &mut Handles, exec: u32, graph: u32) {
+    let allocations = handles
+        .graph_contents
+        .get(&graph)
+        .map(|c| c.allocations.clone())
+        .unwrap_or_default();
+    let held = handles.graph_exec_allocations.entry(exec).or_default();
+    for ptr in allocations {
+        if held.contains(&ptr) {
+            continue;
+        }
+        if let Some(allocation) = handles.graph_allocations.get_mut(&ptr) {
+            allocation.holders = allocation.holders.saturating_add(1);
+        }
+        held.push(ptr);
+    }
 }
 
 /// `GraphLaunch`.
@@ -967,40 +978,23 @@ pub(super) fn graph_exec_node_get_enabled(
         .map(|enabled| u64_payload(&[u64::from(enabled)]))
 }
 
-/// `GraphExecUpdate`.
+/// `GraphExecUpdate`. Graphs with memory nodes are updated too, as the
+/// driver allows (it keeps a graph's allocations with one executable graph
+/// at a time); the executable graph then also holds the allocations of
+/// the graph it was updated from, so that they stay charged while it may
+/// use them.
 pub(super) fn graph_exec_update(env: &mut Env<'_>, command: &Command) -> CuResult<Vec<u8>> {
     let Command::GraphExecUpdate { exec, graph } = command else {
         return Err(CUDA_ERROR_INVALID_VALUE);
     };
-    let ctx_id = env.ctx_id;
     let ctx = &mut *env.ctx;
     let handles = &mut *env.handles;
     let created_exec = handles.graph_exec(*exec)?;
     let created_graph = handles.graph(*graph)?;
-    // The allocations an executable graph holds stay those it
-    // was made with.
-    let memory_nodes = |g: Option<&u32>| {
-        g.and_then(|g| handles.graph_contents.get(g))
-            .is_some_and(|c| c.memory_nodes)
-    };
-    if memory_nodes(Some(graph))
-        || memory_nodes(handles.graph_exec_sources.get(exec))
-        || handles
-            .graph_exec_allocations
-            .get(exec)
-            .is_some_and(|held| !held.is_empty())
-    {
-        warn_limited!(
-            "ctx {ctx_id}: cuGraphExecUpdate of a graph with memory-allocation or \
-             free nodes is not supported"
-        );
-        return Ok(u64_payload(&[
-            CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE.into(),
-            exec_update::NOT_SUPPORTED.into(),
-            0,
-        ]));
-    }
     let update = ctx.graph_exec_update(created_exec, created_graph)?;
+    if update.result == CUDA_SUCCESS {
+        hold_graph_allocations(handles, *exec, *graph);
+    }
     let error_node = handles.guest_node(update.error_node);
     Ok(u64_payload(&[
         update.result.into(),

@@ -10,13 +10,13 @@ use std::collections::HashMap;
 use std::os::fd::AsFd;
 
 use rgpu_executor::{
-    exec_update, ContextExecutor, Copy3D, CuResult, Executor, GraphNode, HostRun,
-    KernelNodeAttribute, LaunchHint, LaunchOptions, MemoryOp,
+    ContextExecutor, Copy3D, CuResult, Executor, GraphNode, HostRun, KernelNodeAttribute,
+    LaunchHint, LaunchOptions, MemoryOp,
 };
 use rgpu_proto::command::launch_attribute;
 use rgpu_proto::cuda_result::{
-    CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE,
-    CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN,
+    CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND,
+    CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
 };
 
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`: the one flag of
