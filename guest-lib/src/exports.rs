@@ -356,6 +356,10 @@ rgpu_shim::exported_api! {
     fn cuStreamGetCaptureInfo_v2_ptsz(hstream: CUstream, capture_status: *mut c_int, id: *mut u64, graph: *mut *mut c_void, dependencies: *mut *const c_void, num_dependencies: *mut usize) => stream::capture_info_v2_ptsz;
     fn cuStreamGetCaptureInfo_v3(hstream: CUstream, capture_status: *mut c_int, id: *mut u64, graph: *mut *mut c_void, dependencies: *mut *const c_void, edge_data: *mut *const c_void, num_dependencies: *mut usize) => stream::capture_info_v3;
     fn cuStreamGetCaptureInfo_v3_ptsz(hstream: CUstream, capture_status: *mut c_int, id: *mut u64, graph: *mut *mut c_void, dependencies: *mut *const c_void, edge_data: *mut *const c_void, num_dependencies: *mut usize) => stream::capture_info_v3_ptsz;
+    fn cuStreamUpdateCaptureDependencies(hstream: CUstream, dependencies: *const CUgraphNode, num_dependencies: usize, flags: c_uint) => graph::update_capture_dependencies;
+    fn cuStreamUpdateCaptureDependencies_ptsz(hstream: CUstream, dependencies: *const CUgraphNode, num_dependencies: usize, flags: c_uint) => graph::update_capture_dependencies_ptsz;
+    fn cuStreamUpdateCaptureDependencies_v2(hstream: CUstream, dependencies: *const CUgraphNode, edge_data: *const EdgeData, num_dependencies: usize, flags: c_uint) => graph::update_capture_dependencies_v2;
+    fn cuStreamUpdateCaptureDependencies_v2_ptsz(hstream: CUstream, dependencies: *const CUgraphNode, edge_data: *const EdgeData, num_dependencies: usize, flags: c_uint) => graph::update_capture_dependencies_v2_ptsz;
     fn cuStreamGetCtx(hstream: CUstream, pctx: *mut CUcontext) => stream::get_ctx;
     fn cuStreamGetCtx_ptsz(hstream: CUstream, pctx: *mut CUcontext) => stream::get_ctx_ptsz;
     fn cuStreamGetCtx_v2(hstream: CUstream, pctx: *mut CUcontext, pgreen_ctx: *mut *mut c_void) => stream::get_ctx_v2;

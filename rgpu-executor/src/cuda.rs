@@ -35,9 +35,9 @@ use crate::image::{classify, ImageKind};
 use crate::launch_thread::{Launch, LaunchThread};
 use crate::nvml::HostNvml;
 use crate::{
-    ptx, ContextExecutor, Copy3D, CuResult, DeviceStatus, ExecUpdate, Executor, ExecutorError,
-    GraphNode, HostRun, KernelNodeAttribute, LaunchHint, LaunchOptions, MemoryOp, PitchedSide,
-    StreamRef,
+    ptx, ContextExecutor, Copy3D, CuResult, DeviceStatus, DriverNodes, ExecUpdate, Executor,
+    ExecutorError, GraphNode, HostRun, KernelNodeAttribute, LaunchHint, LaunchOptions, MemoryOp,
+    PitchedSide, StreamRef,
 };
 
 /// Exported by rgpu's guest library so the daemon can tell it apart from
@@ -329,6 +329,54 @@ fn with_param_buffer<R>(params: &[u8], launch: impl FnOnce(*mut *mut c_void) -> 
         extra.as_mut_ptr()
     };
     launch(extra)
+}
+
+/// The graph a capture on `stream` records into and what its next node
+/// will depend on; `CUDA_ERROR_ILLEGAL_STATE` when it is not capturing.
+fn capture_info(stream: sys::CUstream) -> CuResult<(sys::CUgraph, Vec<sys::CUgraphNode>)> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id = 0u64;
+    let mut graph: sys::CUgraph = null_mut();
+    let mut dependencies: *const sys::CUgraphNode = std::ptr::null();
+    let mut edges: *const sys::CUgraphEdgeData = std::ptr::null();
+    let mut count = 0usize;
+    // SAFETY: a live stream; valid out-pointers.
+    check("cuStreamGetCaptureInfo_v3", unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream,
+            &mut status,
+            &mut id,
+            &mut graph,
+            &mut dependencies,
+            &mut edges,
+            &mut count,
+        )
+    })?;
+    if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE || graph.is_null() {
+        return Err(CUDA_ERROR_ILLEGAL_STATE);
+    }
+    let nodes = if dependencies.is_null() || count == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: the driver's array of `count` nodes, valid until the
+        // stream's next capture call; copied at once.
+        unsafe { std::slice::from_raw_parts(dependencies, count) }.to_vec()
+    };
+    Ok((graph, nodes))
+}
+
+/// A driver list of nodes: `list` asked for the count (NULL array), then
+/// for the nodes.
+fn list_nodes(
+    mut list: impl FnMut(*mut sys::CUgraphNode, *mut usize) -> sys::CUresult,
+) -> CuResult<Vec<sys::CUgraphNode>> {
+    let mut count = 0usize;
+    check("cuGraphGetNodes", list(null_mut(), &mut count))?;
+    let mut nodes = vec![null_mut(); count];
+    let mut filled = count;
+    check("cuGraphGetNodes", list(nodes.as_mut_ptr(), &mut filled))?;
+    nodes.truncate(filled.min(count));
+    Ok(nodes)
 }
 
 /// Makes `ctx` current on the calling thread (a launch thread's first act).
@@ -744,6 +792,7 @@ impl Executor for CudaExecutor {
             graphs: HashMap::new(),
             graph_execs: HashMap::new(),
             graph_nodes: HashMap::new(),
+            capture_named: HashSet::new(),
             device: self.device,
             physical: HashMap::new(),
             reservations: HashMap::new(),
@@ -864,9 +913,12 @@ pub struct CudaContext {
     events: HashMap<u64, sys::CUevent>,
     graphs: HashMap<u64, sys::CUgraph>,
     graph_execs: HashMap<u64, sys::CUgraphExec>,
-    /// Nodes of graphs built node by node: (graph handle, node), until
-    /// their graph is destroyed.
+    /// Nodes of graphs built node by node, and driver nodes named when
+    /// listed: (graph handle, node), until their graph is destroyed.
     graph_nodes: HashMap<u64, (u64, sys::CUgraphNode)>,
+    /// Graphs of captures still going on, named when the session asked for
+    /// them (`cuStreamGetCaptureInfo`): a failed capture destroys them.
+    capture_named: HashSet<u64>,
     /// The device, for the virtual-memory calls' locations.
     device: sys::CUdevice,
     /// Virtual memory: physical allocations by handle, reserved ranges and
@@ -909,6 +961,50 @@ impl CudaContext {
         let handle = self.next_handle;
         self.next_handle += 1;
         handle
+    }
+
+    /// The handle of driver graph `graph` (a capture's), named now if it
+    /// has none.
+    fn name_driver_graph(&mut self, graph: sys::CUgraph) -> u64 {
+        if let Some((handle, _)) = self.graphs.iter().find(|(_, g)| **g == graph) {
+            return *handle;
+        }
+        let handle = self.new_handle();
+        self.graphs.insert(handle, graph);
+        self.capture_named.insert(handle);
+        handle
+    }
+
+    /// Driver nodes of graph `graph` (a handle) with their handles (named
+    /// now where they have none) and types.
+    fn name_driver_nodes(
+        &mut self,
+        graph: u64,
+        nodes: &[sys::CUgraphNode],
+    ) -> CuResult<Vec<(u64, u32)>> {
+        let mut named = Vec::with_capacity(nodes.len());
+        for &node in nodes {
+            let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: a node the driver just listed, a valid out-pointer.
+            check("cuGraphNodeGetType", unsafe {
+                sys::cuGraphNodeGetType(node, &mut kind)
+            })?;
+            let known = self
+                .graph_nodes
+                .iter()
+                .find(|(_, (_, n))| *n == node)
+                .map(|(handle, _)| *handle);
+            let handle = match known {
+                Some(handle) => handle,
+                None => {
+                    let handle = self.new_handle();
+                    self.graph_nodes.insert(handle, (graph, node));
+                    handle
+                }
+            };
+            named.push((handle, kind as u32));
+        }
+        Ok(named)
     }
 
     fn stream(&self, stream: StreamRef) -> CuResult<sys::CUstream> {
@@ -1795,18 +1891,113 @@ impl ContextExecutor for CudaContext {
 
     fn stream_end_capture(&mut self, stream: StreamRef) -> CuResult<u64> {
         let stream = self.stream(stream)?;
+        // A graph named while capturing: a failed capture takes it along.
+        let capturing = capture_info(stream).ok().map(|(graph, _)| graph);
         let mut graph: sys::CUgraph = null_mut();
         // SAFETY: a live stream, a valid out-pointer.
-        check("cuStreamEndCapture", unsafe {
+        let ended = check("cuStreamEndCapture", unsafe {
             sys::cuStreamEndCapture(stream, &mut graph)
-        })?;
-        // A capture into an existing graph ends in that graph.
+        });
+        if let Err(code) = ended {
+            let named = self
+                .graphs
+                .iter()
+                .find(|(handle, g)| Some(**g) == capturing && self.capture_named.contains(handle))
+                .map(|(handle, _)| *handle);
+            if let Some(handle) = named {
+                self.graphs.remove(&handle);
+                self.graph_nodes.retain(|_, (of, _)| *of != handle);
+                self.capture_named.remove(&handle);
+            }
+            return Err(code);
+        }
+        // A capture into an existing graph (or one named while capturing)
+        // ends in that graph.
         if let Some((handle, _)) = self.graphs.iter().find(|(_, g)| **g == graph) {
-            return Ok(*handle);
+            let handle = *handle;
+            self.capture_named.remove(&handle);
+            return Ok(handle);
         }
         let handle = self.new_handle();
         self.graphs.insert(handle, graph);
         Ok(handle)
+    }
+
+    fn stream_capture_graph(&mut self, stream: StreamRef) -> CuResult<u64> {
+        let stream = self.stream(stream)?;
+        let (graph, _) = capture_info(stream)?;
+        Ok(self.name_driver_graph(graph))
+    }
+
+    fn stream_update_capture_dependencies(
+        &mut self,
+        stream: StreamRef,
+        nodes: &[u64],
+        flags: u32,
+    ) -> CuResult<()> {
+        let stream = self.stream(stream)?;
+        let mut driver_nodes = nodes
+            .iter()
+            .map(|n| self.graph_nodes.get(n).map(|(_, node)| *node))
+            .collect::<Option<Vec<_>>>()
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: a live stream; `driver_nodes` holds live nodes of this
+        // context and is only read; NULL edge data asks for plain edges;
+        // the driver checks `flags`.
+        check("cuStreamUpdateCaptureDependencies_v2", unsafe {
+            sys::cuStreamUpdateCaptureDependencies_v2(
+                stream,
+                driver_nodes.as_mut_ptr(),
+                std::ptr::null(),
+                driver_nodes.len(),
+                flags,
+            )
+        })
+    }
+
+    fn graph_driver_nodes(&mut self, which: DriverNodes) -> CuResult<Vec<(u64, u32)>> {
+        let (graph, nodes) = match which {
+            DriverNodes::Graph { graph, roots } => {
+                let hgraph = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+                let nodes = list_nodes(|nodes, count| {
+                    // SAFETY: a live graph of this context; `nodes` has room
+                    // for `*count` nodes (or is NULL to ask the count).
+                    unsafe {
+                        if roots {
+                            sys::cuGraphGetRootNodes(hgraph, nodes, count)
+                        } else {
+                            sys::cuGraphGetNodes(hgraph, nodes, count)
+                        }
+                    }
+                })?;
+                (graph, nodes)
+            }
+            DriverNodes::CaptureDependencies(stream) => {
+                let stream = self.stream(stream)?;
+                let (hgraph, nodes) = capture_info(stream)?;
+                (self.name_driver_graph(hgraph), nodes)
+            }
+            DriverNodes::Edges { node, dependents } => {
+                let (graph, hnode) = *self
+                    .graph_nodes
+                    .get(&node)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                let nodes = list_nodes(|nodes, count| {
+                    // SAFETY: a live node of this context; `nodes` has room
+                    // for `*count` nodes (or is NULL to ask the count); NULL
+                    // edge data is not asked for.
+                    unsafe {
+                        if dependents {
+                            sys::cuGraphNodeGetDependentNodes_v2(hnode, nodes, null_mut(), count)
+                        } else {
+                            sys::cuGraphNodeGetDependencies_v2(hnode, nodes, null_mut(), count)
+                        }
+                    }
+                })?;
+                (graph, nodes)
+            }
+        };
+        self.name_driver_nodes(graph, &nodes)
     }
 
     fn graph_instantiate(&mut self, graph: u64, flags: u64) -> CuResult<u64> {
@@ -1851,6 +2042,7 @@ impl ContextExecutor for CudaContext {
         check("cuGraphDestroy", unsafe { sys::cuGraphDestroy(handle) })?;
         self.graphs.remove(&graph);
         self.graph_nodes.retain(|_, (of, _)| *of != graph);
+        self.capture_named.remove(&graph);
         Ok(())
     }
 

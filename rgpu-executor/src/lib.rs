@@ -135,6 +135,20 @@ pub struct MemoryOp {
     pub flags: u32,
 }
 
+/// Which nodes [`ContextExecutor::graph_driver_nodes`] lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverNodes {
+    /// Every node of graph `graph` (`cuGraphGetNodes`), or only those that
+    /// depend on none (`cuGraphGetRootNodes`).
+    Graph { graph: u64, roots: bool },
+    /// What the next node captured on a stream will depend on
+    /// (`cuStreamGetCaptureInfo`'s dependencies).
+    CaptureDependencies(StreamRef),
+    /// The nodes node `node` depends on, or with `dependents` those that
+    /// depend on it.
+    Edges { node: u64, dependents: bool },
+}
+
 /// `CUgraphExecUpdateResult` values the executors answer themselves.
 pub mod exec_update {
     pub const SUCCESS: u32 = 0;
@@ -594,6 +608,27 @@ pub trait ContextExecutor {
     }
     /// Ends a capture: the graph recorded.
     fn stream_end_capture(&mut self, _stream: StreamRef) -> CuResult<u64> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// The graph `stream`'s capture records into (`cuStreamGetCaptureInfo`'s
+    /// graph), as a graph handle; its capture ends in that same graph.
+    fn stream_capture_graph(&mut self, _stream: StreamRef) -> CuResult<u64> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuStreamUpdateCaptureDependencies`: what the next node captured on
+    /// `stream` depends on, `nodes` added (`flags` 0) or set instead (1).
+    fn stream_update_capture_dependencies(
+        &mut self,
+        _stream: StreamRef,
+        _nodes: &[u64],
+        _flags: u32,
+    ) -> CuResult<()> {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// Nodes as the driver lists them (those the driver made by capture
+    /// too), each as a node handle (the same for the same node every time)
+    /// and its `CUgraphNodeType`.
+    fn graph_driver_nodes(&mut self, _which: DriverNodes) -> CuResult<Vec<(u64, u32)>> {
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
     fn graph_instantiate(&mut self, _graph: u64, _flags: u64) -> CuResult<u64> {

@@ -39,9 +39,9 @@ use rgpu_proto::reply::FunctionInfo;
 use crate::image::{classify, ImageKind};
 use crate::occupancy::{self, KernelResources};
 use crate::{
-    exec_update, ptx, ContextExecutor, Copy3D, CuResult, DeviceStatus, ExecUpdate, Executor,
-    GraphNode, HostRun, KernelNodeAttribute, LaunchHint, LaunchOptions, MemoryOp, PitchedSide,
-    StreamRef,
+    exec_update, ptx, ContextExecutor, Copy3D, CuResult, DeviceStatus, DriverNodes, ExecUpdate,
+    Executor, GraphNode, HostRun, KernelNodeAttribute, LaunchHint, LaunchOptions, MemoryOp,
+    PitchedSide, StreamRef,
 };
 
 /// What `rgpu_spin` with a duration past the clock's range waits: forever,
@@ -621,11 +621,9 @@ pub struct SimContext {
     /// memory, not this one's.
     imported: HashSet<u64>,
     reservations: BTreeMap<u64, u64>,
-    /// Streams being captured (by [`stream_key`]) and what they recorded.
-    capturing: HashMap<u64, Vec<GraphOp>>,
-    /// Captures into an existing graph (by [`stream_key`]): the graph and
-    /// the nodes the first captured one depends on.
-    capture_targets: HashMap<u64, (u64, Vec<u64>)>,
+    /// Streams being captured (by [`stream_key`]): each records into a
+    /// graph as it goes, as the driver does.
+    capturing: HashMap<u64, SimCapture>,
     /// Captures a query invalidated (by [`stream_key`]).
     invalidated_captures: HashSet<u64>,
     /// Graphs: their nodes in the order they were added (a node depends
@@ -678,6 +676,32 @@ struct SimNode {
     op: GraphOp,
     /// Skipped in an executable graph's launches (`cuGraphNodeSetEnabled`).
     disabled: bool,
+}
+
+/// A capture going on: the graph it records into and what its next node
+/// will depend on.
+struct SimCapture {
+    graph: u64,
+    dependencies: Vec<u64>,
+    /// Into a graph that existed before (`cuStreamBeginCaptureToGraph`),
+    /// which a failed capture leaves.
+    into_existing: bool,
+}
+
+/// `CUgraphNodeType` of a node doing `op`.
+fn node_type(op: &GraphOp) -> u32 {
+    match op {
+        GraphOp::Launch { .. } => 0,
+        GraphOp::Copy(_) => 1,
+        GraphOp::Memset { .. } => 2,
+        GraphOp::Child(_) => 4,
+        GraphOp::Empty => 5,
+        GraphOp::EventWait(_) => 6,
+        GraphOp::EventRecord(_) => 7,
+        GraphOp::MemAlloc(_) => 10,
+        GraphOp::MemFree(_) => 11,
+        GraphOp::MemOp(_) => 12,
+    }
 }
 
 /// The nodes' operations in an order that runs every node after its
@@ -886,7 +910,6 @@ impl SimContext {
             imported: HashSet::new(),
             reservations: BTreeMap::new(),
             capturing: HashMap::new(),
-            capture_targets: HashMap::new(),
             invalidated_captures: HashSet::new(),
             graphs: HashMap::new(),
             graph_execs: HashMap::new(),
@@ -919,14 +942,17 @@ impl SimContext {
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         self.check_stream(stream)?;
         let threads = launch_threads(grid, block)?;
-        if let Some(ops) = self.capturing.get_mut(&stream_key(stream)) {
-            ops.push(GraphOp::Launch {
-                function,
-                grid,
-                block,
-                shared_mem_bytes,
-                params: params.to_vec(),
-            });
+        if self.capturing.contains_key(&stream_key(stream)) {
+            self.record(
+                stream,
+                GraphOp::Launch {
+                    function,
+                    grid,
+                    block,
+                    shared_mem_bytes,
+                    params: params.to_vec(),
+                },
+            );
             return Ok(());
         }
         check_poisoned()?;
@@ -1371,6 +1397,24 @@ impl SimContext {
 
     /// One more (or one fewer) holder of the memory-allocation nodes among
     /// `nodes`; memory no graph or executable graph holds is freed.
+    /// `op`, made on capturing `stream`: a node of the capture's graph after
+    /// the capture's dependencies, and the one the next node depends on.
+    fn record(&mut self, stream: StreamRef, op: GraphOp) {
+        let handle = self.new_handle();
+        let Some(capture) = self.capturing.get_mut(&stream_key(stream)) else {
+            return;
+        };
+        let dependencies = std::mem::replace(&mut capture.dependencies, vec![handle]);
+        if let Some(nodes) = self.graphs.get_mut(&capture.graph) {
+            nodes.push(SimNode {
+                handle,
+                dependencies,
+                op,
+                disabled: false,
+            });
+        }
+    }
+
     fn hold_allocations(&mut self, nodes: &[SimNode], more: bool) {
         for node in nodes {
             let GraphOp::MemAlloc(dptr) = node.op else {
@@ -1698,8 +1742,8 @@ impl ContextExecutor for SimContext {
 
     fn memcpy_dtod(&mut self, stream: StreamRef, dst: u64, src: u64, size: u64) -> CuResult<()> {
         self.check_stream(stream)?;
-        if let Some(ops) = self.capturing.get_mut(&stream_key(stream)) {
-            ops.push(GraphOp::Copy(Copy3D::linear(dst, src, size)));
+        if self.capturing.contains_key(&stream_key(stream)) {
+            self.record(stream, GraphOp::Copy(Copy3D::linear(dst, src, size)));
             return Ok(());
         }
         if size == 0 {
@@ -1729,15 +1773,18 @@ impl ContextExecutor for SimContext {
         if !matches!(element_size, 1 | 2 | 4) || !dst.is_multiple_of(u64::from(element_size)) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        if let Some(ops) = self.capturing.get_mut(&stream_key(stream)) {
-            ops.push(GraphOp::Memset {
-                dst,
-                value,
-                element_size,
-                count,
-                rows: 1,
-                pitch: 0,
-            });
+        if self.capturing.contains_key(&stream_key(stream)) {
+            self.record(
+                stream,
+                GraphOp::Memset {
+                    dst,
+                    value,
+                    element_size,
+                    count,
+                    rows: 1,
+                    pitch: 0,
+                },
+            );
             return Ok(());
         }
         let len = count
@@ -2364,7 +2411,16 @@ impl ContextExecutor for SimContext {
         if self.capturing.contains_key(&key) {
             return Err(CUDA_ERROR_ILLEGAL_STATE);
         }
-        self.capturing.insert(key, Vec::new());
+        let graph = self.new_handle();
+        self.graphs.insert(graph, Vec::new());
+        self.capturing.insert(
+            key,
+            SimCapture {
+                graph,
+                dependencies: Vec::new(),
+                into_existing: false,
+            },
+        );
         Ok(())
     }
 
@@ -2382,9 +2438,21 @@ impl ContextExecutor for SimContext {
         {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        self.stream_begin_capture(stream, mode)?;
-        self.capture_targets
-            .insert(stream_key(stream), (graph, dependencies.to_vec()));
+        if mode > 2 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let key = stream_key(stream);
+        if self.capturing.contains_key(&key) {
+            return Err(CUDA_ERROR_ILLEGAL_STATE);
+        }
+        self.capturing.insert(
+            key,
+            SimCapture {
+                graph,
+                dependencies: dependencies.to_vec(),
+                into_existing: true,
+            },
+        );
         Ok(())
     }
 
@@ -2393,8 +2461,8 @@ impl ContextExecutor for SimContext {
     /// at most `SIM_WAIT_VALUE_LIMIT`: the driver would wait for ever.
     fn stream_memory_op(&mut self, stream: StreamRef, op: MemoryOp) -> CuResult<()> {
         self.check_stream(stream)?;
-        if let Some(ops) = self.capturing.get_mut(&stream_key(stream)) {
-            ops.push(GraphOp::MemOp(op));
+        if self.capturing.contains_key(&stream_key(stream)) {
+            self.record(stream, GraphOp::MemOp(op));
             return Ok(());
         }
         let MemoryOp {
@@ -2436,40 +2504,117 @@ impl ContextExecutor for SimContext {
 
     fn stream_end_capture(&mut self, stream: StreamRef) -> CuResult<u64> {
         self.check_stream(stream)?;
-        let ops = self
+        let capture = self
             .capturing
             .remove(&stream_key(stream))
             .ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
-        let target = self.capture_targets.remove(&stream_key(stream));
         if self.invalidated_captures.remove(&stream_key(stream)) {
+            if !capture.into_existing {
+                self.graphs.remove(&capture.graph);
+            }
             return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
         }
-        // One stream's work: a chain, each node after the one before (the
-        // first after the capture's dependencies, into an existing graph).
-        let mut nodes: Vec<SimNode> = Vec::with_capacity(ops.len());
-        for op in ops {
-            let dependencies = match nodes.last() {
-                Some(n) => vec![n.handle],
-                None => target.as_ref().map(|(_, d)| d.clone()).unwrap_or_default(),
-            };
-            nodes.push(SimNode {
-                handle: self.new_handle(),
-                dependencies,
-                op,
-                disabled: false,
-            });
+        Ok(capture.graph)
+    }
+
+    fn stream_capture_graph(&mut self, stream: StreamRef) -> CuResult<u64> {
+        self.check_stream(stream)?;
+        self.capturing
+            .get(&stream_key(stream))
+            .map(|c| c.graph)
+            .ok_or(CUDA_ERROR_ILLEGAL_STATE)
+    }
+
+    fn stream_update_capture_dependencies(
+        &mut self,
+        stream: StreamRef,
+        nodes: &[u64],
+        flags: u32,
+    ) -> CuResult<()> {
+        self.check_stream(stream)?;
+        let capture = self
+            .capturing
+            .get_mut(&stream_key(stream))
+            .ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+        let held = self
+            .graphs
+            .get(&capture.graph)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if !nodes.iter().all(|n| held.iter().any(|h| h.handle == *n)) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        if let Some((graph, _)) = target {
-            let existing = self
-                .graphs
-                .get_mut(&graph)
-                .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-            existing.extend(nodes);
-            return Ok(graph);
+        match flags {
+            // CU_STREAM_ADD_CAPTURE_DEPENDENCIES
+            0 => {
+                for node in nodes {
+                    if !capture.dependencies.contains(node) {
+                        capture.dependencies.push(*node);
+                    }
+                }
+            }
+            // CU_STREAM_SET_CAPTURE_DEPENDENCIES
+            1 => capture.dependencies = nodes.to_vec(),
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
         }
-        let handle = self.new_handle();
-        self.graphs.insert(handle, nodes);
-        Ok(handle)
+        Ok(())
+    }
+
+    fn graph_driver_nodes(&mut self, which: DriverNodes) -> CuResult<Vec<(u64, u32)>> {
+        let typed = |nodes: &[SimNode], handles: &[u64]| -> CuResult<Vec<(u64, u32)>> {
+            handles
+                .iter()
+                .map(|h| {
+                    nodes
+                        .iter()
+                        .find(|n| n.handle == *h)
+                        .map(|n| (*h, node_type(&n.op)))
+                        .ok_or(CUDA_ERROR_INVALID_VALUE)
+                })
+                .collect()
+        };
+        match which {
+            DriverNodes::Graph { graph, roots } => {
+                let nodes = self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+                Ok(nodes
+                    .iter()
+                    .filter(|n| !roots || n.dependencies.is_empty())
+                    .map(|n| (n.handle, node_type(&n.op)))
+                    .collect())
+            }
+            DriverNodes::CaptureDependencies(stream) => {
+                self.check_stream(stream)?;
+                let capture = self
+                    .capturing
+                    .get(&stream_key(stream))
+                    .ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+                let nodes = self
+                    .graphs
+                    .get(&capture.graph)
+                    .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+                typed(nodes, &capture.dependencies)
+            }
+            DriverNodes::Edges { node, dependents } => {
+                let nodes = self
+                    .graphs
+                    .values()
+                    .find(|nodes| nodes.iter().any(|n| n.handle == node))
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                let handles: Vec<u64> = if dependents {
+                    nodes
+                        .iter()
+                        .filter(|n| n.dependencies.contains(&node))
+                        .map(|n| n.handle)
+                        .collect()
+                } else {
+                    nodes
+                        .iter()
+                        .find(|n| n.handle == node)
+                        .map(|n| n.dependencies.clone())
+                        .unwrap_or_default()
+                };
+                typed(nodes, &handles)
+            }
+        }
     }
 
     fn graph_instantiate(&mut self, graph: u64, _flags: u64) -> CuResult<u64> {

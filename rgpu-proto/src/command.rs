@@ -212,6 +212,20 @@ pub struct Launch {
 /// and cooperative flag (the driver defines fewer than 20 kinds).
 pub const MAX_LAUNCH_ATTRIBUTES: usize = 16;
 
+/// `GraphNameNodes`' `which`: the nodes listed.
+pub mod name_nodes {
+    /// Every node of graph `handle`.
+    pub const NODES: u32 = 0;
+    /// The nodes of graph `handle` that depend on none.
+    pub const ROOTS: u32 = 1;
+    /// What the next node captured on stream `handle` will depend on.
+    pub const CAPTURE_DEPENDENCIES: u32 = 2;
+    /// The nodes node `handle` depends on.
+    pub const DEPENDENCIES: u32 = 3;
+    /// The nodes that depend on node `handle`.
+    pub const DEPENDENTS: u32 = 4;
+}
+
 /// `CUlaunchAttributeID`s (cuda.h) that a `LaunchKernelEx` may carry.
 pub mod launch_attribute {
     pub const IGNORE: u32 = 0;
@@ -1168,6 +1182,13 @@ commands! {
     StreamGetAttribute = 0x040b { stream: u32, id: u32 };
     /// `cuStreamCopyAttributes`: stream `dst` takes `src`'s.
     StreamCopyAttributes = 0x040c { dst: u32, src: u32 };
+    /// The graph `stream`'s capture records into (`cuStreamGetCaptureInfo`'s
+    /// graph) gets guest handle `graph`; its `StreamEndCapture` ends in it.
+    StreamCaptureGraph = 0x040d { stream: u32, graph: u32 };
+    /// `cuStreamUpdateCaptureDependencies`: the next node captured on
+    /// `stream` depends on `nodes` (nodes of the capture's graph) too
+    /// (`flags` 0), or only on them (1).
+    StreamUpdateCaptureDependencies = 0x040e { stream: u32, nodes: Vec<u32>, flags: u32 };
     EventCreate = 0x0500 { event: u32, flags: u32 };
     EventDestroy = 0x0501 { event: u32 };
     EventRecord = 0x0502 { event: u32, stream: u32 };
@@ -1388,6 +1409,13 @@ commands! {
     /// `cuGraphGetRootNodes`' count for `graph` as the host's driver holds
     /// it; answers a `u64`.
     GraphGetRootNodeCount = 0x0709 { graph: u32 };
+    /// Nodes as the host's driver lists them, which it may have made by
+    /// capture: `which` ([`name_nodes`]) says which, of `handle` (a
+    /// graph, a capturing stream or a node); a listed node without a guest
+    /// handle gets the next of `first_node`.. (at most `room` of them).
+    /// Answers `u64`s: the number listed, then for each its guest handle (0:
+    /// no room left to name it) and its `CUgraphNodeType`.
+    GraphNameNodes = 0x070a { which: u32, handle: u32, first_node: u32, room: u32 };
     /// `cuTensorMapEncodeTiled` / `cuTensorMapEncodeIm2col`: the host's
     /// driver encodes the descriptor (its layout is the driver's own);
     /// answers its [`TENSOR_MAP_BYTES`] bytes.

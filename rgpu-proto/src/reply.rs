@@ -201,6 +201,21 @@ pub fn decode_u64s<const N: usize>(bytes: &[u8]) -> Result<[u64; N], DecodeError
     Ok(out)
 }
 
+/// Decodes a payload of whole `u64`s, at most `max` of them.
+pub fn decode_u64_list(bytes: &[u8], max: usize) -> Result<Vec<u64>, DecodeError> {
+    let count = bytes.len() / 8;
+    if count > max {
+        return Err(DecodeError::LengthOutOfRange {
+            length: count as u64,
+            limit: max as u64,
+        });
+    }
+    let mut r = WireReader::new(bytes);
+    let values = (0..count).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+    r.finish()?;
+    Ok(values)
+}
+
 /// Encodes an attribute's 64-byte value union (`CUlaunchAttributeValue`,
 /// the answer of the attribute queries).
 pub fn value_union_payload(union: &[u32; 16]) -> Vec<u8> {

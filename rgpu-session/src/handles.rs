@@ -54,6 +54,9 @@ pub struct GraphNodes {
     /// It holds memory-allocation or memory-free nodes (which a child
     /// graph may not, and clones and updates do not carry here).
     pub memory_nodes: bool,
+    /// Named while its capture goes on (`StreamCaptureGraph`): a capture
+    /// that fails takes it along.
+    pub named_while_capturing: bool,
 }
 
 /// The memory of a graph's memory-allocation node: charged to the tenant
@@ -210,14 +213,26 @@ impl Handles {
             .unwrap_or(0)
     }
 
-    /// Forgets a graph and its nodes.
+    /// Forgets a graph and its nodes (those the driver made and that were
+    /// named when listed too).
     pub fn remove_graph(&mut self, graph: u32) {
         self.graphs.remove(&graph);
         if let Some(contents) = self.graph_contents.remove(&graph) {
             for node in contents.nodes {
                 self.graph_nodes.remove(&node);
             }
+            if contents.captured {
+                self.graph_nodes.retain(|_, (of, _)| *of != graph);
+            }
         }
+    }
+
+    /// The guest handle of the executor's graph `created`, if it has one.
+    pub fn guest_graph(&self, created: u64) -> Option<u32> {
+        self.graphs
+            .iter()
+            .find(|(_, g)| **g == created)
+            .map(|(guest, _)| *guest)
     }
 
     /// Forgets a module and every function and global looked up in it.

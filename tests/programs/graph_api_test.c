@@ -1115,14 +1115,15 @@ int main(int argc, char **argv) {
         CHECK_RC(cuGraphAddNode(&n, refused, NULL, 0, &params), CUDA_ERROR_NOT_SUPPORTED);
         CHECK_CU(cuGraphGetNodes(refused, NULL, &held));
         CHECK_EQ_INT((int)held, 0);
-        /* Outside graphs too, it is no device memory: a memset or a copy
-         * naming it as such is refused. */
-        CHECK_RC(cuMemsetD32((CUdeviceptr)(uintptr_t)words, 500, 1), CUDA_ERROR_NOT_SUPPORTED);
+        /* Outside graphs too, it is no device memory: a copy naming it as
+         * such is refused; a memset fills the program's own bytes. */
         CHECK_RC(cuMemcpyDtoD(d_word, (CUdeviceptr)(uintptr_t)(words + 1), 4),
                  CUDA_ERROR_NOT_SUPPORTED);
         CHECK_CU(cuCtxSynchronize());
         CHECK_EQ_INT(seen.calls, 0);
         CHECK_EQ_INT((int)words[0], 7);
+        CHECK_CU(cuMemsetD32((CUdeviceptr)(uintptr_t)words, 500, 1));
+        CHECK_EQ_INT((int)words[0], 500);
         CHECK_CU(cuMemcpyDtoH(&got, d_word, 4));
         CHECK_EQ_INT((int)got, 3);
         CHECK_CU(cuGraphDestroy(refused));

@@ -19,9 +19,10 @@
  * copy from or to it and a host function are refused with
  * CUDA_ERROR_NOT_SUPPORTED at the call, and the capture goes on without
  * them (its graph holds the rest and runs); directly on a stream, host
- * functions run in order with copies from and to page-locked memory, and
- * a memset, device copy or stream memory operation naming it as device
- * memory is refused. Everything else runs as without it.
+ * functions run in order with copies from and to page-locked memory, a
+ * device copy or stream memory operation naming it as device memory is
+ * refused, and a memset naming it so fills the program's own bytes.
+ * Everything else runs as without it.
  *
  * Prints "graph_test: N checks passed" (exit 0) or every failed check
  * (exit 1). */
@@ -48,6 +49,24 @@ CUresult cuGraphExecDestroy(CUgraphExec exec);
 CUresult cuGraphDestroy(CUgraph graph);
 CUresult cuGraphGetNodes(CUgraph graph, void **nodes, size_t *count);
 CUresult cuGraphGetRootNodes(CUgraph graph, void **nodes, size_t *count);
+typedef struct CUgraphNode_st *CUgraphNode;
+CUresult cuStreamGetCaptureInfo_v2(CUstream stream, int *status, unsigned long long *id,
+                                   CUgraph *graph, const CUgraphNode **deps, size_t *count);
+CUresult cuStreamGetCaptureInfo_v3(CUstream stream, int *status, unsigned long long *id,
+                                   CUgraph *graph, const CUgraphNode **deps, const void **edges,
+                                   size_t *count);
+CUresult cuStreamUpdateCaptureDependencies(CUstream stream, CUgraphNode *deps, size_t count,
+                                           unsigned flags);
+CUresult cuGraphAddEmptyNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                             size_t count);
+CUresult cuGraphNodeGetType(CUgraphNode node, int *type);
+CUresult cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *deps, size_t *count);
+CUresult cuGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode *deps, size_t *count);
+CUresult cuGraphGetEdges(CUgraph graph, CUgraphNode *from, CUgraphNode *to, size_t *count);
+#define NODE_KERNEL 0
+#define NODE_MEMSET 2
+#define NODE_EMPTY 5
+#define SET_CAPTURE_DEPENDENCIES 1
 #ifndef CUDA_ERROR_NOT_SUPPORTED
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #endif
@@ -164,6 +183,85 @@ int main(int argc, char **argv) {
 
     CHECK_CU(cuGraphExecDestroy(exec));
     CHECK_CU(cuGraphDestroy(graph));
+
+    /* What a capture records into, and what its next node will depend on
+     * (cuStreamGetCaptureInfo), named as the driver holds them: the
+     * capturing graph and the kernel just captured. An empty node added to
+     * that graph after the kernel, made the capture's dependency, comes
+     * before what is captured next; the capture ends in that same graph,
+     * whose nodes, roots, edges and node edges are then named and typed,
+     * and which runs as captured: memset -> fill -> empty -> scale. */
+    {
+        unsigned named_base = 2000;
+        void *named_fill[] = {&d_index, &named_base, &count};
+        CUgraph capturing = NULL, capturing_again = NULL, ended = NULL;
+        const CUgraphNode *deps = NULL, *deps_again = NULL;
+        const void *edges_again = NULL;
+        size_t ndeps = 0, ndeps_again = 0;
+        int type = -1;
+        CHECK_CU(cuStreamBeginCapture_v2(stream, CAPTURE_MODE_THREAD_LOCAL));
+        CHECK_CU(cuMemsetD32Async(d_index, 0, N, stream));
+        CHECK_CU(cuLaunchKernel(fill_index, N / 128, 1, 1, 128, 1, 1, 0, stream, named_fill, NULL));
+        CHECK_CU(cuStreamGetCaptureInfo_v2(stream, &status, &id, &capturing, &deps, &ndeps));
+        CHECK_EQ_INT(status, 1);
+        CHECK_TRUE(capturing != NULL);
+        CHECK_EQ_INT((int)ndeps, 1);
+        CUgraphNode fill_node = ndeps == 1 && deps ? deps[0] : NULL;
+        CHECK_CU(cuGraphNodeGetType(fill_node, &type));
+        CHECK_EQ_INT(type, NODE_KERNEL);
+        CUgraphNode joint = NULL;
+        CHECK_CU(cuGraphAddEmptyNode(&joint, capturing, &fill_node, 1));
+        CHECK_CU(cuStreamUpdateCaptureDependencies(stream, &joint, 1, SET_CAPTURE_DEPENDENCIES));
+        CHECK_CU(cuStreamGetCaptureInfo_v3(stream, &status, &id, &capturing_again, &deps_again,
+                                           &edges_again, &ndeps_again));
+        CHECK_TRUE(capturing_again == capturing);
+        CHECK_TRUE(ndeps_again == 1 && deps_again && deps_again[0] == joint);
+        CHECK_TRUE(edges_again != NULL);
+        CHECK_CU(cuLaunchKernel(scale, N / 128, 1, 1, 128, 1, 1, 0, stream, scale_params, NULL));
+        CHECK_CU(cuStreamEndCapture(stream, &ended));
+        CHECK_TRUE(ended == capturing);
+        CUgraphNode all[8], roots_named[8], from[8], to[8], edge_nodes[8];
+        size_t n_all = 8, n_roots = 8, n_edges = 8, n_edge_nodes = 8;
+        CHECK_CU(cuGraphGetNodes(ended, (void **)all, &n_all));
+        CHECK_EQ_INT((int)n_all, 4);
+        unsigned kinds = 0, found = 0;
+        for (size_t i = 0; i < n_all && i < 8; i++) {
+            if (cuGraphNodeGetType(all[i], &type) == CUDA_SUCCESS && type >= 0 && type < 32)
+                kinds |= 1u << type;
+            found += all[i] == fill_node || all[i] == joint;
+        }
+        CHECK_EQ_INT(kinds, (1u << NODE_KERNEL) | (1u << NODE_MEMSET) | (1u << NODE_EMPTY));
+        CHECK_EQ_INT(found, 2);
+        CHECK_CU(cuGraphGetRootNodes(ended, (void **)roots_named, &n_roots));
+        CHECK_EQ_INT((int)n_roots, 1);
+        CHECK_CU(cuGraphNodeGetType(roots_named[0], &type));
+        CHECK_EQ_INT(type, NODE_MEMSET);
+        CHECK_CU(cuGraphGetEdges(ended, from, to, &n_edges));
+        CHECK_EQ_INT((int)n_edges, 3);
+        CHECK_CU(cuGraphNodeGetDependencies(joint, edge_nodes, &n_edge_nodes));
+        CHECK_TRUE(n_edge_nodes == 1 && edge_nodes[0] == fill_node);
+        n_edge_nodes = 8;
+        CHECK_CU(cuGraphNodeGetDependentNodes(joint, edge_nodes, &n_edge_nodes));
+        CHECK_EQ_INT((int)n_edge_nodes, 1);
+        CHECK_CU(cuGraphNodeGetType(edge_nodes[0], &type));
+        CHECK_EQ_INT(type, NODE_KERNEL);
+        CUgraphExec named_exec = NULL;
+        CHECK_CU(cuMemcpyHtoD(d_float, floats, N * 4));
+        CHECK_CU(cuGraphInstantiateWithFlags(&named_exec, ended, 0));
+        CHECK_CU(cuGraphLaunch(named_exec, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_CU(cuMemcpyDtoH(indices, d_index, N * 4));
+        CHECK_CU(cuMemcpyDtoH(expected, d_float, N * 4));
+        index_mismatches = float_mismatches = 0;
+        for (unsigned i = 0; i < N; i++) {
+            if (indices[i] != named_base + i) index_mismatches++;
+            if (expected[i] != floats[i] * 2.0f) float_mismatches++;
+        }
+        CHECK_EQ_INT(index_mismatches, 0);
+        CHECK_EQ_INT(float_mismatches, 0);
+        CHECK_CU(cuGraphExecDestroy(named_exec));
+        CHECK_CU(cuGraphDestroy(ended));
+    }
 
     /* A stream that waits on an event recorded in a capture joins it (and
      * reports so) until the capture ends on the stream that began it. */
@@ -303,13 +401,16 @@ int main(int argc, char **argv) {
             CHECK_EQ_INT((int)got, 777);
         }
         CHECK_EQ_INT(seen.calls, 4);
-        /* Not device memory here: a memset, a device copy and a stream
-         * memory operation naming it are refused, and leave it alone. */
-        CHECK_RC(cuMemsetD32Async(pinned_word, 1, 1, stream), CUDA_ERROR_NOT_SUPPORTED);
+        /* Not device memory here: a device copy and a stream memory
+         * operation naming it are refused, and leave it alone; a memset
+         * fills the program's own bytes (XLA zeroes page-locked flags so). */
         CHECK_RC(cuMemcpyDtoDAsync(pinned_word, d_word, 4, stream), CUDA_ERROR_NOT_SUPPORTED);
         CHECK_RC(cuStreamWriteValue32_v2(stream, pinned_word, 1, 0), CUDA_ERROR_NOT_SUPPORTED);
         CHECK_CU(cuStreamSynchronize(stream));
         CHECK_EQ_INT((int)seen.words[0], 4324);
+        CHECK_CU(cuMemsetD32Async(pinned_word, 1, 1, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT((int)seen.words[0], 1);
         CHECK_EQ_INT((int)seen.words[1], 777);
 
         /* Stream memory operations on device memory, as above. */

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use rgpu_proto::cuda_result::*;
 use rgpu_proto::Command;
 
-use rgpu_proto::command::{Launch, MAX_NODE_DEPENDENCIES};
+use rgpu_proto::command::{name_nodes, Launch, MAX_NODE_DEPENDENCIES};
 use rgpu_proto::reply::{decode_u64s, decode_value_union, FunctionInfo};
 
 use crate::abi::{write_optional, write_out, CUdeviceptr, CUevent, CUfunction, CUstream};
@@ -256,6 +256,11 @@ pub(crate) const CAPTURE_STATUS_ACTIVE: c_int = 1;
 /// without one; modes go up to `RELAXED` (2).
 const MODE_GLOBAL: c_int = 0;
 const MODE_RELAXED: c_int = 2;
+/// Guest handles set aside for the driver's nodes a listing names, unless
+/// it needs more (then a second listing has room for all).
+const DRIVER_NODES_ROOM: u32 = 16;
+/// Most nodes one listing answers (the session's node limit is lower).
+const MAX_LISTED_NODES: usize = 1 << 20;
 
 pub(crate) struct Graph {
     context: Arc<Context>,
@@ -353,6 +358,9 @@ enum NodeParams {
     Event(usize),
     MemAlloc(Arc<HeldMemAlloc>),
     MemFree(CUdeviceptr),
+    /// A node the host's driver made (by stream capture), named here when
+    /// listed: its parameters and edges are the driver's.
+    Driver,
 }
 
 /// A memcpy node's parameters as the application gave them, for
@@ -589,6 +597,13 @@ struct Captures {
     /// Events last recorded in a capture, by (context id, event handle):
     /// the capture's id (a stream waiting on one joins that capture).
     events: HashMap<(u64, u32), u64>,
+    /// The graph (registry handle) each capture records into, once named
+    /// (`cuStreamGetCaptureInfo`), by capture id.
+    graphs: HashMap<u64, usize>,
+    /// The dependencies `cuStreamGetCaptureInfo` last answered for a stream
+    /// (registry handles, and their edge data), by (context id, stream):
+    /// the caller reads them until its next capture call on the stream.
+    dependencies: HashMap<(u64, u32), (Vec<usize>, Vec<EdgeData>)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -661,6 +676,214 @@ pub(crate) fn note_stream_wait(context: &Context, stream: u32, event: u32) {
             });
         }
     });
+}
+
+/// Nodes as the host's driver lists them (`which` of `handle`, nodes of
+/// `graph`), as registry handles: a node made here is its own; one the
+/// driver made gets a guest handle and a node here the first time.
+fn driver_nodes(graph: &Graph, which: u32, handle: u32) -> Result<Vec<usize>, u32> {
+    let ctx = &graph.context;
+    let mut room = DRIVER_NODES_ROOM;
+    for _ in 0..2 {
+        let first_node = ctx.new_handles(room)?;
+        let reply = ctx.call(&Command::GraphNameNodes {
+            which,
+            handle,
+            first_node,
+            room,
+        })?;
+        let words = rgpu_proto::reply::decode_u64_list(&reply, 1 + 2 * MAX_LISTED_NODES)
+            .map_err(|_| CUDA_ERROR_UNKNOWN)?;
+        let (&total, pairs) = words.split_first().ok_or(CUDA_ERROR_UNKNOWN)?;
+        if pairs.len() as u64 != 2 * total {
+            return Err(CUDA_ERROR_UNKNOWN);
+        }
+        if pairs.chunks(2).any(|pair| pair.first() == Some(&0)) {
+            // More new nodes than there was room for: again, with room
+            // for all (those named stay named).
+            room = u32::try_from(total).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+            continue;
+        }
+        let mine: Vec<Arc<Node>> = NODES
+            .values()
+            .into_iter()
+            .filter(|n| n.context.id == ctx.id && n.graph == graph.handle)
+            .collect();
+        let known: HashMap<u32, usize> = mine
+            .iter()
+            .map(|n| (n.handle, Arc::as_ptr(n) as usize))
+            .collect();
+        // A host node is three nodes on the host; the first two are its own.
+        let hidden: Vec<u32> = mine
+            .iter()
+            .filter_map(|n| match *n.params() {
+                NodeParams::Host { nodes, .. } => Some([nodes[0], nodes[1]]),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        let mut listed = Vec::with_capacity(pairs.len() / 2);
+        for pair in pairs.chunks(2) {
+            let [guest, kind] = *pair else {
+                return Err(CUDA_ERROR_UNKNOWN);
+            };
+            let guest = u32::try_from(guest).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+            if hidden.contains(&guest) {
+                continue;
+            }
+            let key = match known.get(&guest) {
+                Some(key) => *key,
+                None => NODES.insert(Arc::new(Node {
+                    context: ctx.clone(),
+                    graph: graph.handle,
+                    handle: guest,
+                    kind: c_int::try_from(kind).map_err(|_| CUDA_ERROR_UNKNOWN)?,
+                    dependencies: Mutex::new(Vec::new()),
+                    params: Mutex::new(NodeParams::Driver),
+                })) as usize,
+            };
+            listed.push(key);
+        }
+        return Ok(listed);
+    }
+    // The session's node limit left nodes unnamed.
+    Err(CUDA_ERROR_OUT_OF_MEMORY)
+}
+
+/// The graph (registry handle) `stream` of `ctx`'s capture records into:
+/// named on the host the first time it is asked for.
+fn capture_graph(ctx: &Arc<Context>, stream: u32, capture: Capture) -> Result<usize, u32> {
+    if let Some(key) = capture.into {
+        return Ok(key);
+    }
+    if let Some(key) = captures(|c| c.graphs.get(&capture.id).copied()) {
+        return Ok(key);
+    }
+    let handle = ctx.new_handle()?;
+    ctx.call(&Command::StreamCaptureGraph {
+        stream,
+        graph: handle,
+    })?;
+    let key = GRAPHS.insert(Arc::new(Graph::new(ctx.clone(), handle, true))) as usize;
+    captures(|c| c.graphs.insert(capture.id, key));
+    Ok(key)
+}
+
+/// What `cuStreamGetCaptureInfo` answers beyond the status and id, for
+/// `stream` of `ctx` capturing: the graph, and if asked the nodes the next
+/// captured node will depend on (an array, with its edge data, that stays
+/// until the next such call on the stream).
+pub(crate) fn capture_details(
+    ctx: &Arc<Context>,
+    stream: u32,
+    with_dependencies: bool,
+) -> Result<Option<CaptureDetails>, u32> {
+    let Some(capture) = captures(|c| c.streams.get(&(ctx.id, stream)).copied()) else {
+        return Ok(None);
+    };
+    let key = capture_graph(ctx, stream, capture)?;
+    if !with_dependencies {
+        return Ok(Some(CaptureDetails {
+            graph: key as CUgraph,
+            dependencies: std::ptr::null(),
+            edges: std::ptr::null(),
+            count: 0,
+        }));
+    }
+    let graph = GRAPHS.get(key as CUgraph).ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+    let nodes = driver_nodes(&graph, name_nodes::CAPTURE_DEPENDENCIES, stream)?;
+    let edges = (0..nodes.len())
+        .map(|_| EdgeData { bytes: [0; 8] })
+        .collect();
+    captures(|c| {
+        let held = c
+            .dependencies
+            .entry((ctx.id, stream))
+            .or_insert_with(|| (Vec::new(), Vec::new()));
+        *held = (nodes, edges);
+        Ok(Some(CaptureDetails {
+            graph: key as CUgraph,
+            // Registry handles are the nodes' addresses: an array of them
+            // is an array of CUgraphNode.
+            dependencies: held.0.as_ptr().cast(),
+            edges: held.1.as_ptr(),
+            count: held.0.len(),
+        }))
+    })
+}
+
+/// [`capture_details`]' answer.
+pub(crate) struct CaptureDetails {
+    pub graph: CUgraph,
+    pub dependencies: *const CUgraphNode,
+    pub edges: *const EdgeData,
+    pub count: usize,
+}
+
+/// `cuStreamUpdateCaptureDependencies` (`_v2`: plain edges only): the next
+/// node captured on `stream` depends on `nodes` too (`flags` 0), or only on
+/// them (1).
+fn update_capture_dependencies_on(
+    stream: CUstream,
+    nodes: *const CUgraphNode,
+    edges: *const EdgeData,
+    count: usize,
+    flags: c_uint,
+    per_thread: bool,
+) -> Result<(), u32> {
+    plain_dependencies("cuStreamUpdateCaptureDependencies", edges, count)?;
+    let (ctx, handle) = resolve_stream(stream, per_thread)?;
+    if capture_of(&ctx, handle).is_none() {
+        return Err(CUDA_ERROR_ILLEGAL_STATE);
+    }
+    let nodes = dependency_handles(&ctx, nodes, count)?
+        .into_iter()
+        .map(|(_, handle)| handle)
+        .collect();
+    ctx.call(&Command::StreamUpdateCaptureDependencies {
+        stream: handle,
+        nodes,
+        flags,
+    })
+    .map(|_| ())
+}
+
+pub(crate) fn update_capture_dependencies(
+    stream: CUstream,
+    nodes: *const CUgraphNode,
+    count: usize,
+    flags: c_uint,
+) -> Result<(), u32> {
+    update_capture_dependencies_on(stream, nodes, std::ptr::null(), count, flags, false)
+}
+
+pub(crate) fn update_capture_dependencies_ptsz(
+    stream: CUstream,
+    nodes: *const CUgraphNode,
+    count: usize,
+    flags: c_uint,
+) -> Result<(), u32> {
+    update_capture_dependencies_on(stream, nodes, std::ptr::null(), count, flags, true)
+}
+
+pub(crate) fn update_capture_dependencies_v2(
+    stream: CUstream,
+    nodes: *const CUgraphNode,
+    edges: *const EdgeData,
+    count: usize,
+    flags: c_uint,
+) -> Result<(), u32> {
+    update_capture_dependencies_on(stream, nodes, edges, count, flags, false)
+}
+
+pub(crate) fn update_capture_dependencies_v2_ptsz(
+    stream: CUstream,
+    nodes: *const CUgraphNode,
+    edges: *const EdgeData,
+    count: usize,
+    flags: c_uint,
+) -> Result<(), u32> {
+    update_capture_dependencies_on(stream, nodes, edges, count, flags, true)
 }
 
 fn begin_on(stream: CUstream, mode: c_int, per_thread: bool) -> Result<(), u32> {
@@ -767,8 +990,32 @@ fn end_on(stream: CUstream, graph: *mut CUgraph, per_thread: bool) -> Result<(),
         captures(|c| {
             c.streams.retain(|_, s| s.id != capture.id);
             c.events.retain(|_, id| *id != capture.id);
+            let streams = &c.streams;
+            c.dependencies.retain(|key, _| streams.contains_key(key));
         });
         ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
+    }
+    let named = captures(|c| {
+        if capture.origin {
+            c.graphs.remove(&capture.id)
+        } else {
+            c.graphs.get(&capture.id).copied()
+        }
+    });
+    if let (Some(key), None) = (named, capture.into) {
+        // Named while capturing: the capture ends in that graph.
+        let ended = ctx.call(&Command::StreamEndCapture {
+            stream: handle,
+            graph: 0,
+        });
+        if let Err(code) = ended {
+            // The host forgot it with the failed capture.
+            if let Some(lost) = GRAPHS.remove(key as CUgraph) {
+                NODES.retain(|n| !(n.context.id == lost.context.id && n.graph == lost.handle));
+            }
+            return Err(code);
+        }
+        return write_out(graph, key as CUgraph);
     }
     if let Some(key) = capture.into {
         // Into an existing graph: the capture ends in it.
@@ -1724,26 +1971,23 @@ pub(crate) fn get_nodes(
     if count.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if graph.captured() {
-        // The driver made its nodes on the host: their number is asked
-        // there (PyTorch checks that a capture recorded any); naming them
-        // here is not supported.
-        if !nodes.is_null() {
-            log::warn!(
-                "rgpu: cuGraphGetNodes: the nodes of a graph made by stream capture are not \
-                 supported (only their count)"
-            );
-            return Err(CUDA_ERROR_NOT_SUPPORTED);
+    let held = if graph.captured() {
+        // The driver made (some of) its nodes on the host: their number is
+        // asked there (PyTorch checks that a capture recorded any), and
+        // they are named when the caller asks for the nodes.
+        if nodes.is_null() {
+            let held = host_count(
+                &graph,
+                Command::GraphGetNodeCount {
+                    graph: graph.handle,
+                },
+            )?;
+            return write_out(count, held);
         }
-        let held = host_count(
-            &graph,
-            Command::GraphGetNodeCount {
-                graph: graph.handle,
-            },
-        )?;
-        return write_out(count, held);
-    }
-    let held = graph.nodes().clone();
+        driver_nodes(&graph, name_nodes::NODES, graph.handle)?
+    } else {
+        graph.nodes().clone()
+    };
     if !nodes.is_null() {
         // SAFETY: checked non-NULL; the caller passes a readable count.
         let room = unsafe { count.read() };
@@ -2154,7 +2398,10 @@ pub(crate) fn node_get_dependencies_v2(
     count: *mut usize,
 ) -> Result<(), u32> {
     let node = NODES.get(node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let held = node.dependencies().clone();
+    let held = match graph_of(&node).filter(|_| edges_on_host(&node)) {
+        Some(graph) => driver_nodes(&graph, name_nodes::DEPENDENCIES, node.handle)?,
+        None => node.dependencies().clone(),
+    };
     write_nodes(&held, dependencies, edges, count)
 }
 
@@ -2176,11 +2423,11 @@ pub(crate) fn node_get_dependent_nodes_v2(
 ) -> Result<(), u32> {
     let me = NODES.get(node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let key = node as usize;
-    let graph = GRAPHS
-        .values()
-        .into_iter()
-        .find(|g| Arc::ptr_eq(&g.context, &me.context) && g.handle == me.graph)
-        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let graph = graph_of(&me).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if edges_on_host(&me) {
+        let held = driver_nodes(&graph, name_nodes::DEPENDENTS, me.handle)?;
+        return write_nodes(&held, dependents, edges, count);
+    }
     let held: Vec<usize> = graph
         .nodes()
         .iter()
@@ -2194,21 +2441,19 @@ pub(crate) fn node_get_dependent_nodes_v2(
     write_nodes(&held, dependents, edges, count)
 }
 
-/// The nodes of a graph built here (one made by stream capture has nodes
-/// the host's driver made, not named here).
-fn built_nodes(graph: CUgraph, call: &str) -> Result<(Arc<Graph>, Vec<Arc<Node>>), u32> {
-    driver()?;
-    let graph = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    if graph.captured() {
-        log::warn!("rgpu: {call}: the nodes of a graph made by stream capture are not supported");
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
-    }
-    let nodes = graph
+/// The nodes of a graph built here (their registry handles and nodes).
+fn built_nodes(graph: &Graph) -> (Vec<usize>, Vec<Arc<Node>>) {
+    graph
         .nodes()
         .iter()
-        .filter_map(|n| NODES.get(*n as *mut c_void))
-        .collect();
-    Ok((graph, nodes))
+        .filter_map(|n| NODES.get(*n as *mut c_void).map(|node| (*n, node)))
+        .unzip()
+}
+
+/// Whether `node` has edges only the host's driver knows: it is in a
+/// graph that stream capture recorded into.
+fn edges_on_host(node: &Node) -> bool {
+    matches!(*node.params(), NodeParams::Driver) || graph_of(node).is_some_and(|g| g.captured())
 }
 
 /// `cuGraphGetRootNodes`: the nodes that depend on none, in the order they
@@ -2221,27 +2466,29 @@ pub(crate) fn get_root_nodes(
     if count.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    // A captured graph's count is the host driver's (XLA checks that a
-    // trace recorded something); its nodes are not named here.
-    if roots.is_null() {
-        driver()?;
-        let held = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        if held.captured() {
-            let roots = host_count(&held, Command::GraphGetRootNodeCount { graph: held.handle })?;
+    driver()?;
+    let graph = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    // A captured graph's roots are the host driver's (XLA checks that a
+    // trace recorded something): counted there, named when asked for.
+    let held: Vec<usize> = if graph.captured() {
+        if roots.is_null() {
+            let roots = host_count(
+                &graph,
+                Command::GraphGetRootNodeCount {
+                    graph: graph.handle,
+                },
+            )?;
             return write_out(count, roots);
         }
-    }
-    let (graph, nodes) = built_nodes(graph, "cuGraphGetRootNodes")?;
-    let held: Vec<usize> = graph
-        .nodes()
-        .iter()
-        .zip(&nodes)
-        .filter(|(_, node)| node.dependencies().is_empty())
-        .map(|(key, _)| *key)
-        .collect();
-    if count.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
+        driver_nodes(&graph, name_nodes::ROOTS, graph.handle)?
+    } else {
+        let (keys, nodes) = built_nodes(&graph);
+        keys.into_iter()
+            .zip(&nodes)
+            .filter(|(_, node)| node.dependencies().is_empty())
+            .map(|(key, _)| key)
+            .collect()
+    };
     if roots.is_null() {
         return write_out(count, held.len());
     }
@@ -2252,6 +2499,41 @@ pub(crate) fn get_root_nodes(
         unsafe { roots.add(i).write(*node as CUgraphNode) };
     }
     write_out(count, held.len().min(room))
+}
+
+/// An edge: (dependency, dependent), as registry handles.
+type Edge = (usize, usize);
+
+/// A graph's nodes (registry handles) and its edges as (dependency,
+/// dependent) pairs, by dependent: from the host's driver for a graph
+/// that stream capture recorded into (each node's dependencies asked
+/// there), else as the nodes were added here.
+fn nodes_and_edges(graph: &Graph) -> Result<(Vec<usize>, Vec<Edge>), u32> {
+    if graph.captured() {
+        let keys = driver_nodes(graph, name_nodes::NODES, graph.handle)?;
+        let mut pairs = Vec::new();
+        for key in &keys {
+            let node = NODES
+                .get(*key as CUgraphNode)
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            for dependency in driver_nodes(graph, name_nodes::DEPENDENCIES, node.handle)? {
+                pairs.push((dependency, *key));
+            }
+        }
+        return Ok((keys, pairs));
+    }
+    let (keys, nodes) = built_nodes(graph);
+    let pairs = keys
+        .iter()
+        .zip(&nodes)
+        .flat_map(|(key, node)| {
+            node.dependencies()
+                .iter()
+                .map(|d| (*d, *key))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    Ok((keys, pairs))
 }
 
 /// `cuGraphGetEdges`.
@@ -2274,19 +2556,9 @@ pub(crate) fn get_edges_v2(
     edges: *mut EdgeData,
     count: *mut usize,
 ) -> Result<(), u32> {
-    let (graph, nodes) = built_nodes(graph, "cuGraphGetEdges")?;
-    let pairs: Vec<(usize, usize)> = graph
-        .nodes()
-        .iter()
-        .zip(&nodes)
-        .flat_map(|(key, node)| {
-            let key = *key;
-            node.dependencies()
-                .iter()
-                .map(|d| (*d, key))
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    driver()?;
+    let graph = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let (_, pairs) = nodes_and_edges(&graph)?;
     if count.is_null() || from.is_null() != to.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -2620,19 +2892,20 @@ pub(crate) fn debug_dot_print(
     }
     // SAFETY: non-NULL; the API contract makes it a NUL-terminated path.
     let path = unsafe { std::ffi::CStr::from_ptr(path) };
-    let (graph, nodes) = built_nodes(graph, "cuGraphDebugDotPrint")?;
+    driver()?;
+    let graph = GRAPHS.get(graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let (keys, pairs) = nodes_and_edges(&graph)?;
+    let node = |key: usize| NODES.get(key as CUgraphNode);
     let mut dot = format!("digraph rgpu_graph_{} {{\n", graph.handle);
-    for node in &nodes {
+    for held in keys.iter().filter_map(|k| node(*k)) {
         dot.push_str(&format!(
             "  n{} [label=\"{} (type {})\"];\n",
-            node.handle, node.handle, node.kind
+            held.handle, held.handle, held.kind
         ));
-        let dependencies = node.dependencies().clone();
-        for dependency in dependencies
-            .iter()
-            .filter_map(|d| NODES.get(*d as *mut c_void))
-        {
-            dot.push_str(&format!("  n{} -> n{};\n", dependency.handle, node.handle));
+    }
+    for (from, to) in &pairs {
+        if let (Some(from), Some(to)) = (node(*from), node(*to)) {
+            dot.push_str(&format!("  n{} -> n{};\n", from.handle, to.handle));
         }
     }
     dot.push_str("}\n");

@@ -163,8 +163,9 @@ fn is_capturing_on(stream: CUstream, status: *mut c_int, per_thread: bool) -> Re
 }
 
 /// Every form of `cuStreamGetCaptureInfo`: the status and capture id the
-/// guest tracks (`api::graph`); the graph and its dependencies are the
-/// host's and not handed out (NULL, none).
+/// guest tracks (`api::graph`); asked for, the graph the capture records
+/// into and the nodes the next captured node will depend on, which the
+/// host's driver holds (named here the first time: `graph::capture_details`).
 #[allow(clippy::too_many_arguments)]
 fn capture_info_on(
     stream: CUstream,
@@ -181,11 +182,31 @@ fn capture_info_on(
     }
     let (ctx, handle) = resolve_stream(stream, per_thread)?;
     let capture = graph::capture_of(&ctx, handle);
+    let with_dependencies = !dependencies.is_null() || !count.is_null();
+    let details = match capture {
+        Some(_) if !graph.is_null() || with_dependencies => {
+            graph::capture_details(&ctx, handle, with_dependencies)?
+        }
+        _ => None,
+    };
     write_optional(id, capture.unwrap_or(0));
-    write_optional(graph, std::ptr::null_mut());
-    write_optional(dependencies, std::ptr::null());
-    write_optional(edge_data, std::ptr::null());
-    write_optional(count, 0);
+    write_optional(
+        graph,
+        details.as_ref().map_or(std::ptr::null_mut(), |d| d.graph),
+    );
+    write_optional(
+        dependencies,
+        details
+            .as_ref()
+            .map_or(std::ptr::null(), |d| d.dependencies.cast()),
+    );
+    write_optional(
+        edge_data,
+        details
+            .as_ref()
+            .map_or(std::ptr::null(), |d| d.edges.cast()),
+    );
+    write_optional(count, details.as_ref().map_or(0, |d| d.count));
     write_out(status, graph::status_of(capture))
 }
 

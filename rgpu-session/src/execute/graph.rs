@@ -1015,6 +1015,84 @@ pub(super) fn graph_upload(env: &mut Env<'_>, command: &Command) -> CuResult<Vec
     ctx.graph_upload(exec, stream).map(empty)
 }
 
+/// `GraphNameNodes`: nodes as the driver lists them, those without a
+/// guest handle named from `first_node` on (at most `room`, and within the
+/// session's node limit).
+pub(super) fn graph_name_nodes(env: &mut Env<'_>, command: &Command) -> CuResult<Vec<u8>> {
+    let Command::GraphNameNodes {
+        which,
+        handle,
+        first_node,
+        room,
+    } = command
+    else {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    };
+    let limits = env.limits;
+    let ctx = &mut *env.ctx;
+    let handles = &mut *env.handles;
+    let (listing, graph) = match *which {
+        name_nodes::NODES | name_nodes::ROOTS => (
+            DriverNodes::Graph {
+                graph: handles.graph(*handle)?,
+                roots: *which == name_nodes::ROOTS,
+            },
+            *handle,
+        ),
+        name_nodes::CAPTURE_DEPENDENCIES => {
+            let stream = handles.stream(*handle)?;
+            let created = ctx.stream_capture_graph(stream)?;
+            // The guest names the capture's graph first.
+            let graph = handles
+                .guest_graph(created)
+                .ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+            (DriverNodes::CaptureDependencies(stream), graph)
+        }
+        name_nodes::DEPENDENCIES | name_nodes::DEPENDENTS => {
+            let (graph, created) = *handles
+                .graph_nodes
+                .get(handle)
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            (
+                DriverNodes::Edges {
+                    node: created,
+                    dependents: *which == name_nodes::DEPENDENTS,
+                },
+                graph,
+            )
+        }
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    let listed = ctx.graph_driver_nodes(listing)?;
+    let mut named: HashMap<u64, u32> = handles
+        .graph_nodes
+        .iter()
+        .map(|(guest, (_, created))| (*created, *guest))
+        .collect();
+    let mut answer = Vec::with_capacity(1 + 2 * listed.len());
+    answer.push(listed.len() as u64);
+    let mut used = 0u32;
+    for (created, kind) in listed {
+        let guest = match named.get(&created) {
+            Some(guest) => *guest,
+            None if used < *room && handles.graph_nodes.len() < limits.graph_nodes => {
+                let guest = first_node
+                    .checked_add(used)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                check_new(&handles.graph_nodes, guest)?;
+                used += 1;
+                handles.graph_nodes.insert(guest, (graph, created));
+                named.insert(created, guest);
+                guest
+            }
+            None => 0,
+        };
+        answer.push(u64::from(guest));
+        answer.push(u64::from(kind));
+    }
+    Ok(u64_payload(&answer))
+}
+
 /// `GraphGetNodeCount`, `GraphGetRootNodeCount`.
 pub(super) fn graph_get_node_count(env: &mut Env<'_>, command: &Command) -> CuResult<Vec<u8>> {
     let (Command::GraphGetNodeCount { graph } | Command::GraphGetRootNodeCount { graph }) = command

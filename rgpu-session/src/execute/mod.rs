@@ -10,13 +10,14 @@ use std::collections::HashMap;
 use std::os::fd::AsFd;
 
 use rgpu_executor::{
-    ContextExecutor, Copy3D, CuResult, Executor, GraphNode, HostRun, KernelNodeAttribute,
-    LaunchHint, LaunchOptions, MemoryOp,
+    ContextExecutor, Copy3D, CuResult, DriverNodes, Executor, GraphNode, HostRun,
+    KernelNodeAttribute, LaunchHint, LaunchOptions, MemoryOp,
 };
-use rgpu_proto::command::launch_attribute;
+use rgpu_proto::command::{launch_attribute, name_nodes};
 use rgpu_proto::cuda_result::{
-    CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND,
-    CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
+    CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN,
+    CUDA_SUCCESS,
 };
 
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`: the one flag of
@@ -747,6 +748,11 @@ impl Worker {
                 stream::stream_write_value(&mut env, command)
             }
             Command::StreamEndCapture { .. } => stream::stream_end_capture(&mut env, command),
+            Command::StreamCaptureGraph { .. } => stream::stream_capture_graph(&mut env, command),
+            Command::StreamUpdateCaptureDependencies { .. } => {
+                stream::stream_update_capture_dependencies(&mut env, command)
+            }
+            Command::GraphNameNodes { .. } => graph::graph_name_nodes(&mut env, command),
             Command::GraphInstantiate { .. } => graph::graph_instantiate(&mut env, command),
             Command::GraphLaunch { .. } => graph::graph_launch(&mut env, command),
             Command::GraphExecDestroy { .. } => graph::graph_exec_destroy(&mut env, command),

@@ -173,9 +173,28 @@ pub(super) fn stream_end_capture(env: &mut Env<'_>, command: &Command) -> CuResu
     let ctx = &mut *env.ctx;
     let handles = &mut *env.handles;
     let stream = handles.stream(*stream)?;
+    // A graph named while capturing goes with a capture that fails.
+    let named = ctx
+        .stream_capture_graph(stream)
+        .ok()
+        .and_then(|created| handles.guest_graph(created))
+        .filter(|g| {
+            handles
+                .graph_contents
+                .get(g)
+                .is_some_and(|c| c.named_while_capturing)
+        });
     // The capture ends whatever happens to its graph: the
     // stream runs its work again.
-    let created = ctx.stream_end_capture(stream)?;
+    let created = match ctx.stream_end_capture(stream) {
+        Ok(created) => created,
+        Err(code) => {
+            if let Some(named) = named {
+                handles.remove_graph(named);
+            }
+            return Err(code);
+        }
+    };
     // Into an existing graph: it now holds the driver's nodes
     // too, counted as the driver counts them.
     let target = handles
@@ -187,6 +206,7 @@ pub(super) fn stream_end_capture(env: &mut Env<'_>, command: &Command) -> CuResu
         let count = ctx.graph_node_count(created, false).unwrap_or(0);
         let contents = handles.graph_contents.entry(target).or_default();
         contents.captured = true;
+        contents.named_while_capturing = false;
         contents.weight = contents.weight.max(count as usize);
         return Ok(Vec::new());
     }
@@ -205,6 +225,64 @@ pub(super) fn stream_end_capture(env: &mut Env<'_>, command: &Command) -> CuResu
         },
     );
     Ok(Vec::new())
+}
+
+/// `StreamCaptureGraph`: the graph a capture records into gets a guest
+/// handle while the capture goes on (`cuStreamGetCaptureInfo`); the
+/// capture then ends in it.
+pub(super) fn stream_capture_graph(env: &mut Env<'_>, command: &Command) -> CuResult<Vec<u8>> {
+    let Command::StreamCaptureGraph { stream, graph } = command else {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    };
+    let limits = env.limits;
+    let ctx = &mut *env.ctx;
+    let handles = &mut *env.handles;
+    let stream = handles.stream(*stream)?;
+    check_new(&handles.graphs, *graph)?;
+    check_room(handles.graphs.len(), limits.graphs)?;
+    let created = ctx.stream_capture_graph(stream)?;
+    // Named once (a capture into an existing graph has its handle).
+    if handles.graphs.values().any(|g| *g == created) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    handles.graphs.insert(*graph, created);
+    handles.graph_contents.insert(
+        *graph,
+        GraphNodes {
+            captured: true,
+            named_while_capturing: true,
+            ..GraphNodes::default()
+        },
+    );
+    Ok(Vec::new())
+}
+
+/// `StreamUpdateCaptureDependencies`: nodes of the capture's graph.
+pub(super) fn stream_update_capture_dependencies(
+    env: &mut Env<'_>,
+    command: &Command,
+) -> CuResult<Vec<u8>> {
+    let Command::StreamUpdateCaptureDependencies {
+        stream,
+        nodes,
+        flags,
+    } = command
+    else {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    };
+    let ctx = &mut *env.ctx;
+    let handles = &mut *env.handles;
+    let stream = handles.stream(*stream)?;
+    let created = ctx.stream_capture_graph(stream)?;
+    let graph = handles
+        .guest_graph(created)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let nodes = nodes
+        .iter()
+        .map(|n| handles.graph_node(*n, Some(graph)))
+        .collect::<CuResult<Vec<_>>>()?;
+    ctx.stream_update_capture_dependencies(stream, &nodes, *flags)
+        .map(empty)
 }
 
 /// `StreamSetAttribute`.
