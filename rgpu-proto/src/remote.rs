@@ -59,6 +59,13 @@ pub enum HelloRole {
         token: [u8; TOKEN_BYTES],
         ctx_id: u32,
     },
+    /// A data lane of that process's channel `ctx_id`: large copies travel
+    /// on the channel's lanes side by side, each lane's TLS on a core of
+    /// its own (see [`Request::CopyToDeviceLanes`]).
+    Lane {
+        token: [u8; TOKEN_BYTES],
+        ctx_id: u32,
+    },
 }
 
 /// Client to gateway. Bytes are borrowed: from the application's buffers
@@ -121,6 +128,42 @@ pub enum Request<'a> {
         command: &'a [u8],
         image: &'a [u8],
     },
+    /// A copy of `length` bytes to device memory at `dst` whose bytes come
+    /// on the channel's first `lanes` lanes: piece `i` ([`MAX_DATA_PIECE`]
+    /// bytes, the last one shorter) as a [`Request::LanePiece`] on lane
+    /// `i % lanes`. With `sync`, answered by [`Response::Result`] once the
+    /// copy (and all before it) is done.
+    CopyToDeviceLanes {
+        stream: u32,
+        dst: u64,
+        length: u64,
+        sync: bool,
+        lanes: u32,
+    },
+    /// On a lane: the bytes of one piece of a copy to the device.
+    LanePiece {
+        data: &'a [u8],
+    },
+    /// A copy of `length` bytes from device memory at `src` whose bytes go
+    /// back on the channel's first `lanes` lanes: piece `i` as a
+    /// [`Response::Data`] on lane `i % lanes` (an empty one for each piece
+    /// left after a failure); then a [`Response::Result`] on the channel.
+    CopyFromDeviceLanes {
+        stream: u32,
+        src: u64,
+        length: u64,
+        lanes: u32,
+    },
+}
+
+/// Most lanes a channel may have.
+pub const MAX_LANES: u32 = 8;
+
+/// How many bytes piece `index` of a copy of `length` bytes holds (see
+/// [`Request::CopyToDeviceLanes`]).
+pub fn lane_piece_len(length: u64, index: u64) -> usize {
+    let start = index.saturating_mul(MAX_DATA_PIECE as u64);
+    length.saturating_sub(start).min(MAX_DATA_PIECE as u64) as usize
 }
 
 /// Gateway to client.
@@ -170,6 +213,9 @@ mod kind {
     pub const IMAGE_PIECE: u8 = 7;
     pub const QUERY: u8 = 8;
     pub const PING: u8 = 9;
+    pub const COPY_TO_DEVICE_LANES: u8 = 10;
+    pub const LANE_PIECE: u8 = 11;
+    pub const COPY_FROM_DEVICE_LANES: u8 = 12;
     pub const WELCOME: u8 = 0x81;
     pub const REFUSED: u8 = 0x82;
     pub const REPLY: u8 = 0x83;
@@ -182,6 +228,7 @@ mod kind {
 const ROLE_PROCESS: u8 = 0;
 const ROLE_CHANNEL: u8 = 1;
 const ROLE_QUERY: u8 = 2;
+const ROLE_LANE: u8 = 3;
 
 /// Starts a frame of `kind` in `w` (its length is patched by [`finish`]).
 fn start(kind: u8, capacity: usize) -> WireWriter {
@@ -208,6 +255,36 @@ fn token(r: &mut WireReader<'_>) -> Result<[u8; TOKEN_BYTES], DecodeError> {
     let mut token = [0u8; TOKEN_BYTES];
     token.copy_from_slice(r.take(TOKEN_BYTES)?);
     Ok(token)
+}
+
+/// A boolean byte (0 or 1) named `field`.
+fn flag(r: &mut WireReader<'_>, field: &'static str) -> Result<bool, DecodeError> {
+    match r.u8()? {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(DecodeError::InvalidField {
+            field,
+            value: other.into(),
+        }),
+    }
+}
+
+/// A copy on lanes: 1 to [`MAX_LANES`] lanes, 1 byte to
+/// [`MAX_COPY_FROM_DEVICE`].
+fn check_lanes(length: u64, lanes: u32) -> Result<(), DecodeError> {
+    if length == 0 || length > MAX_COPY_FROM_DEVICE {
+        return Err(DecodeError::LengthOutOfRange {
+            length,
+            limit: MAX_COPY_FROM_DEVICE,
+        });
+    }
+    if lanes == 0 || lanes > MAX_LANES {
+        return Err(DecodeError::InvalidField {
+            field: "lanes",
+            value: lanes.into(),
+        });
+    }
+    Ok(())
 }
 
 /// The body length a frame header announces, refused past [`MAX_FRAME`]
@@ -260,8 +337,11 @@ impl Request<'_> {
         match self {
             Request::Hello { .. }
             | Request::CopyFromDevice { .. }
+            | Request::CopyToDeviceLanes { .. }
+            | Request::CopyFromDeviceLanes { .. }
             | Request::Query { .. }
             | Request::Ping => &[],
+            Request::LanePiece { data } => data,
             Request::Send { command } | Request::Call { command } => command,
             Request::CopyToDevice { data, .. } | Request::ImagePiece { data } => data,
             Request::LoadModule { image, .. } => image,
@@ -299,6 +379,9 @@ impl Request<'_> {
                     HelloRole::Query { token, ctx_id } => {
                         w.u8(ROLE_QUERY).raw(token).u32(*ctx_id);
                     }
+                    HelloRole::Lane { token, ctx_id } => {
+                        w.u8(ROLE_LANE).raw(token).u32(*ctx_id);
+                    }
                 }
                 (w, &[])
             }
@@ -334,6 +417,32 @@ impl Request<'_> {
                 (w, &[])
             }
             Request::Ping => (start(kind::PING, 0), &[]),
+            Request::CopyToDeviceLanes {
+                stream,
+                dst,
+                length,
+                sync,
+                lanes,
+            } => {
+                let mut w = start(kind::COPY_TO_DEVICE_LANES, 25);
+                w.u32(*stream)
+                    .u64(*dst)
+                    .u64(*length)
+                    .u8(u8::from(*sync))
+                    .u32(*lanes);
+                (w, &[])
+            }
+            Request::LanePiece { data } => (start(kind::LANE_PIECE, 0), data),
+            Request::CopyFromDeviceLanes {
+                stream,
+                src,
+                length,
+                lanes,
+            } => {
+                let mut w = start(kind::COPY_FROM_DEVICE_LANES, 24);
+                w.u32(*stream).u64(*src).u64(*length).u32(*lanes);
+                (w, &[])
+            }
             Request::LoadModule { command, image } => {
                 let mut w = start(kind::LOAD_MODULE, command.len() + 8);
                 w.bytes_with_len(command);
@@ -365,6 +474,10 @@ impl<'a> Request<'a> {
                         name: text(&mut r)?,
                     },
                     ROLE_QUERY => HelloRole::Query {
+                        token: token(&mut r)?,
+                        ctx_id: r.u32()?,
+                    },
+                    ROLE_LANE => HelloRole::Lane {
                         token: token(&mut r)?,
                         ctx_id: r.u32()?,
                     },
@@ -444,6 +557,44 @@ impl<'a> Request<'a> {
                 },
                 handle: r.u32()?,
             },
+            kind::COPY_TO_DEVICE_LANES => {
+                let stream = r.u32()?;
+                let dst = r.u64()?;
+                let length = r.u64()?;
+                let sync = flag(&mut r, "sync")?;
+                let lanes = r.u32()?;
+                check_lanes(length, lanes)?;
+                Request::CopyToDeviceLanes {
+                    stream,
+                    dst,
+                    length,
+                    sync,
+                    lanes,
+                }
+            }
+            kind::LANE_PIECE => {
+                let data = r.take(r.remaining())?;
+                if data.is_empty() || data.len() > MAX_DATA_PIECE {
+                    return Err(DecodeError::LengthOutOfRange {
+                        length: data.len() as u64,
+                        limit: MAX_DATA_PIECE as u64,
+                    });
+                }
+                Request::LanePiece { data }
+            }
+            kind::COPY_FROM_DEVICE_LANES => {
+                let stream = r.u32()?;
+                let src = r.u64()?;
+                let length = r.u64()?;
+                let lanes = r.u32()?;
+                check_lanes(length, lanes)?;
+                Request::CopyFromDeviceLanes {
+                    stream,
+                    src,
+                    length,
+                    lanes,
+                }
+            }
             kind::LOAD_MODULE => Request::LoadModule {
                 command: r.bytes_with_len(4096)?,
                 image: r.take(r.remaining())?,
@@ -633,6 +784,27 @@ mod tests {
                 command: &[1; 48],
                 image: &[2; 100],
             },
+            Request::Hello {
+                version: REMOTE_VERSION,
+                role: HelloRole::Lane {
+                    token: [5; TOKEN_BYTES],
+                    ctx_id: 2,
+                },
+            },
+            Request::CopyToDeviceLanes {
+                stream: 1,
+                dst: 0x7f00_0001_0000,
+                length: 64 << 20,
+                sync: true,
+                lanes: 4,
+            },
+            Request::LanePiece { data: &big },
+            Request::CopyFromDeviceLanes {
+                stream: 0,
+                src: 0x7f00_0002_0000,
+                length: (64 << 20) + 1,
+                lanes: MAX_LANES,
+            },
         ];
         for request in requests {
             let frame = request.encode();
@@ -641,6 +813,40 @@ mod tests {
             assert_eq!(parts, frame);
             assert_eq!(Request::decode(body(&frame)), Ok(request));
         }
+    }
+
+    #[test]
+    fn copies_on_lanes_are_bounded_and_cut_in_pieces() {
+        let lanes = |length, lanes| {
+            Request::CopyToDeviceLanes {
+                stream: 0,
+                dst: 0x1000,
+                length,
+                sync: false,
+                lanes,
+            }
+            .encode()
+        };
+        for (length, count) in [(1, 1), (MAX_COPY_FROM_DEVICE, MAX_LANES)] {
+            assert!(Request::decode(body(&lanes(length, count))).is_ok());
+        }
+        for (length, count) in [
+            (0, 1),
+            (MAX_COPY_FROM_DEVICE + 1, 1),
+            (1, 0),
+            (1, MAX_LANES + 1),
+        ] {
+            assert!(
+                Request::decode(body(&lanes(length, count))).is_err(),
+                "{length} bytes on {count} lanes"
+            );
+        }
+        let piece = MAX_DATA_PIECE as u64;
+        assert_eq!(lane_piece_len(2 * piece + 5, 0), MAX_DATA_PIECE);
+        assert_eq!(lane_piece_len(2 * piece + 5, 2), 5);
+        assert_eq!(lane_piece_len(2 * piece + 5, 3), 0);
+        assert_eq!(lane_piece_len(u64::MAX, u64::MAX), 0);
+        assert!(Request::decode(body(&Request::LanePiece { data: &[] }.encode())).is_err());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rgpu_proto::remote::{
-    HelloRole, Request, Response, MAX_COPY_FROM_DEVICE, MAX_DATA_PIECE, MAX_IMAGE,
+    HelloRole, Request, Response, MAX_COPY_FROM_DEVICE, MAX_DATA_PIECE, MAX_IMAGE, MAX_LANES,
 };
 use rgpu_proto::{BlobRange, Command};
 
@@ -29,6 +29,28 @@ use rgpu_proto::cuda_result::{CUDA_ERROR_NOT_READY, CUDA_SUCCESS};
 /// How long queued asynchronous commands wait for more before the
 /// flusher writes them.
 pub const BATCH_WINDOW: Duration = Duration::from_micros(20);
+/// Default of `RGPU_REMOTE_LANES`: data lanes a channel opens for its
+/// large copies (each lane's TLS runs on a core of its own).
+pub const DEFAULT_LANES: u32 = 4;
+/// Copies from this size on travel on the lanes.
+pub const LANE_MIN_BYTES: usize = 4 * MAX_DATA_PIECE;
+
+/// `RGPU_REMOTE_LANES` (0: none), at most [`MAX_LANES`].
+fn lanes_wanted() -> u32 {
+    std::env::var("RGPU_REMOTE_LANES")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or(DEFAULT_LANES)
+        .min(MAX_LANES)
+}
+
+/// A channel's data lanes.
+enum LaneState {
+    NotOpened,
+    Open(Vec<FrameStream>),
+    /// None wanted, or they could not be opened: copies go on the channel.
+    Off,
+}
 
 /// What the channel and its flusher share.
 struct Shared {
@@ -84,6 +106,9 @@ pub struct RemoteChannel {
     shared: Arc<Shared>,
     flusher: Option<JoinHandle<()>>,
     queries: Arc<Mutex<QueryConnection>>,
+    /// Opened at the first large copy; held with the channel's connection
+    /// during a copy on them.
+    lanes: Mutex<LaneState>,
 }
 
 impl Drop for RemoteChannel {
@@ -172,6 +197,7 @@ impl RemoteChannel {
             shared,
             flusher: Some(flusher),
             queries,
+            lanes: Mutex::new(LaneState::NotOpened),
         }
         .with_query_connection())
     }
@@ -240,6 +266,163 @@ impl RemoteChannel {
             ctx_id: self.ctx_id,
         })?;
         Ok(stream)
+    }
+
+    /// Whether the channel has lanes, opening them the first time (a
+    /// failure is logged and leaves copies on the channel).
+    fn has_lanes(&self) -> bool {
+        let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*lanes, LaneState::NotOpened) {
+            let wanted = lanes_wanted();
+            let opened = (0..wanted)
+                .map(|_| self.open_lane())
+                .collect::<Result<Vec<_>, _>>();
+            *lanes = match opened {
+                Ok(opened) if !opened.is_empty() => LaneState::Open(opened),
+                Ok(_) => LaneState::Off,
+                Err(e) => {
+                    log::info!("rgpu: no data lanes ({e}): large copies go on the channel");
+                    LaneState::Off
+                }
+            };
+        }
+        matches!(*lanes, LaneState::Open(_))
+    }
+
+    fn open_lane(&self) -> Result<FrameStream, CarrierError> {
+        let remote = self
+            ._carrier
+            .remote()
+            .ok_or(CarrierError::Unsupported("lanes without a network carrier"))?;
+        let mut stream = remote.endpoint().connect()?;
+        stream.hello(HelloRole::Lane {
+            token: remote.token(),
+            ctx_id: self.ctx_id,
+        })?;
+        // A lane waits as long as the copy's stream does.
+        let pinged = Arc::clone(&self.queries);
+        stream.set_liveness(Arc::new(move || ping(&pinged)));
+        Ok(stream)
+    }
+
+    /// Runs `exchange` with the channel's connection and its lanes (which
+    /// [`RemoteChannel::has_lanes`] opened); a failure breaks the channel.
+    fn with_lanes<R>(
+        &self,
+        exchange: impl FnOnce(&mut FrameStream, &mut [FrameStream]) -> Result<R, CarrierError>,
+    ) -> Result<R, CarrierError> {
+        self.with_stream(|s| {
+            let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+            let LaneState::Open(open) = &mut *lanes else {
+                return Err(CarrierError::Protocol(
+                    "the channel's lanes are gone".into(),
+                ));
+            };
+            let outcome = exchange(s, open);
+            if outcome.is_err() {
+                *lanes = LaneState::Off;
+            }
+            outcome
+        })
+    }
+
+    /// [`RemoteChannel::copy_to_device`] on the lanes: piece `i` on lane
+    /// `i % lanes`, each lane written by a thread of its own.
+    fn copy_to_device_on_lanes(
+        &self,
+        stream: u32,
+        dst: u64,
+        data: &[u8],
+        sync: bool,
+    ) -> Result<u32, CarrierError> {
+        self.with_lanes(|s, lanes| {
+            let count = lanes.len();
+            s.send(&Request::CopyToDeviceLanes {
+                stream,
+                dst,
+                length: data.len() as u64,
+                sync,
+                lanes: count as u32,
+            })?;
+            self.notes().note_stream_work(stream, self.sent());
+            std::thread::scope(|scope| {
+                let writers: Vec<_> = lanes
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(lane, stream)| {
+                        scope.spawn(move || -> Result<(), CarrierError> {
+                            for piece in data.chunks(MAX_DATA_PIECE).skip(lane).step_by(count) {
+                                stream.send(&Request::LanePiece { data: piece })?;
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                join_lanes(writers)
+            })?;
+            if !sync {
+                return Ok(0);
+            }
+            match s.receive()? {
+                Response::Result { result } => Ok(result),
+                other => Err(unexpected(other)),
+            }
+        })
+    }
+
+    /// [`RemoteChannel::copy_from_device`] on the lanes: piece `i` comes on
+    /// lane `i % lanes` (empty after a failure), then the result on the
+    /// channel.
+    fn copy_from_device_on_lanes(
+        &self,
+        stream: u32,
+        dst: &mut [u8],
+        src: u64,
+    ) -> Result<u32, CarrierError> {
+        self.with_lanes(|s, lanes| {
+            let count = lanes.len();
+            s.send(&Request::CopyFromDeviceLanes {
+                stream,
+                src,
+                length: dst.len() as u64,
+                lanes: count as u32,
+            })?;
+            self.notes().note_stream_work(stream, self.sent());
+            let mut shares: Vec<Vec<&mut [u8]>> = (0..count).map(|_| Vec::new()).collect();
+            for (index, piece) in dst.chunks_mut(MAX_DATA_PIECE).enumerate() {
+                if let Some(share) = shares.get_mut(index % count) {
+                    share.push(piece);
+                }
+            }
+            std::thread::scope(|scope| {
+                let readers: Vec<_> = lanes
+                    .iter_mut()
+                    .zip(shares)
+                    .map(|(stream, share)| {
+                        scope.spawn(move || -> Result<(), CarrierError> {
+                            for piece in share {
+                                let wanted = piece.len();
+                                match stream.receive_into(piece)? {
+                                    Received::Data(got) if got == wanted || got == 0 => {}
+                                    Received::Data(got) => {
+                                        return Err(CarrierError::Protocol(format!(
+                                            "a lane brought {got} of {wanted} bytes"
+                                        )))
+                                    }
+                                    Received::Other(other) => return Err(unexpected(other)),
+                                }
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                join_lanes(readers)
+            })?;
+            match s.receive()? {
+                Response::Result { result } => Ok(result),
+                other => Err(unexpected(other)),
+            }
+        })
     }
 
     /// The context's id on the host (log lines there name it).
@@ -314,6 +497,9 @@ impl RemoteChannel {
         if data.is_empty() {
             return Ok(0);
         }
+        if data.len() >= LANE_MIN_BYTES && self.has_lanes() {
+            return self.copy_to_device_on_lanes(stream, dst, data, sync);
+        }
         self.with_stream(|s| {
             let count = data.len().div_ceil(MAX_DATA_PIECE);
             for (i, piece) in data.chunks(MAX_DATA_PIECE).enumerate() {
@@ -346,6 +532,13 @@ impl RemoteChannel {
         let request_max = usize::try_from(MAX_COPY_FROM_DEVICE).unwrap_or(usize::MAX);
         for (i, part) in dst.chunks_mut(request_max).enumerate() {
             let part_src = src.wrapping_add((i * request_max) as u64);
+            if part.len() >= LANE_MIN_BYTES && self.has_lanes() {
+                let result = self.copy_from_device_on_lanes(stream, part, part_src)?;
+                if result != 0 {
+                    return Ok(result);
+                }
+                continue;
+            }
             let result = self.with_stream(|s| {
                 s.send(&Request::CopyFromDevice {
                     stream,
@@ -402,6 +595,22 @@ impl RemoteChannel {
             expect_reply(s.receive()?)
         })
     }
+}
+
+/// Joins a copy's lane threads: the first failure, if any.
+fn join_lanes(
+    threads: Vec<std::thread::ScopedJoinHandle<'_, Result<(), CarrierError>>>,
+) -> Result<(), CarrierError> {
+    let mut outcome = Ok(());
+    for thread in threads {
+        let joined = thread
+            .join()
+            .unwrap_or_else(|_| Err(CarrierError::Protocol("a lane thread panicked".into())));
+        if outcome.is_ok() {
+            outcome = joined;
+        }
+    }
+    outcome
 }
 
 fn expect_reply(response: Response) -> Result<Reply, CarrierError> {

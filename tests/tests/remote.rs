@@ -132,7 +132,7 @@ fn driver_api_and_runtime_style_programs_run_through_the_tls_carrier() {
 
     let driver_api = guest.build_program("driver_api_test.c");
     let mut command = remote_command(&guest, &driver_api, &url, &env);
-    command.args(["--ptx", &ptx(), "--bulk-pinned-mb", "8"]);
+    command.args(["--ptx", &ptx(), "--bulk-pinned-mb", "41"]);
     GuestProcess::spawn(command)
         .finish(RUN_TIMEOUT)
         .assert_checks_passed("driver_api_test through tls://");
@@ -742,6 +742,47 @@ fn the_gateway_refuses_what_no_client_may_ask() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("unknown process token or channel"), "{err}");
+    // Nor a lane for a channel that does not exist.
+    let lane_of = |token, ctx_id| {
+        let mut lane = raw_connection(&pki, &vm1, port);
+        lane.hello(HelloRole::Lane { token, ctx_id })
+            .map(|_| lane)
+            .map_err(|e| e.to_string())
+    };
+    let err = lane_of(token1, 9999).err().unwrap();
+    assert!(err.contains("unknown process token or channel"), "{err}");
+    // A channel takes at most MAX_LANES lanes; a copy asks for no more
+    // lanes than its channel has, and lane pieces come on lanes only.
+    let mut crowded = raw_connection(&pki, &vm1, port);
+    let (_, crowded_ctx, _) = crowded
+        .hello(HelloRole::Channel {
+            token: token1,
+            name: "1:hostile".into(),
+        })
+        .unwrap();
+    let lanes: Vec<_> = (0..rgpu_proto::remote::MAX_LANES)
+        .map(|_| lane_of(token1, crowded_ctx).unwrap())
+        .collect();
+    let err = lane_of(token1, crowded_ctx).err().unwrap();
+    assert!(err.contains("at most"), "{err}");
+    drop(lanes);
+    let one_lane = Request::CopyToDeviceLanes {
+        stream: 0,
+        dst: 0x7f00_0000_0000,
+        length: 1 << 20,
+        sync: true,
+        lanes: 1,
+    };
+    let answer = answer_to(&pki, &vm1, port, token1, &one_lane.encode());
+    assert!(answer.contains("the channel has 0"), "{answer}");
+    let answer = answer_to(
+        &pki,
+        &vm1,
+        port,
+        token1,
+        &Request::LanePiece { data: &[1; 16] }.encode(),
+    );
+    assert!(answer.contains("lane piece on the channel"), "{answer}");
 
     // Commands that name blob memory (the gateway's own ring is blob
     // memory of this process on the host) or drive the ring itself.

@@ -15,6 +15,9 @@
 //! - `RGPU_REMOTE_TIMEOUT_S`: after how long without an answer from the
 //!   peer's TCP stack a connection counts as dropped (default 20): calls
 //!   then fail instead of hanging.
+//! - `RGPU_REMOTE_LANES`: data lanes each context opens for copies of
+//!   16 MiB and more (default 4, at most 8; 0: none), so that their TLS
+//!   runs on several cores ([`crate::remote_channel::RemoteChannel`]).
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};

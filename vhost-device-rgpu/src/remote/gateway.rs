@@ -27,13 +27,14 @@ use rgpu_proto::channel::CompletionKind;
 use rgpu_proto::command::decode_one;
 use rgpu_proto::cuda_result::{CUDA_ERROR_NOT_READY, CUDA_SUCCESS};
 use rgpu_proto::remote::{
-    data_head, frame_length, HelloRole, Request, Response, MAX_DATA_PIECE, MAX_IMAGE, QUERY_ASK,
-    REMOTE_VERSION, TOKEN_BYTES,
+    data_head, frame_length, HelloRole, Request, Response, MAX_DATA_PIECE, MAX_IMAGE, MAX_LANES,
+    QUERY_ASK, REMOTE_VERSION, TOKEN_BYTES,
 };
 use rgpu_proto::Command;
 use rgpu_transport::carrier::local::LocalCarrier;
 use rgpu_transport::{Carrier, CarrierError, Channel, Completion};
 
+use super::lanes::Lanes;
 use crate::tenants::{Endpoint, Tenants};
 
 /// How long a new connection may take to say hello.
@@ -54,13 +55,15 @@ struct RemoteProcess {
     open: Mutex<HashMap<u32, OpenChannel>>,
 }
 
-/// A channel as its query connection sees it.
+/// A channel as its query and lane connections see it.
 #[derive(Clone)]
 struct OpenChannel {
     channel: Weak<Channel>,
     /// Requests of the channel connection that reached the ring (see
     /// [`replay`]).
     processed: Arc<AtomicU64>,
+    /// Its data lanes (see [`super::lanes`]).
+    lanes: Lanes,
 }
 
 /// The remote processes of every listener.
@@ -84,7 +87,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Frames on one connection, as the gateway reads and writes them.
-struct Frames {
+pub struct Frames {
     io: Box<dyn ReadWrite>,
     /// The length of the last frame read.
     last_len: usize,
@@ -93,7 +96,7 @@ struct Frames {
 impl Frames {
     /// The next request, its bytes in `body` (which keeps its size for the
     /// next frame: a copy's pieces reuse it); `None` at the end.
-    fn read<'b>(&mut self, body: &'b mut Vec<u8>) -> std::io::Result<Option<Request<'b>>> {
+    pub fn read<'b>(&mut self, body: &'b mut Vec<u8>) -> std::io::Result<Option<Request<'b>>> {
         let mut header = [0u8; 4];
         match self.io.read_exact(&mut header) {
             Ok(()) => {}
@@ -110,14 +113,14 @@ impl Frames {
         Request::decode(frame).map(Some).map_err(invalid)
     }
 
-    fn write(&mut self, response: &Response) -> std::io::Result<()> {
+    pub fn write(&mut self, response: &Response) -> std::io::Result<()> {
         self.io.write_all(&response.encode())?;
         self.io.flush()
     }
 
     /// Sends on the device printf output `channel` kept, if any (before the
     /// answer it came with).
-    fn relay_console(&mut self, channel: &Channel) -> std::io::Result<()> {
+    pub fn relay_console(&mut self, channel: &Channel) -> std::io::Result<()> {
         let bytes = channel.take_console();
         if bytes.is_empty() {
             return Ok(());
@@ -126,7 +129,7 @@ impl Frames {
     }
 
     /// A data frame, its bytes straight from `data`.
-    fn write_data(&mut self, data: &[u8]) -> std::io::Result<()> {
+    pub fn write_data(&mut self, data: &[u8]) -> std::io::Result<()> {
         self.io.write_all(&data_head(data.len()))?;
         self.io.write_all(data)?;
         self.io.flush()
@@ -222,6 +225,9 @@ impl Gateway {
                 }
                 HelloRole::Query { token, ctx_id } => {
                     self.serve_queries(frames, socket, &tenant, &peer, token, ctx_id)
+                }
+                HelloRole::Lane { token, ctx_id } => {
+                    self.add_lane(frames, socket, &tenant, &peer, token, ctx_id)
                 }
             },
             Ok(Some(Request::Hello { version, .. })) => refuse(
@@ -343,11 +349,13 @@ impl Gateway {
         }
         let ctx_id = channel.ctx_id();
         let processed = Arc::new(AtomicU64::new(0));
+        let lanes = Lanes::default();
         lock(&process.open).insert(
             ctx_id,
             OpenChannel {
                 channel: Arc::downgrade(&channel),
                 processed: Arc::clone(&processed),
+                lanes: Arc::clone(&lanes),
             },
         );
         let welcomed = frames.write(&Response::Welcome {
@@ -356,12 +364,14 @@ impl Gateway {
             capset: Vec::new(),
         });
         if welcomed.is_ok() {
-            if let Err(reason) = replay(&mut frames, &channel, &processed) {
+            if let Err(reason) = replay(&mut frames, &channel, &processed, &lanes) {
                 debug!("remote {peer}: channel {ctx_id}: {reason}");
                 let _ = frames.write(&Response::Failed { reason });
             }
         }
         lock(&process.open).remove(&ctx_id);
+        // Its lanes close with it.
+        lock(&lanes).clear();
         // A query may hold the channel for a moment.
         let mut channel = channel;
         for _ in 0..1000 {
@@ -377,6 +387,51 @@ impl Gateway {
             }
         }
         let _ = socket.shutdown(Shutdown::Both);
+    }
+
+    /// A data lane of a channel: kept with the channel, whose connection's
+    /// thread reads and writes it during copies on lanes (this thread is
+    /// done once it is welcomed).
+    fn add_lane(
+        self: &Arc<Self>,
+        mut frames: Frames,
+        socket: TcpStream,
+        tenant: &str,
+        peer: &str,
+        token: [u8; TOKEN_BYTES],
+        ctx_id: u32,
+    ) {
+        let process = self.process(token, tenant);
+        let open = process
+            .as_ref()
+            .and_then(|p| lock(&p.open).get(&ctx_id).cloned());
+        let (Some(process), Some(open)) = (process, open) else {
+            rgpu_session::warn_limited!(
+                "remote {peer} (tenant {tenant}): a lane for an unknown channel"
+            );
+            let _ = frames.write(&Response::Refused {
+                reason: "unknown process token or channel".into(),
+            });
+            return;
+        };
+        let mut lanes = lock(&open.lanes);
+        if lanes.len() >= MAX_LANES as usize {
+            let _ = frames.write(&Response::Refused {
+                reason: format!("a channel has at most {MAX_LANES} lanes"),
+            });
+            return;
+        }
+        let welcomed = frames.write(&Response::Welcome {
+            token,
+            ctx_id,
+            capset: Vec::new(),
+        });
+        if welcomed.is_ok() {
+            lanes.push(frames);
+            if let Ok(clone) = socket.try_clone() {
+                lock(&process.channels).push(clone);
+            }
+        }
     }
 
     /// A channel's query connection: event and stream queries answered
@@ -489,10 +544,15 @@ fn query_answer(channel: &Channel, command: &Command) -> Option<Response> {
 /// `processed` counts the requests whose commands are in the ring: an
 /// asynchronous one once it is, one that waits as it starts (what it waits
 /// for is in the ring by then).
-fn replay(frames: &mut Frames, channel: &Channel, processed: &AtomicU64) -> Result<(), String> {
+fn replay(
+    frames: &mut Frames,
+    channel: &Channel,
+    processed: &AtomicU64,
+    lanes: &Lanes,
+) -> Result<(), String> {
     std::thread::scope(|scope| {
         let mut stager = Stager::start(scope, channel, processed);
-        let outcome = replay_with(frames, channel, processed, &mut stager);
+        let outcome = replay_with(frames, channel, processed, &mut stager, lanes);
         let drained = stager.drain();
         outcome.and(drained)
     })
@@ -603,6 +663,7 @@ fn replay_with(
     channel: &Channel,
     processed: &AtomicU64,
     stager: &mut Stager,
+    lanes: &Lanes,
 ) -> Result<(), String> {
     let lost = |e: CarrierError| format!("the host side failed: {e}");
     let write = |frames: &mut Frames, response: Response| {
@@ -643,8 +704,9 @@ fn replay_with(
             | Request::CopyFromDevice { .. }
             | Request::LoadModule { .. }
             | Request::Query { .. }
-            | Request::Ping => true,
-            Request::CopyToDevice { sync, .. } => *sync,
+            | Request::Ping
+            | Request::CopyFromDeviceLanes { .. } => true,
+            Request::CopyToDevice { sync, .. } | Request::CopyToDeviceLanes { sync, .. } => *sync,
             _ => false,
         };
         if waits {
@@ -719,6 +781,30 @@ fn replay_with(
                         payload: reply.payload,
                     },
                 )?;
+            }
+            Request::CopyToDeviceLanes {
+                stream,
+                dst,
+                length,
+                sync,
+                lanes: count,
+            } => {
+                let result =
+                    super::lanes::copy_to_device(lanes, channel, stream, dst, length, sync, count)?;
+                if sync {
+                    write(frames, Response::Result { result })?;
+                }
+            }
+            Request::CopyFromDeviceLanes {
+                stream,
+                src,
+                length,
+                lanes: count,
+            } => {
+                super::lanes::copy_from_device(frames, lanes, channel, stream, src, length, count)?
+            }
+            Request::LanePiece { .. } => {
+                return Err("a lane piece on the channel connection".into())
             }
             Request::Hello { .. } => return Err("a second hello".into()),
             Request::Query { .. } | Request::Ping => {
@@ -823,6 +909,7 @@ mod tests {
         let open = OpenChannel {
             channel: Weak::new(),
             processed: Arc::new(AtomicU64::new(3)),
+            lanes: Lanes::default(),
         };
         assert_eq!(answer_query(&open, 5, false, 7), CUDA_ERROR_NOT_READY);
         assert_eq!(answer_query(&open, 5, true, 7), CUDA_ERROR_NOT_READY);

@@ -16,6 +16,7 @@
 //! work, and both sides are told why.
 
 pub mod gateway;
+pub mod lanes;
 pub mod tls;
 
 use std::net::SocketAddr;
