@@ -260,6 +260,22 @@ pub(crate) fn is_process_only(ptr: u64, len: u64) -> bool {
         .is_some_and(|(_, block)| block.resource_id == LOCAL)
 }
 
+/// Whether `[ptr, ptr + len)`, named by `call` as device memory, is
+/// page-locked memory of this process only (network carrier): the
+/// program's own bytes, which it copies or fills itself, as nothing the
+/// host runs reaches them (copies into them end before their call
+/// returns, host functions run in their call). Partly so:
+/// `CUDA_ERROR_NOT_SUPPORTED`, said once.
+pub(crate) fn process_only_as_device(call: &'static str, ptr: u64, len: u64) -> Result<bool, u32> {
+    if !host_cannot_reach(ptr, len) {
+        return Ok(false);
+    }
+    if is_process_only(ptr, len) {
+        return Ok(true);
+    }
+    Err(unreachable(call, Unreachable::DeviceAddress))
+}
+
 /// `size` bytes (rounded up to pages) of this process's own memory, as a
 /// mapping without a blob.
 fn local_memory(size: u64) -> Result<rgpu_transport::BlobMapping, u32> {

@@ -372,6 +372,10 @@ fn list_nodes(
 ) -> CuResult<Vec<sys::CUgraphNode>> {
     let mut count = 0usize;
     check("cuGraphGetNodes", list(null_mut(), &mut count))?;
+    // The driver refuses an array for no nodes (a root's dependencies).
+    if count == 0 {
+        return Ok(Vec::new());
+    }
     let mut nodes = vec![null_mut(); count];
     let mut filled = count;
     check("cuGraphGetNodes", list(nodes.as_mut_ptr(), &mut filled))?;

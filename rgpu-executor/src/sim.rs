@@ -2921,6 +2921,8 @@ impl ContextExecutor for SimContext {
         held.extend(fresh.iter().cloned());
         self.hold_allocations(&fresh, true);
         if has_memory_nodes {
+            // The allocations it had are its graph's to instantiate again.
+            self.allocations_owner.retain(|_, owner| *owner != exec);
             self.allocations_owner.insert(graph, exec);
         }
         Ok(ExecUpdate {

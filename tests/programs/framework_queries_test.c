@@ -287,9 +287,9 @@ static int unified_host_memory(CUfunction scale, int run_kernel) {
 
 /* Over the network carrier, page-locked memory is the process's own: XLA
  * still zeroes its timers' page-locked flags with a memset naming them as
- * device memory (unified addressing), which fills them in the process,
- * asynchronous or not; a memset running past the allocation and one
- * recorded by a capture are refused. */
+ * device memory (unified addressing) and copies them so, which the process
+ * does itself, asynchronous or not; a memset running past the allocation
+ * is refused. */
 static int process_only_host_memory(void) {
     unsigned n = 1024, wrong = 0;
     unsigned *h = NULL;
@@ -309,6 +309,24 @@ static int process_only_host_memory(void) {
     CHECK_EQ_INT(wrong, 0);
     CHECK_RC(cuMemsetD32(as_device + 4 * (n - 1), 0, 2), CUDA_ERROR_NOT_SUPPORTED);
     CHECK_TRUE(h[n - 1] == 0x77887788u);
+    /* Copies naming it as device memory copy the program's own bytes: up
+     * to the device, down into it, and within it. */
+    CUdeviceptr d = 0;
+    unsigned back[4] = {0, 0, 0, 0};
+    REQUIRE_CU(cuMemAlloc(&d, 16));
+    CHECK_CU(cuMemcpyDtoD(d, as_device, 16));
+    CHECK_CU(cuMemcpyDtoH(back, d, 16));
+    CHECK_TRUE(back[0] == 0x01020304u && back[3] == 0x01020304u);
+    back[0] = 0xabcdef01u;
+    CHECK_CU(cuMemcpyHtoD(as_device + 16, back, 4));
+    CHECK_TRUE(h[4] == 0xabcdef01u);
+    CHECK_CU(cuMemsetD32(d, 9, 4));
+    CHECK_CU(cuMemcpyDtoDAsync(as_device + 20, d, 4, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    CHECK_TRUE(h[5] == 9);
+    CHECK_CU(cuMemcpyDtoH(back, as_device + 16, 8));
+    CHECK_TRUE(back[0] == 0xabcdef01u && back[1] == 9);
+    CHECK_CU(cuMemFree(d));
     CHECK_CU(cuStreamDestroy(stream));
     CHECK_CU(cuMemFreeHost(h));
     return 0;

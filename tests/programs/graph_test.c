@@ -20,8 +20,9 @@
  * CUDA_ERROR_NOT_SUPPORTED at the call, and the capture goes on without
  * them (its graph holds the rest and runs); directly on a stream, host
  * functions run in order with copies from and to page-locked memory, a
- * device copy or stream memory operation naming it as device memory is
- * refused, and a memset naming it so fills the program's own bytes.
+ * stream memory operation naming it as device memory is refused, and a
+ * device copy or memset naming it so copies or fills the program's own
+ * bytes.
  * Everything else runs as without it.
  *
  * Prints "graph_test: N checks passed" (exit 0) or every failed check
@@ -401,13 +402,15 @@ int main(int argc, char **argv) {
             CHECK_EQ_INT((int)got, 777);
         }
         CHECK_EQ_INT(seen.calls, 4);
-        /* Not device memory here: a device copy and a stream memory
-         * operation naming it are refused, and leave it alone; a memset
-         * fills the program's own bytes (XLA zeroes page-locked flags so). */
-        CHECK_RC(cuMemcpyDtoDAsync(pinned_word, d_word, 4, stream), CUDA_ERROR_NOT_SUPPORTED);
+        /* Not device memory here: a stream memory operation naming it is
+         * refused and leaves it alone; a device copy into it downloads the
+         * program's own bytes, a memset fills them (XLA does both). */
         CHECK_RC(cuStreamWriteValue32_v2(stream, pinned_word, 1, 0), CUDA_ERROR_NOT_SUPPORTED);
         CHECK_CU(cuStreamSynchronize(stream));
         CHECK_EQ_INT((int)seen.words[0], 4324);
+        CHECK_CU(cuMemcpyDtoDAsync(pinned_word, d_word, 4, stream));
+        CHECK_CU(cuStreamSynchronize(stream));
+        CHECK_EQ_INT((int)seen.words[0], 777);
         CHECK_CU(cuMemsetD32Async(pinned_word, 1, 1, stream));
         CHECK_CU(cuStreamSynchronize(stream));
         CHECK_EQ_INT((int)seen.words[0], 1);

@@ -269,7 +269,14 @@ pub(crate) fn htod(
     if len == 0 {
         return Ok(());
     }
-    pinned::refuse_as_device("cuMemcpyHtoD", dst, len as u64)?;
+    if pinned::process_only_as_device("cuMemcpyHtoD", dst, len as u64)? {
+        refuse_captured_over_network(ctx, stream, "cuMemcpyHtoD")?;
+        // SAFETY: `dst` is `len` bytes of this process's page-locked memory
+        // (checked), `src` the caller's `len` bytes (the API contract);
+        // `copy` allows them to overlap.
+        unsafe { std::ptr::copy(src.cast::<u8>(), dst as usize as *mut u8, len) };
+        return Ok(());
+    }
     match device_ranges::locate(ctx.space, [(dst, len as u64)])? {
         [Location::Here] => htod_unchecked(ctx, stream, dst, src, len, sync),
         [elsewhere @ Location::Elsewhere { .. }] => {
@@ -353,7 +360,14 @@ pub(crate) fn dtoh(
     if len == 0 {
         return Ok(());
     }
-    pinned::refuse_as_device("cuMemcpyDtoH", src, len as u64)?;
+    if pinned::process_only_as_device("cuMemcpyDtoH", src, len as u64)? {
+        refuse_captured_over_network(ctx, stream, "cuMemcpyDtoH")?;
+        // SAFETY: `src` is `len` bytes of this process's page-locked memory
+        // (checked), `dst` the caller's `len` bytes (the API contract);
+        // `copy` allows them to overlap.
+        unsafe { std::ptr::copy(src as usize as *const u8, dst.cast::<u8>(), len) };
+        return Ok(());
+    }
     match device_ranges::locate(ctx.space, [(src, len as u64)])? {
         [Location::Here] => dtoh_unchecked(ctx, stream, dst, src, len, sync),
         [elsewhere @ Location::Elsewhere { .. }] => {
@@ -417,8 +431,15 @@ pub(crate) fn dtod(
     if len == 0 {
         return Ok(());
     }
-    pinned::refuse_as_device("cuMemcpyDtoD", dst, len as u64)?;
-    pinned::refuse_as_device("cuMemcpyDtoD", src, len as u64)?;
+    // Page-locked memory of this process only (network carrier) is the
+    // program's own: a copy from it uploads it, one into it downloads.
+    let dst_own = pinned::process_only_as_device("cuMemcpyDtoD", dst, len as u64)?;
+    let src_own = pinned::process_only_as_device("cuMemcpyDtoD", src, len as u64)?;
+    match (dst_own, src_own) {
+        (true, _) => return dtoh(ctx, stream, dst as usize as *mut c_void, src, len, true),
+        (false, true) => return htod(ctx, stream, dst, src as usize as *const c_void, len, sync),
+        (false, false) => {}
+    }
     match device_ranges::locate(ctx.space, [(dst, len as u64), (src, len as u64)])? {
         [Location::Here, Location::Here] => dtod_unchecked(ctx, stream, dst, src, len, sync),
         [Location::Nowhere, _] => Err(not_device_memory(dst, len)),
@@ -594,12 +615,8 @@ fn memset_process_only(
     count: usize,
     len: u64,
 ) -> Result<(), u32> {
-    if !pinned::is_process_only(dst, len) {
-        // Partly page-locked, partly something else: no one allocation.
-        return Err(pinned::unreachable(
-            "cuMemsetD*",
-            pinned::Unreachable::DeviceAddress,
-        ));
+    if !pinned::process_only_as_device("cuMemsetD*", dst, len)? {
+        return Err(CUDA_ERROR_INVALID_VALUE);
     }
     refuse_captured_over_network(ctx, stream, "cuMemsetD*")?;
     let bytes = value.to_le_bytes();
