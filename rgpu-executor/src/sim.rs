@@ -1397,6 +1397,42 @@ impl SimContext {
 
     /// One more (or one fewer) holder of the memory-allocation nodes among
     /// `nodes`; memory no graph or executable graph holds is freed.
+    /// Begins a capture of `stream`: into a new graph, or with `into` into
+    /// an existing graph after the given nodes.
+    fn begin_capture(
+        &mut self,
+        stream: StreamRef,
+        mode: u32,
+        into: Option<(u64, Vec<u64>)>,
+    ) -> CuResult<()> {
+        self.check_stream(stream)?;
+        if mode > 2 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let key = stream_key(stream);
+        if self.capturing.contains_key(&key) {
+            return Err(CUDA_ERROR_ILLEGAL_STATE);
+        }
+        let into_existing = into.is_some();
+        let (graph, dependencies) = match into {
+            Some(into) => into,
+            None => {
+                let graph = self.new_handle();
+                self.graphs.insert(graph, Vec::new());
+                (graph, Vec::new())
+            }
+        };
+        self.capturing.insert(
+            key,
+            SimCapture {
+                graph,
+                dependencies,
+                into_existing,
+            },
+        );
+        Ok(())
+    }
+
     /// `op`, made on capturing `stream`: a node of the capture's graph after
     /// the capture's dependencies, and the one the next node depends on.
     fn record(&mut self, stream: StreamRef, op: GraphOp) {
@@ -2403,25 +2439,7 @@ impl ContextExecutor for SimContext {
     }
 
     fn stream_begin_capture(&mut self, stream: StreamRef, mode: u32) -> CuResult<()> {
-        self.check_stream(stream)?;
-        if mode > 2 {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let key = stream_key(stream);
-        if self.capturing.contains_key(&key) {
-            return Err(CUDA_ERROR_ILLEGAL_STATE);
-        }
-        let graph = self.new_handle();
-        self.graphs.insert(graph, Vec::new());
-        self.capturing.insert(
-            key,
-            SimCapture {
-                graph,
-                dependencies: Vec::new(),
-                into_existing: false,
-            },
-        );
-        Ok(())
+        self.begin_capture(stream, mode, None)
     }
 
     fn stream_begin_capture_to_graph(
@@ -2438,22 +2456,7 @@ impl ContextExecutor for SimContext {
         {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        if mode > 2 {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let key = stream_key(stream);
-        if self.capturing.contains_key(&key) {
-            return Err(CUDA_ERROR_ILLEGAL_STATE);
-        }
-        self.capturing.insert(
-            key,
-            SimCapture {
-                graph,
-                dependencies: dependencies.to_vec(),
-                into_existing: true,
-            },
-        );
-        Ok(())
+        self.begin_capture(stream, mode, Some((graph, dependencies.to_vec())))
     }
 
     /// A write is done at once. The sim runs a stream's work at once, so a

@@ -269,6 +269,19 @@ fn flag(r: &mut WireReader<'_>, field: &'static str) -> Result<bool, DecodeError
     }
 }
 
+/// The rest of a frame as one piece of copy data: 1 byte to
+/// [`MAX_DATA_PIECE`].
+fn data_piece<'a>(r: &mut WireReader<'a>) -> Result<&'a [u8], DecodeError> {
+    let data = r.take(r.remaining())?;
+    if data.is_empty() || data.len() > MAX_DATA_PIECE {
+        return Err(DecodeError::LengthOutOfRange {
+            length: data.len() as u64,
+            limit: MAX_DATA_PIECE as u64,
+        });
+    }
+    Ok(data)
+}
+
 /// A copy on lanes: 1 to [`MAX_LANES`] lanes, 1 byte to
 /// [`MAX_COPY_FROM_DEVICE`].
 fn check_lanes(length: u64, lanes: u32) -> Result<(), DecodeError> {
@@ -499,23 +512,8 @@ impl<'a> Request<'a> {
             kind::COPY_TO_DEVICE => {
                 let stream = r.u32()?;
                 let dst = r.u64()?;
-                let sync = match r.u8()? {
-                    0 => false,
-                    1 => true,
-                    other => {
-                        return Err(DecodeError::InvalidField {
-                            field: "sync",
-                            value: other.into(),
-                        })
-                    }
-                };
-                let data = r.take(r.remaining())?;
-                if data.is_empty() || data.len() > MAX_DATA_PIECE {
-                    return Err(DecodeError::LengthOutOfRange {
-                        length: data.len() as u64,
-                        limit: MAX_DATA_PIECE as u64,
-                    });
-                }
+                let sync = flag(&mut r, "sync")?;
+                let data = data_piece(&mut r)?;
                 Request::CopyToDevice {
                     stream,
                     dst,
@@ -545,16 +543,7 @@ impl<'a> Request<'a> {
             kind::PING => Request::Ping,
             kind::QUERY => Request::Query {
                 after: r.u64()?,
-                stream: match r.u8()? {
-                    0 => false,
-                    1 => true,
-                    other => {
-                        return Err(DecodeError::InvalidField {
-                            field: "query kind",
-                            value: other.into(),
-                        })
-                    }
-                },
+                stream: flag(&mut r, "query kind")?,
                 handle: r.u32()?,
             },
             kind::COPY_TO_DEVICE_LANES => {
@@ -572,16 +561,9 @@ impl<'a> Request<'a> {
                     lanes,
                 }
             }
-            kind::LANE_PIECE => {
-                let data = r.take(r.remaining())?;
-                if data.is_empty() || data.len() > MAX_DATA_PIECE {
-                    return Err(DecodeError::LengthOutOfRange {
-                        length: data.len() as u64,
-                        limit: MAX_DATA_PIECE as u64,
-                    });
-                }
-                Request::LanePiece { data }
-            }
+            kind::LANE_PIECE => Request::LanePiece {
+                data: data_piece(&mut r)?,
+            },
             kind::COPY_FROM_DEVICE_LANES => {
                 let stream = r.u32()?;
                 let src = r.u64()?;

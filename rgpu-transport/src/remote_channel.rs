@@ -363,10 +363,7 @@ impl RemoteChannel {
             if !sync {
                 return Ok(0);
             }
-            match s.receive()? {
-                Response::Result { result } => Ok(result),
-                other => Err(unexpected(other)),
-            }
+            expect_result(s.receive()?)
         })
     }
 
@@ -418,10 +415,7 @@ impl RemoteChannel {
                     .collect();
                 join_lanes(readers)
             })?;
-            match s.receive()? {
-                Response::Result { result } => Ok(result),
-                other => Err(unexpected(other)),
-            }
+            expect_result(s.receive()?)
         })
     }
 
@@ -514,10 +508,7 @@ impl RemoteChannel {
             if !sync {
                 return Ok(0);
             }
-            match s.receive()? {
-                Response::Result { result } => Ok(result),
-                other => Err(unexpected(other)),
-            }
+            expect_result(s.receive()?)
         })
     }
 
@@ -611,6 +602,14 @@ fn join_lanes(
         }
     }
     outcome
+}
+
+/// The CUDA result a [`Response::Result`] carries.
+fn expect_result(response: Response) -> Result<u32, CarrierError> {
+    match response {
+        Response::Result { result } => Ok(result),
+        other => Err(unexpected(other)),
+    }
 }
 
 fn expect_reply(response: Response) -> Result<Reply, CarrierError> {

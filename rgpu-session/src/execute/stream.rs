@@ -197,12 +197,7 @@ pub(super) fn stream_end_capture(env: &mut Env<'_>, command: &Command) -> CuResu
     };
     // Into an existing graph: it now holds the driver's nodes
     // too, counted as the driver counts them.
-    let target = handles
-        .graphs
-        .iter()
-        .find(|(_, g)| **g == created)
-        .map(|(guest, _)| *guest);
-    if let Some(target) = target {
+    if let Some(target) = handles.guest_graph(created) {
         let count = ctx.graph_node_count(created, false).unwrap_or(0);
         let contents = handles.graph_contents.entry(target).or_default();
         contents.captured = true;
@@ -242,7 +237,7 @@ pub(super) fn stream_capture_graph(env: &mut Env<'_>, command: &Command) -> CuRe
     check_room(handles.graphs.len(), limits.graphs)?;
     let created = ctx.stream_capture_graph(stream)?;
     // Named once (a capture into an existing graph has its handle).
-    if handles.graphs.values().any(|g| *g == created) {
+    if handles.guest_graph(created).is_some() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     handles.graphs.insert(*graph, created);

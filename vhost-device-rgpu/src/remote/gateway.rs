@@ -389,6 +389,34 @@ impl Gateway {
         let _ = socket.shutdown(Shutdown::Both);
     }
 
+    /// The process that got `token` (if it is `tenant`'s) and its open
+    /// channel `ctx_id`; else `what` (a query or lane connection) is
+    /// refused on `frames`.
+    fn open_channel(
+        &self,
+        frames: &mut Frames,
+        tenant: &str,
+        peer: &str,
+        token: [u8; TOKEN_BYTES],
+        ctx_id: u32,
+        what: &str,
+    ) -> Option<(Arc<RemoteProcess>, OpenChannel)> {
+        let process = self.process(token, tenant);
+        let open = process
+            .as_ref()
+            .and_then(|p| lock(&p.open).get(&ctx_id).cloned());
+        let found = process.zip(open);
+        if found.is_none() {
+            rgpu_session::warn_limited!(
+                "remote {peer} (tenant {tenant}): {what} for an unknown channel"
+            );
+            let _ = frames.write(&Response::Refused {
+                reason: "unknown process token or channel".into(),
+            });
+        }
+        found
+    }
+
     /// A data lane of a channel: kept with the channel, whose connection's
     /// thread reads and writes it during copies on lanes (this thread is
     /// done once it is welcomed).
@@ -401,17 +429,9 @@ impl Gateway {
         token: [u8; TOKEN_BYTES],
         ctx_id: u32,
     ) {
-        let process = self.process(token, tenant);
-        let open = process
-            .as_ref()
-            .and_then(|p| lock(&p.open).get(&ctx_id).cloned());
-        let (Some(process), Some(open)) = (process, open) else {
-            rgpu_session::warn_limited!(
-                "remote {peer} (tenant {tenant}): a lane for an unknown channel"
-            );
-            let _ = frames.write(&Response::Refused {
-                reason: "unknown process token or channel".into(),
-            });
+        let Some((process, open)) =
+            self.open_channel(&mut frames, tenant, peer, token, ctx_id, "a lane")
+        else {
             return;
         };
         let mut lanes = lock(&open.lanes);
@@ -445,17 +465,9 @@ impl Gateway {
         token: [u8; TOKEN_BYTES],
         ctx_id: u32,
     ) {
-        let process = self.process(token, tenant);
-        let open = process
-            .as_ref()
-            .and_then(|p| lock(&p.open).get(&ctx_id).cloned());
-        let (Some(process), Some(open)) = (process, open) else {
-            rgpu_session::warn_limited!(
-                "remote {peer} (tenant {tenant}): queries for an unknown channel"
-            );
-            let _ = frames.write(&Response::Refused {
-                reason: "unknown process token or channel".into(),
-            });
+        let Some((process, open)) =
+            self.open_channel(&mut frames, tenant, peer, token, ctx_id, "queries")
+        else {
             return;
         };
         if let Ok(clone) = socket.try_clone() {
