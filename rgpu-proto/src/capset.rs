@@ -36,6 +36,14 @@ impl DeviceInfo {
             .filter(|v| *v != ATTRIBUTE_UNSUPPORTED)
     }
 
+    /// Sets attribute `attribute` to `value`; an index past the carried
+    /// slots is left alone (no such attribute exists to answer).
+    pub fn set_attribute(&mut self, attribute: usize, value: i32) {
+        if let Some(slot) = self.attributes.get_mut(attribute) {
+            *slot = value;
+        }
+    }
+
     /// The UUID as NVML and nvidia-smi print it:
     /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (lower-case hex).
     pub fn uuid_string(&self) -> String {

@@ -213,7 +213,11 @@ static int mapped_host_memory(CUfunction scale, int run_kernel) {
     CUdeviceptr dh = 0, other = 0, dptr = 0;
     void *host = NULL;
     unsigned int type = 0;
-    int ordinal = -1, wrong = 0;
+    int ordinal = -1, wrong = 0, can_map = -1, unified = -1;
+    CHECK_CU(cuDeviceGetAttribute(&can_map, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 0));
+    CHECK_CU(cuDeviceGetAttribute(&unified, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 0));
+    CHECK_EQ_INT(can_map, 1);
+    CHECK_EQ_INT(unified, 1);
     REQUIRE_CU(cuMemHostAlloc((void **)&h, n * sizeof(float), 0x02 /* DEVICEMAP */));
     for (unsigned i = 0; i < n; i++) h[i] = (float)i;
     CHECK_CU(cuMemHostGetDevicePointer_v2(&dh, h, 0));
@@ -287,13 +291,19 @@ static int unified_host_memory(CUfunction scale, int run_kernel) {
 
 /* Over the network carrier, page-locked memory is the process's own: XLA
  * still zeroes its timers' page-locked flags with a memset naming them as
- * device memory (unified addressing) and copies them so, which the process
- * does itself, asynchronous or not; a memset running past the allocation
- * is refused. */
+ * device memory and copies them so, which the process does itself,
+ * asynchronous or not; a memset running past the allocation is refused. */
 static int process_only_host_memory(void) {
     unsigned n = 1024, wrong = 0;
     unsigned *h = NULL;
     CUstream stream = NULL;
+    int can_map = -1, unified = -1;
+    /* The remote GPU says it cannot reach this process's memory, so XLA
+     * skips its timing kernel, which spins on a page-locked flag. */
+    CHECK_CU(cuDeviceGetAttribute(&can_map, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 0));
+    CHECK_CU(cuDeviceGetAttribute(&unified, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 0));
+    CHECK_EQ_INT(can_map, 0);
+    CHECK_EQ_INT(unified, 0);
     REQUIRE_CU(cuMemHostAlloc((void **)&h, n * sizeof(unsigned), 0x01 /* PORTABLE */));
     REQUIRE_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
     CUdeviceptr as_device = (CUdeviceptr)(uintptr_t)h;

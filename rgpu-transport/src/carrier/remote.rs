@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rgpu_proto::capset::Capset;
+use rgpu_proto::capset::{Capset, DeviceInfo};
 use rgpu_proto::remote::{
     frame_length, is_data, HelloRole, Request, Response, REMOTE_VERSION, TOKEN_BYTES,
 };
@@ -638,13 +638,14 @@ impl RemoteCarrier {
         let endpoint = RemoteEndpoint::from_url(url)?;
         let mut process = endpoint.connect()?;
         let (token, _, capset) = process.hello(HelloRole::Process { name: name.into() })?;
-        let capset = Capset::decode(&capset).map_err(CarrierError::BadCapset)?;
+        let mut capset = Capset::decode(&capset).map_err(CarrierError::BadCapset)?;
         if capset.protocol_version != PROTOCOL_VERSION {
             return Err(CarrierError::VersionMismatch {
                 guest: PROTOCOL_VERSION,
                 host: capset.protocol_version,
             });
         }
+        capset.devices.iter_mut().for_each(without_host_mapping);
         Ok(Self {
             endpoint,
             capset,
@@ -661,6 +662,22 @@ impl RemoteCarrier {
     pub fn token(&self) -> [u8; TOKEN_BYTES] {
         self.token
     }
+}
+
+/// `CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY`.
+const ATTRIBUTE_CAN_MAP_HOST_MEMORY: usize = 19;
+/// `CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING`.
+const ATTRIBUTE_UNIFIED_ADDRESSING: usize = 41;
+
+/// A remote GPU cannot reach this process's memory: page-locked memory is
+/// the process's own, so the device neither maps host memory nor shares
+/// one address space with it. Saying so keeps programs that check from
+/// handing a kernel a host pointer (XLA's timing kernel spins on a
+/// page-locked flag when unified addressing is on, and faulted the
+/// context).
+fn without_host_mapping(device: &mut DeviceInfo) {
+    device.set_attribute(ATTRIBUTE_CAN_MAP_HOST_MEMORY, 0);
+    device.set_attribute(ATTRIBUTE_UNIFIED_ADDRESSING, 0);
 }
 
 fn no_blobs() -> CarrierError {
