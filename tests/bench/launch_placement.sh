@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Whether thread placement explains the run-to-run spread of the launch
+# rate (issue 9), on the GPU host:
+#
+#   launch_placement.sh BUNDLE [LABEL:APP_CPUS:DAEMON_CPUS ...]
+#
+# For each layout (default: nothing pinned; the benchmark on CPU 0 and
+# the daemon on 2-3; on 0 and 2-9; on 2 and 8-9) it starts a daemon under
+# `taskset` and runs rgpu_bench three times, printing the five launch runs
+# in turn (native/rgpu, 1/s) and the sync round trip (native, rgpu,
+# difference). BUNDLE is a folder from tests/gpu/make-bundle.sh; logs go
+# to $OUT when set.
+set -uo pipefail
+bundle=$(cd "${1:?usage: launch_placement.sh BUNDLE [LABEL:APP_CPUS:DAEMON_CPUS ...]}" && pwd)
+shift
+layouts=("$@")
+[ ${#layouts[@]} -gt 0 ] || layouts=(free:: "app0-d2-3:0:2,3" app0-d2-9:0:2-9 "app2-d8-9:2:8,9")
+native_lib=${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
+native_dir=$(dirname "$native_lib")
+work=$(mktemp -d /tmp/rgpu-placement.XXXXXX)
+logs=${OUT:-$work}
+daemon_pid=
+cleanup() {
+    [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+mkdir -p "$work/lib" "$logs"
+ln -s "$bundle/libcuda.so" "$work/lib/libcuda.so.1"
+gcc -O2 -std=c11 -I "$bundle" -o "$work/rgpu_bench" "$bundle/rgpu_bench.c" -ldl || exit 1
+lscpu | grep -E "^(CPU\(s\)|Thread|Core|Socket|NUMA node\(s\))"
+for layout in "${layouts[@]}"; do
+    IFS=: read -r label app_cpus daemon_cpus <<<"$layout"
+    app=() daemon=()
+    [ -n "$app_cpus" ] && app=(taskset -c "$app_cpus")
+    [ -n "$daemon_cpus" ] && daemon=(taskset -c "$daemon_cpus")
+    socket=$work/$label.sock
+    env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" "${daemon[@]}" "$bundle/vhost-device-rgpu" \
+        --executor cuda --socket-path "$socket" >"$logs/daemon-$label.log" 2>&1 &
+    daemon_pid=$!
+    for _ in $(seq 200); do [ -S "$socket" ] && break; sleep 0.05; done
+    for rep in 1 2 3; do
+        out=$logs/bench-$label-$rep.txt
+        RGPU_SOCKET=$socket "${app[@]}" "$work/rgpu_bench" --native "$native_lib" \
+            --rgpu "$work/lib/libcuda.so.1" --ptx "$bundle/reference_kernels.ptx" \
+            --sync-iters 2000 --launches 100000 --mib 1 --repeats 1 >"$out" 2>&1
+        echo "$label rep $rep: $(grep 'runs in turn' "$out" | sed 's/.*1\/s)://') | sync" \
+            "$(grep 'sync round trip, median' "$out" | awk '{print $6, $7, $8}')"
+    done
+    kill "$daemon_pid"
+    wait "$daemon_pid" 2>/dev/null
+    daemon_pid=
+done
