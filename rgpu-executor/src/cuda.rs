@@ -1562,7 +1562,7 @@ impl ContextExecutor for CudaContext {
         block: [u32; 3],
         shared_mem_bytes: u32,
         stream: StreamRef,
-        params: &[u8],
+        params: Vec<u8>,
     ) -> CuResult<()> {
         let function = self.function(function)?;
         // The per-thread stream is the calling thread's: only the session's
@@ -1579,7 +1579,7 @@ impl ContextExecutor for CudaContext {
         };
         match &mut self.launcher {
             Some(launcher) if !per_thread && !self.launch_here => {
-                launch.params = params.to_vec();
+                launch.params = params;
                 match launcher.queue(launch) {
                     Ok(()) => Ok(()),
                     Err(launch) => launch_now(&launch),
@@ -1587,9 +1587,9 @@ impl ContextExecutor for CudaContext {
             }
             Some(launcher) => {
                 launcher.fence();
-                launch_with_params(&launch, params)
+                launch_with_params(&launch, &params)
             }
-            None => launch_with_params(&launch, params),
+            None => launch_with_params(&launch, &params),
         }
     }
 

@@ -494,7 +494,7 @@ pub trait ContextExecutor {
         block: [u32; 3],
         shared_mem_bytes: u32,
         stream: StreamRef,
-        params: &[u8],
+        params: Vec<u8>,
     ) -> CuResult<()>;
 
     /// A launch with `options` (clusters, cooperative, attributes).
@@ -511,7 +511,14 @@ pub trait ContextExecutor {
         options: &LaunchOptions,
     ) -> CuResult<()> {
         if options.is_plain() {
-            return self.launch_kernel(function, grid, block, shared_mem_bytes, stream, params);
+            return self.launch_kernel(
+                function,
+                grid,
+                block,
+                shared_mem_bytes,
+                stream,
+                params.to_vec(),
+            );
         }
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }

@@ -2089,7 +2089,7 @@ impl ContextExecutor for SimContext {
         block: [u32; 3],
         shared_mem_bytes: u32,
         stream: StreamRef,
-        params: &[u8],
+        params: Vec<u8>,
     ) -> CuResult<()> {
         // As the cuda executor's launch thread: handles checked now, the
         // launch made later (not on the per-thread stream, not in a capture).
@@ -2104,12 +2104,12 @@ impl ContextExecutor for SimContext {
                 block,
                 shared_mem_bytes,
                 stream,
-                params: params.to_vec(),
+                params,
             });
             return Ok(());
         }
         self.run_deferred();
-        self.launch_kernel_now(function, grid, block, shared_mem_bytes, stream, params)
+        self.launch_kernel_now(function, grid, block, shared_mem_bytes, stream, &params)
     }
 
     fn fence(&mut self) {
@@ -3440,7 +3440,7 @@ mod tests {
             ],
             &info,
         );
-        ctx.launch_kernel(add, [4, 1, 1], [256, 1, 1], 0, StreamRef::Legacy, &p)
+        ctx.launch_kernel(add, [4, 1, 1], [256, 1, 1], 0, StreamRef::Legacy, p.clone())
             .unwrap();
         let c = read_back(ctx.as_mut(), dc, 4 * n);
         let expected: Vec<f32> = (0..n).map(|i| 1.5 * i as f32).collect();
@@ -3463,7 +3463,7 @@ mod tests {
             [10, 1, 1],
             0,
             StreamRef::Created(stream),
-            &p,
+            p,
         )
         .unwrap();
         let c = read_back(ctx.as_mut(), dc, 4 * n);
@@ -3483,8 +3483,15 @@ mod tests {
             &[&da.to_le_bytes(), &7u32.to_le_bytes(), &5u32.to_le_bytes()],
             &info,
         );
-        ctx.launch_kernel(fill, [1, 2, 1], [2, 2, 2], 0, StreamRef::PerThread, &p)
-            .unwrap();
+        ctx.launch_kernel(
+            fill,
+            [1, 2, 1],
+            [2, 2, 2],
+            0,
+            StreamRef::PerThread,
+            p.clone(),
+        )
+        .unwrap();
         let out = read_back(ctx.as_mut(), da, 24);
         let expected: Vec<u8> = [7u32, 8, 9, 10, 11]
             .iter()
@@ -3495,8 +3502,15 @@ mod tests {
 
         let (empty, info) = ctx.module_get_function(module, "rgpu_empty").unwrap();
         assert!(info.params.is_empty());
-        ctx.launch_kernel(empty, [1, 1, 1], [1, 1, 1], 0, StreamRef::Legacy, &[])
-            .unwrap();
+        ctx.launch_kernel(
+            empty,
+            [1, 1, 1],
+            [1, 1, 1],
+            0,
+            StreamRef::Legacy,
+            Vec::new(),
+        )
+        .unwrap();
     }
 
     /// The PTX the C tests ship, the same text a real GPU JIT-compiles.
@@ -3530,8 +3544,15 @@ mod tests {
             ],
             &info,
         );
-        ctx.launch_kernel(kernel, [4, 1, 1], [256, 1, 1], 0, StreamRef::Legacy, &p)
-            .unwrap();
+        ctx.launch_kernel(
+            kernel,
+            [4, 1, 1],
+            [256, 1, 1],
+            0,
+            StreamRef::Legacy,
+            p.clone(),
+        )
+        .unwrap();
         assert_eq!(read_back(ctx.as_mut(), counter, 4), 2u32.to_le_bytes());
     }
 
@@ -3546,7 +3567,7 @@ mod tests {
             &info,
         );
         let launch = |ctx: &mut dyn ContextExecutor, f, grid, block, p: &[u8]| {
-            ctx.launch_kernel(f, grid, block, 0, StreamRef::Legacy, p)
+            ctx.launch_kernel(f, grid, block, 0, StreamRef::Legacy, p.to_vec())
         };
         assert_eq!(
             launch(ctx.as_mut(), fill, [1, 1, 1], [4, 1, 1], &ok),
@@ -3606,7 +3627,14 @@ mod tests {
             Err(CUDA_ERROR_INVALID_HANDLE)
         );
         assert_eq!(
-            ctx.launch_kernel(fill, [1, 1, 1], [1, 1, 1], 0, StreamRef::Created(fill), &ok),
+            ctx.launch_kernel(
+                fill,
+                [1, 1, 1],
+                [1, 1, 1],
+                0,
+                StreamRef::Created(fill),
+                ok.clone()
+            ),
             Err(CUDA_ERROR_INVALID_HANDLE)
         );
         ctx.module_unload(module).unwrap();

@@ -687,7 +687,7 @@ impl Worker {
                     self.finish_command(reply_seq, Err(CUDA_ERROR_INVALID_VALUE), true);
                     self.advance(len);
                 }
-                RingEntry::Command(Ok(decoded)) => {
+                RingEntry::Command(Ok(mut decoded)) => {
                     let admission = if decoded.command.work_stream().is_some() {
                         match self.admit() {
                             Ok(admission) => admission,
@@ -722,7 +722,7 @@ impl Worker {
                                 );
                                 Err(rgpu_proto::cuda_result::CUDA_ERROR_OUT_OF_MEMORY)
                             }
-                            None => self.execute(&decoded.command, decoded.reply_seq),
+                            None => self.execute(&mut decoded.command, decoded.reply_seq),
                         };
                         // A launch the guest waits for answers with the
                         // driver's own result.

@@ -625,8 +625,9 @@ impl Worker {
         .to_bytes())
     }
 
-    /// Runs one command; the reply payload on success.
-    pub(crate) fn execute(&mut self, command: &Command, reply_seq: u64) -> CuResult<Vec<u8>> {
+    /// Runs one command; the reply payload on success. A launch's
+    /// parameter block is taken from `command` (the launch thread keeps it).
+    pub(crate) fn execute(&mut self, command: &mut Command, reply_seq: u64) -> CuResult<Vec<u8>> {
         match command {
             Command::Padding => return Ok(Vec::new()),
             Command::DeviceStatus { device } => return self.device_status(*device),

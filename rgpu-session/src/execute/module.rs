@@ -283,8 +283,8 @@ pub(super) fn occupancy_max_active_clusters(
         .map(|v| v.to_le_bytes().to_vec())
 }
 
-/// `LaunchKernel`.
-pub(super) fn launch_kernel(env: &mut Env<'_>, command: &Command) -> CuResult<Vec<u8>> {
+/// `LaunchKernel`: its parameter block moves to the executor, uncopied.
+pub(super) fn launch_kernel(env: &mut Env<'_>, command: &mut Command) -> CuResult<Vec<u8>> {
     let Command::LaunchKernel { launch } = command else {
         return Err(CUDA_ERROR_INVALID_VALUE);
     };
@@ -297,7 +297,7 @@ pub(super) fn launch_kernel(env: &mut Env<'_>, command: &Command) -> CuResult<Ve
         launch.block,
         launch.shared_mem_bytes,
         stream,
-        &launch.params,
+        std::mem::take(&mut launch.params),
     )
     .map(empty)
 }
