@@ -791,7 +791,7 @@ impl Executor for CudaExecutor {
             allocations: HashSet::new(),
             modules: HashMap::new(),
             functions: HashMap::new(),
-            streams: HashMap::new(),
+            streams: HashSet::new(),
             events: HashMap::new(),
             graphs: HashMap::new(),
             graph_execs: HashMap::new(),
@@ -889,6 +889,18 @@ impl Executor for CudaExecutor {
     }
 }
 
+/// The number a driver object is named by ([`CudaContext`]'s streams,
+/// events and functions): its address.
+fn object_handle<T>(object: *mut T) -> u64 {
+    object.expose_provenance() as u64
+}
+
+/// The driver object named `handle` by [`object_handle`]. Only the
+/// session's tables hand out such numbers, for objects still alive.
+fn driver_object<T>(handle: u64) -> *mut T {
+    std::ptr::with_exposed_provenance_mut(handle as usize)
+}
+
 struct LoadedModule {
     module: sys::CUmodule,
     /// Function handles already given out, by name.
@@ -908,13 +920,21 @@ pub struct CudaContext {
     /// Device memory it allocated and has not freed.
     allocations: HashSet<sys::CUdeviceptr>,
     entry: IntegerEntryPoints,
-    /// One counter for all handle kinds: a stream's handle is no event's.
+    /// One counter for the handle kinds named by number: modules, graphs,
+    /// executable graphs, nodes, physical allocations.
     next_handle: u64,
     modules: HashMap<u64, LoadedModule>,
-    /// Handle to (module handle, function).
-    functions: HashMap<u64, (u64, sys::CUfunction)>,
-    streams: HashMap<u64, sys::CUstream>,
-    events: HashMap<u64, sys::CUevent>,
+    /// Streams, events and functions are named by the driver's own object
+    /// (its address as a number), so a launch translates a guest handle
+    /// once, in the session's table, and never here ([`object_handle`]).
+    /// These tables only say what to free, and by which module.
+    ///
+    /// Function to the handle of its module.
+    functions: HashMap<u64, u64>,
+    streams: HashSet<u64>,
+    /// Event to the number of guest handles naming it: the driver may
+    /// answer two opens of one IPC event handle with the same event.
+    events: HashMap<u64, u32>,
     graphs: HashMap<u64, sys::CUgraph>,
     graph_execs: HashMap<u64, sys::CUgraphExec>,
     /// Nodes of graphs built node by node, and driver nodes named when
@@ -1015,11 +1035,10 @@ impl CudaContext {
         match stream {
             StreamRef::Legacy => Ok(null_mut()),
             StreamRef::PerThread => Ok(without_provenance_mut(STREAM_PER_THREAD_HANDLE)),
-            StreamRef::Created(handle) => self
-                .streams
-                .get(&handle)
-                .copied()
-                .ok_or(CUDA_ERROR_INVALID_HANDLE),
+            StreamRef::Created(handle) => {
+                debug_assert!(self.streams.contains(&handle), "stream {handle:#x}");
+                Ok(driver_object(handle))
+            }
         }
     }
 
@@ -1056,17 +1075,16 @@ impl CudaContext {
     }
 
     fn event(&self, event: u64) -> CuResult<sys::CUevent> {
-        self.events
-            .get(&event)
-            .copied()
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+        debug_assert!(self.events.contains_key(&event), "event {event:#x}");
+        Ok(driver_object(event))
     }
 
     fn function(&self, function: u64) -> CuResult<sys::CUfunction> {
-        self.functions
-            .get(&function)
-            .map(|(_, f)| *f)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+        debug_assert!(
+            self.functions.contains_key(&function),
+            "function {function:#x}"
+        );
+        Ok(driver_object(function))
     }
 
     fn stream_sync(stream: sys::CUstream) -> CuResult<()> {
@@ -1172,16 +1190,16 @@ impl Drop for CudaContext {
             // SAFETY: as above.
             let _ = check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(ptr) });
         }
-        for (_, event) in self.events.drain() {
+        for event in self.events.drain().map(|(event, _)| event) {
             // SAFETY: as above.
             let _ = check("cuEventDestroy_v2", unsafe {
-                sys::cuEventDestroy_v2(event)
+                sys::cuEventDestroy_v2(driver_object(event))
             });
         }
-        for (_, stream) in self.streams.drain() {
+        for stream in self.streams.drain() {
             // SAFETY: as above.
             let _ = check("cuStreamDestroy_v2", unsafe {
-                sys::cuStreamDestroy_v2(stream)
+                sys::cuStreamDestroy_v2(driver_object(stream))
             });
         }
         for (_, exec) in self.graph_execs.drain() {
@@ -1400,7 +1418,7 @@ impl ContextExecutor for CudaContext {
             sys::cuModuleUnload(loaded.module)
         })?;
         self.modules.remove(&module);
-        self.functions.retain(|_, (m, _)| *m != module);
+        self.functions.retain(|_, m| *m != module);
         Ok(())
     }
 
@@ -1416,8 +1434,8 @@ impl ContextExecutor for CudaContext {
         if let Some(handle) = loaded.functions.get(name) {
             return Ok((*handle, info));
         }
-        let handle = self.new_handle();
-        self.functions.insert(handle, (module, function));
+        let handle = object_handle(function);
+        self.functions.insert(handle, module);
         if let Some(loaded) = self.modules.get_mut(&module) {
             loaded.functions.insert(name.to_owned(), handle);
         }
@@ -1656,8 +1674,8 @@ impl ContextExecutor for CudaContext {
         check("cuStreamCreateWithPriority", unsafe {
             sys::cuStreamCreateWithPriority(&mut stream, flags, priority)
         })?;
-        let handle = self.new_handle();
-        self.streams.insert(handle, stream);
+        let handle = object_handle(stream);
+        self.streams.insert(handle);
         Ok(handle)
     }
 
@@ -2171,14 +2189,14 @@ impl ContextExecutor for CudaContext {
                 })?
             }
             GraphNode::EventRecord(event) => {
-                let event = *self.events.get(&event).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+                let event = self.event(event)?;
                 // SAFETY: as above; a live event of this context.
                 check("cuGraphAddEventRecordNode", unsafe {
                     sys::cuGraphAddEventRecordNode(out, hgraph, d, n, event)
                 })?
             }
             GraphNode::EventWait(event) => {
-                let event = *self.events.get(&event).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+                let event = self.event(event)?;
                 // SAFETY: as above.
                 check("cuGraphAddEventWaitNode", unsafe {
                     sys::cuGraphAddEventWaitNode(out, hgraph, d, n, event)
@@ -2720,8 +2738,8 @@ impl ContextExecutor for CudaContext {
         check("cuIpcOpenEventHandle", unsafe {
             sys::cuIpcOpenEventHandle(&mut event, handle)
         })?;
-        let handle = self.new_handle();
-        self.events.insert(handle, event);
+        let handle = object_handle(event);
+        *self.events.entry(handle).or_insert(0) += 1;
         Ok(handle)
     }
 
@@ -2731,13 +2749,18 @@ impl ContextExecutor for CudaContext {
         check("cuEventCreate", unsafe {
             sys::cuEventCreate(&mut event, flags)
         })?;
-        let handle = self.new_handle();
-        self.events.insert(handle, event);
+        let handle = object_handle(event);
+        self.events.insert(handle, 1);
         Ok(handle)
     }
 
     fn event_destroy(&mut self, event: u64) -> CuResult<()> {
         let e = self.event(event)?;
+        if let Some(holders) = self.events.get_mut(&event).filter(|h| **h > 1) {
+            // Another guest handle still names it.
+            *holders -= 1;
+            return Ok(());
+        }
         // SAFETY: a live event of this context.
         check("cuEventDestroy_v2", unsafe { sys::cuEventDestroy_v2(e) })?;
         self.events.remove(&event);

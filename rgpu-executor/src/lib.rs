@@ -381,7 +381,12 @@ pub trait Executor: Send + Sync {
 
 /// One session's device context. Handles (`u64`) are the executor's own; the
 /// session maps the guest's handles onto them and never passes one that this
-/// context did not return, except in tests of that very check.
+/// context did not return or that names an object already destroyed (a
+/// stream, an event, a function of an unloaded module). That table is the
+/// only translation of a handle: the cuda executor names streams, events
+/// and functions by the driver's objects themselves and does not look them
+/// up again (its debug builds assert they are live). The sim executor still
+/// answers an unknown handle with an error, for tests of the session.
 pub trait ContextExecutor {
     fn synchronize(&mut self) -> CuResult<()>;
     fn get_limit(&mut self, limit: u32) -> CuResult<u64>;

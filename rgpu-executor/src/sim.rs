@@ -936,6 +936,7 @@ impl SimContext {
         stream: StreamRef,
         params: &[u8],
     ) -> CuResult<()> {
+        self.check_function(function)?;
         let f = self
             .functions
             .get(&function)
@@ -1180,14 +1181,23 @@ impl SimContext {
     fn check_stream(&self, stream: StreamRef) -> CuResult<()> {
         match stream {
             StreamRef::Created(handle) if !self.streams.contains(&handle) => {
-                Err(CUDA_ERROR_INVALID_HANDLE)
+                Err(unknown_handle("stream", handle))
             }
             _ => Ok(()),
         }
     }
 
     fn event(&self, event: u64) -> CuResult<&SimEvent> {
-        self.events.get(&event).ok_or(CUDA_ERROR_INVALID_HANDLE)
+        self.events
+            .get(&event)
+            .ok_or_else(|| unknown_handle("event", event))
+    }
+
+    fn check_function(&self, function: u64) -> CuResult<()> {
+        match self.functions.contains_key(&function) {
+            true => Ok(()),
+            false => Err(unknown_handle("function", function)),
+        }
     }
 
     /// Runs a graph's operations on `stream`, in order (one queue: what a
@@ -1320,9 +1330,7 @@ impl SimContext {
                 shared_mem_bytes,
                 params,
             } => {
-                if !self.functions.contains_key(&function) {
-                    return Err(CUDA_ERROR_INVALID_HANDLE);
-                }
+                self.check_function(function)?;
                 launch_threads(grid, block)?;
                 GraphOp::Launch {
                     function,
@@ -1576,6 +1584,21 @@ fn param_value(params: &[u8], offset: u32, size: u32) -> CuResult<u64> {
         .ok_or(CUDA_ERROR_INVALID_VALUE)?
         .copy_from_slice(bytes);
     Ok(u64::from_le_bytes(raw))
+}
+
+/// The answer to a stream, event or function handle this context does not
+/// hold. The session's tables are the only check the cuda executor has
+/// (it takes these handles as driver objects), so in debug builds a
+/// handle that got past them is a session bug and stops the test.
+/// (This crate's own tests pass unknown handles on purpose.)
+fn unknown_handle(kind: &str, handle: u64) -> u32 {
+    #[cfg(all(debug_assertions, not(test)))]
+    panic!("the session passed an unknown {kind} handle {handle:#x}");
+    #[cfg(not(all(debug_assertions, not(test))))]
+    {
+        let _ = (kind, handle);
+        CUDA_ERROR_INVALID_HANDLE
+    }
 }
 
 /// Total threads of a launch, after CUDA's geometry checks.
@@ -2094,10 +2117,10 @@ impl ContextExecutor for SimContext {
         // As the cuda executor's launch thread: handles checked now, the
         // launch made later (not on the per-thread stream, not in a capture).
         let defer = !self.launch_here && !matches!(stream, StreamRef::PerThread);
+        if self.deferred.is_some() && defer {
+            self.check_function(function)?;
+        }
         if let (Some(deferred), true) = (self.deferred.as_mut(), defer) {
-            if !self.functions.contains_key(&function) {
-                return Err(CUDA_ERROR_INVALID_HANDLE);
-            }
             deferred.push(DeferredLaunch {
                 function,
                 grid,

@@ -14,7 +14,9 @@
 #                                       and the benchmark through the network
 #                                       carrier (mutual TLS), and the Rust
 #                                       remote tests (refusals, a cut
-#                                       connection) with the cuda executor
+#                                       connection) and the malformed-input
+#                                       tests (stale handles) with the cuda
+#                                       executor
 #   tests/gpu/check-all.sh BUNDLE 5     the compatibility suite through the
 #                                       network carrier
 #
@@ -88,6 +90,11 @@ case $part in
             RGPU_TEST_PREBUILT=1 RGPU_TEST_EXECUTOR=cuda RGPU_TEST_PROGRAMS_DIR="$PWD/tests/programs" \
             RGPU_TEST_DRIVER_DIR="$(dirname "${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}")" \
             "$rust/deps/remote" --test-threads 1 --skip the_certificate_names_the_tenant
+        step malformed-tests 120 '^test |test result' env -u RGPU_SERVER -u RGPU_DAEMON_ARGS \
+            -u RGPU_TLS_CA -u RGPU_TLS_CERT -u RGPU_TLS_KEY \
+            RGPU_TEST_PREBUILT=1 RGPU_TEST_EXECUTOR=cuda RGPU_TEST_PROGRAMS_DIR="$PWD/tests/programs" \
+            RGPU_TEST_DRIVER_DIR="$(dirname "${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}")" \
+            "$rust/deps/malformed_input" --test-threads 1
         step remote-perf 300 '^(==|--|[0-9] at once|pair|median|tls loopback|  runs in turn)|^[a-zA-Z0-9 +,()/-]+ +[-0-9.]+ +[-0-9.]+ ' \
             bash tests/bench/perf_bench.sh "$bundle"
     else

@@ -15,10 +15,14 @@ cp "$target/vhost-device-rgpu" "$target/libcuda.so" "$target/libnvidia_ml.so" "$
 # certificates for the daemon and one client, valid for a week.
 cargo build --release -p rgpu-tests --bin tls_loopback_bench
 cp "$target/tls_loopback_bench" "$dir/"
-remote_test=$(cargo test --release -p rgpu-tests --test remote --no-run 2>&1 \
-    | sed -n 's|.*(\(.*/deps/remote-[0-9a-f]*\)).*|\1|p' | tail -1)
+# malformed_input: hand-written and stale commands against the cuda
+# executor (check-all.sh part 4).
 mkdir -p "$dir/rust-tests/deps"
-cp "$remote_test" "$dir/rust-tests/deps/remote"
+for test in remote malformed_input; do
+    built=$(cargo test --release -p rgpu-tests --test "$test" --no-run 2>&1 \
+        | sed -n "s|.*(\(.*/deps/$test-[0-9a-f]*\)).*|\1|p" | tail -1)
+    cp "$built" "$dir/rust-tests/deps/$test"
+done
 mkdir -p "$dir/tls"
 (
     cd "$dir/tls"

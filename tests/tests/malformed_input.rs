@@ -751,3 +751,171 @@ fn channel_rejects_malformed_commands() {
     let _ = carrier.destroy_context(ch.ctx);
     assert!(daemon.is_alive(), "the daemon died:\n{}", daemon.log());
 }
+
+/// Handles of objects the guest destroyed (a stream, an event, a function
+/// of an unloaded module). The session's tables are the only place a
+/// handle is checked: the cuda executor takes these as driver objects, so
+/// one that got past the session would reach the driver freed. Each is
+/// refused, and the session goes on with live ones (one made in the very
+/// place the driver may reuse).
+#[test]
+fn handles_of_destroyed_objects_are_refused() {
+    let mut daemon = Daemon::start("sim");
+    let carrier: Arc<dyn Carrier> = connect(&daemon);
+    let channel = Channel::open(carrier, "stale-handles").expect("open a channel");
+    let result = |command: Command| {
+        channel
+            .call(&command)
+            .unwrap_or_else(|e| panic!("{command:?}: {e}"))
+            .result
+    };
+    let ptx = std::fs::read(rgpu_tests::reference_ptx()).expect("the reference PTX");
+    let load = |module| {
+        channel
+            .call_with_data(&ptx, &|image| Command::ModuleLoad { module, image })
+            .expect("load the module")
+            .result
+    };
+    let launch = |function, stream| Command::LaunchKernel {
+        launch: Launch {
+            function,
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_mem_bytes: 0,
+            stream,
+            params: Vec::new(),
+        },
+    };
+    let get_function = |module, function| Command::ModuleGetFunction {
+        module,
+        function,
+        name: b"rgpu_empty".to_vec(),
+    };
+    const MODULE: u32 = 1;
+    const FUNCTION: u32 = 2;
+    const STREAM: u32 = 3;
+    const EVENT: u32 = 4;
+
+    assert_eq!(load(MODULE), CUDA_SUCCESS);
+    assert_eq!(result(get_function(MODULE, FUNCTION)), CUDA_SUCCESS);
+    let create_stream = || Command::StreamCreate {
+        stream: STREAM,
+        flags: 0,
+        priority: 0,
+    };
+    let create_event = || Command::EventCreate {
+        event: EVENT,
+        flags: 0,
+    };
+    assert_eq!(result(create_stream()), CUDA_SUCCESS);
+    assert_eq!(result(create_event()), CUDA_SUCCESS);
+    assert_eq!(result(launch(FUNCTION, STREAM)), CUDA_SUCCESS);
+    assert_eq!(
+        result(Command::EventRecord {
+            event: EVENT,
+            stream: STREAM
+        }),
+        CUDA_SUCCESS
+    );
+    assert_eq!(
+        result(Command::EventSynchronize { event: EVENT }),
+        CUDA_SUCCESS
+    );
+    assert_eq!(
+        result(Command::StreamDestroy { stream: STREAM }),
+        CUDA_SUCCESS
+    );
+    assert_eq!(result(Command::EventDestroy { event: EVENT }), CUDA_SUCCESS);
+    assert_eq!(
+        result(Command::ModuleUnload { module: MODULE }),
+        CUDA_SUCCESS
+    );
+
+    let stale = [
+        ("launch on a destroyed stream", launch(FUNCTION, STREAM)),
+        (
+            "synchronize a destroyed stream",
+            Command::StreamSynchronize { stream: STREAM },
+        ),
+        (
+            "query a destroyed stream",
+            Command::StreamQuery { stream: STREAM },
+        ),
+        (
+            "destroy a stream twice",
+            Command::StreamDestroy { stream: STREAM },
+        ),
+        (
+            "launch a function of an unloaded module",
+            launch(FUNCTION, 0),
+        ),
+        (
+            "attribute of a function of an unloaded module",
+            Command::FuncGetAttribute {
+                function: FUNCTION,
+                attribute: 0,
+            },
+        ),
+        (
+            "record a destroyed event",
+            Command::EventRecord {
+                event: EVENT,
+                stream: 0,
+            },
+        ),
+        (
+            "query a destroyed event",
+            Command::EventQuery { event: EVENT },
+        ),
+        (
+            "synchronize a destroyed event",
+            Command::EventSynchronize { event: EVENT },
+        ),
+        (
+            "wait for a destroyed event",
+            Command::StreamWaitEvent {
+                stream: 0,
+                event: EVENT,
+                flags: 0,
+            },
+        ),
+        (
+            "destroy an event twice",
+            Command::EventDestroy { event: EVENT },
+        ),
+        (
+            "function of an unloaded module",
+            get_function(MODULE, FUNCTION + 10),
+        ),
+    ];
+    let wrong: Vec<String> = stale
+        .into_iter()
+        .filter_map(|(what, command)| {
+            let got = result(command);
+            (got != CUDA_ERROR_INVALID_HANDLE)
+                .then(|| format!("{what}: expected {CUDA_ERROR_INVALID_HANDLE}, got {got}"))
+        })
+        .collect();
+    assert!(wrong.is_empty(), "wrong results:\n{}", wrong.join("\n"));
+
+    // The same guest handles made again name live objects.
+    assert_eq!(load(MODULE), CUDA_SUCCESS);
+    assert_eq!(result(get_function(MODULE, FUNCTION)), CUDA_SUCCESS);
+    assert_eq!(result(create_stream()), CUDA_SUCCESS);
+    assert_eq!(result(create_event()), CUDA_SUCCESS);
+    assert_eq!(result(launch(FUNCTION, STREAM)), CUDA_SUCCESS);
+    assert_eq!(
+        result(Command::EventRecord {
+            event: EVENT,
+            stream: STREAM
+        }),
+        CUDA_SUCCESS
+    );
+    assert_eq!(
+        result(Command::EventSynchronize { event: EVENT }),
+        CUDA_SUCCESS
+    );
+    assert_eq!(result(Command::CtxSynchronize), CUDA_SUCCESS);
+    channel.close().expect("close the channel");
+    assert!(daemon.is_alive(), "the daemon died:\n{}", daemon.log());
+}
