@@ -19,21 +19,39 @@ const MAX_EXTRA_ENTRIES: usize = 64;
 /// Builds the parameter buffer.
 ///
 /// # Safety
-/// As `cuLaunchKernel` requires: a non-NULL `kernel_params` holds one valid
-/// pointer per parameter of the function, each to at least the parameter's
-/// size; a non-NULL `extra` is a key/value array ending in
-/// `CU_LAUNCH_PARAM_END` whose buffer holds the size it states.
+/// See [`marshal_into`].
 pub unsafe fn marshal(
     info: &FunctionInfo,
     kernel_params: *const *const c_void,
     extra: *const *const c_void,
 ) -> Result<Vec<u8>, u32> {
+    let mut buffer = Vec::new();
+    // SAFETY: the caller's contract.
+    unsafe { marshal_into(info, kernel_params, extra, &mut buffer) }?;
+    Ok(buffer)
+}
+
+/// Builds the parameter buffer in `buffer` (emptied first; a launch reuses
+/// one, so marshalling allocates nothing once it has grown).
+///
+/// # Safety
+/// As `cuLaunchKernel` requires: a non-NULL `kernel_params` holds one valid
+/// pointer per parameter of the function, each to at least the parameter's
+/// size; a non-NULL `extra` is a key/value array ending in
+/// `CU_LAUNCH_PARAM_END` whose buffer holds the size it states.
+pub unsafe fn marshal_into(
+    info: &FunctionInfo,
+    kernel_params: *const *const c_void,
+    extra: *const *const c_void,
+    buffer: &mut Vec<u8>,
+) -> Result<(), u32> {
+    buffer.clear();
     let size = info.buffer_size();
     if size > MAX_KERNEL_PARAMS_BYTES {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     if !kernel_params.is_null() {
-        let mut buffer = vec![0u8; size];
+        buffer.resize(size, 0);
         for (i, slot) in info.params.iter().enumerate() {
             // SAFETY: one pointer per parameter (caller's contract).
             let arg = unsafe { kernel_params.add(i).read() };
@@ -51,22 +69,26 @@ pub unsafe fn marshal(
                 dst.copy_from_slice(unsafe { std::slice::from_raw_parts(arg.cast::<u8>(), len) });
             }
         }
-        return Ok(buffer);
+        return Ok(());
     }
     if !extra.is_null() {
         // SAFETY: the caller's contract on `extra`.
-        return unsafe { from_extra(extra) };
+        let from_extra = unsafe { from_extra(extra) }?;
+        buffer.extend_from_slice(from_extra);
+        return Ok(());
     }
     if size == 0 {
-        Ok(Vec::new())
+        Ok(())
     } else {
         Err(CUDA_ERROR_INVALID_VALUE)
     }
 }
 
+/// The buffer the `extra` form points at.
+///
 /// # Safety
-/// See [`marshal`].
-unsafe fn from_extra(extra: *const *const c_void) -> Result<Vec<u8>, u32> {
+/// See [`marshal_into`]; the slice lives as long as the caller's buffer.
+unsafe fn from_extra<'a>(extra: *const *const c_void) -> Result<&'a [u8], u32> {
     let mut buffer: *const c_void = std::ptr::null();
     let mut size: Option<usize> = None;
     let mut i = 0;
@@ -95,12 +117,12 @@ unsafe fn from_extra(extra: *const *const c_void) -> Result<Vec<u8>, u32> {
         i += 2;
     }
     match size {
-        None | Some(0) => Ok(Vec::new()),
+        None | Some(0) => Ok(&[]),
         Some(len) if len > MAX_KERNEL_PARAMS_BYTES || buffer.is_null() => {
             Err(CUDA_ERROR_INVALID_VALUE)
         }
         // SAFETY: the buffer holds the size it states (caller's contract).
-        Some(len) => Ok(unsafe { std::slice::from_raw_parts(buffer.cast::<u8>(), len) }.to_vec()),
+        Some(len) => Ok(unsafe { std::slice::from_raw_parts(buffer.cast::<u8>(), len) }),
     }
 }
 
@@ -117,6 +139,30 @@ mod tests {
                 .map(|&(offset, size)| ParamSlot { offset, size })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn a_reused_buffer_holds_only_the_new_launch() {
+        // Two 4-byte parameters with a gap; the buffer held a longer block.
+        let f = info(&[(0, 4), (8, 4)]);
+        let (a, b) = (7u32, 9u32);
+        let args = [
+            (&a as *const u32).cast::<c_void>(),
+            (&b as *const u32).cast(),
+        ];
+        let mut buffer = vec![0xffu8; 64];
+        // SAFETY: one valid pointer per parameter.
+        unsafe { marshal_into(&f, args.as_ptr(), null(), &mut buffer) }.unwrap();
+        assert_eq!(buffer, [7, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0]);
+        // A refused launch leaves nothing a later one could pick up.
+        let bad = [std::ptr::null::<c_void>(), std::ptr::null()];
+        // SAFETY: NULL parameter pointers are refused before any is read.
+        let refused = unsafe { marshal_into(&f, bad.as_ptr(), null(), &mut buffer) };
+        assert_eq!(refused, Err(CUDA_ERROR_INVALID_VALUE));
+        let none = info(&[]);
+        // SAFETY: no parameters, no arrays.
+        unsafe { marshal_into(&none, null(), null(), &mut buffer) }.unwrap();
+        assert!(buffer.is_empty());
     }
 
     #[test]

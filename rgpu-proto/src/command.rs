@@ -954,10 +954,8 @@ macro_rules! commands {
                 padded(COMMAND_HEADER_SIZE + self.body_len())
             }
 
-            /// Appends header, body and alignment padding to `w`; returns
-            /// the number of bytes written.
-            pub fn encode(&self, reply_seq: u64, w: &mut WireWriter) -> usize {
-                let start = w.len();
+            /// The header the command travels under (stamp 0).
+            pub fn header(&self, reply_seq: u64) -> CommandHeader {
                 CommandHeader {
                     opcode: self.opcode() as u16,
                     flags: 0,
@@ -965,10 +963,27 @@ macro_rules! commands {
                     reply_seq,
                     stamp: 0,
                 }
-                .encode(w);
+            }
+
+            /// Appends header, body and alignment padding to `w`; returns
+            /// the number of bytes written.
+            pub fn encode(&self, reply_seq: u64, w: &mut WireWriter) -> usize {
+                let start = w.len();
+                self.header(reply_seq).encode(w);
                 self.encode_body(w);
                 w.pad_to(COMMAND_ALIGN);
                 w.len() - start
+            }
+
+            /// Writes the body and its alignment padding into `out`, which
+            /// must be exactly `encoded_len() - COMMAND_HEADER_SIZE` bytes
+            /// (a ring's space after the header); false, with `out` partly
+            /// written, when it is not.
+            pub fn encode_body_into(&self, out: &mut [u8]) -> bool {
+                let mut w = WireWriter::into_slice(out);
+                self.encode_body(&mut w);
+                w.pad_to(COMMAND_ALIGN);
+                w.fits_exactly()
             }
 
             /// Encodes into a fresh vector.

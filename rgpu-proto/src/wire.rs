@@ -113,63 +113,136 @@ impl<'a> WireReader<'a> {
     }
 }
 
-/// Appends little-endian values to a byte vector.
-#[derive(Debug, Default, Clone)]
-pub struct WireWriter {
-    bytes: Vec<u8>,
+/// Appends little-endian values to a byte vector, or writes them into a
+/// slice sized in advance ([`WireWriter::into_slice`]: a command encoded
+/// straight into a ring).
+#[derive(Debug)]
+pub struct WireWriter<'a> {
+    sink: Sink<'a>,
 }
 
-impl WireWriter {
+#[derive(Debug)]
+enum Sink<'a> {
+    Owned(Vec<u8>),
+    /// `len` bytes of `out` written; `overflowed` once a write did not fit
+    /// (it and every later one is dropped).
+    Slice {
+        out: &'a mut [u8],
+        len: usize,
+        overflowed: bool,
+    },
+}
+
+impl Default for WireWriter<'static> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WireWriter<'static> {
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            sink: Sink::Owned(Vec::new()),
+        }
     }
     pub fn with_capacity(capacity: usize) -> Self {
         Self {
-            bytes: Vec::with_capacity(capacity),
+            sink: Sink::Owned(Vec::with_capacity(capacity)),
+        }
+    }
+}
+
+impl<'a> WireWriter<'a> {
+    /// Writes into `out` from its start. [`Self::fits_exactly`] says
+    /// whether what was written filled it, no more and no less.
+    pub fn into_slice(out: &'a mut [u8]) -> Self {
+        Self {
+            sink: Sink::Slice {
+                out,
+                len: 0,
+                overflowed: false,
+            },
+        }
+    }
+    /// Whether a slice writer was filled exactly (an owned one always
+    /// fits).
+    pub fn fits_exactly(&self) -> bool {
+        match &self.sink {
+            Sink::Owned(_) => true,
+            Sink::Slice {
+                out,
+                len,
+                overflowed,
+            } => !overflowed && *len == out.len(),
         }
     }
     pub fn len(&self) -> usize {
-        self.bytes.len()
+        match &self.sink {
+            Sink::Owned(bytes) => bytes.len(),
+            Sink::Slice { len, .. } => *len,
+        }
     }
     pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
+        self.len() == 0
     }
+    /// The bytes written (a copy of them for a slice writer).
     pub fn into_bytes(self) -> Vec<u8> {
-        self.bytes
+        match self.sink {
+            Sink::Owned(bytes) => bytes,
+            Sink::Slice { out, len, .. } => out.get(..len).unwrap_or_default().to_vec(),
+        }
     }
     /// Empties the writer, keeping its buffer for the next encoding.
     pub fn clear(&mut self) {
-        self.bytes.clear();
+        match &mut self.sink {
+            Sink::Owned(bytes) => bytes.clear(),
+            Sink::Slice {
+                len, overflowed, ..
+            } => {
+                *len = 0;
+                *overflowed = false;
+            }
+        }
     }
     pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes
+        match &self.sink {
+            Sink::Owned(bytes) => bytes,
+            Sink::Slice { out, len, .. } => out.get(..*len).unwrap_or_default(),
+        }
     }
     pub fn u8(&mut self, v: u8) -> &mut Self {
-        self.bytes.push(v);
-        self
+        self.raw(&[v])
     }
     pub fn u16(&mut self, v: u16) -> &mut Self {
-        self.bytes.extend_from_slice(&v.to_le_bytes());
-        self
+        self.raw(&v.to_le_bytes())
     }
     pub fn u32(&mut self, v: u32) -> &mut Self {
-        self.bytes.extend_from_slice(&v.to_le_bytes());
-        self
+        self.raw(&v.to_le_bytes())
     }
     pub fn i32(&mut self, v: i32) -> &mut Self {
-        self.bytes.extend_from_slice(&v.to_le_bytes());
-        self
+        self.raw(&v.to_le_bytes())
     }
     pub fn u64(&mut self, v: u64) -> &mut Self {
-        self.bytes.extend_from_slice(&v.to_le_bytes());
-        self
+        self.raw(&v.to_le_bytes())
     }
     pub fn f32(&mut self, v: f32) -> &mut Self {
-        self.bytes.extend_from_slice(&v.to_le_bytes());
-        self
+        self.raw(&v.to_le_bytes())
     }
     pub fn raw(&mut self, v: &[u8]) -> &mut Self {
-        self.bytes.extend_from_slice(v);
+        match &mut self.sink {
+            Sink::Owned(bytes) => bytes.extend_from_slice(v),
+            Sink::Slice {
+                out,
+                len,
+                overflowed,
+            } => match out.get_mut(*len..).and_then(|rest| rest.get_mut(..v.len())) {
+                Some(dst) if !*overflowed => {
+                    dst.copy_from_slice(v);
+                    *len += v.len();
+                }
+                _ => *overflowed = true,
+            },
+        }
         self
     }
     /// A `u32` length followed by the bytes.
@@ -179,15 +252,21 @@ impl WireWriter {
     }
     /// Overwrites a `u32` at `offset` (for lengths known only at the end).
     pub fn patch_u32(&mut self, offset: usize, v: u32) {
-        if let Some(slot) = self.bytes.get_mut(offset..offset + 4) {
+        let written = match &mut self.sink {
+            Sink::Owned(bytes) => bytes.as_mut_slice(),
+            Sink::Slice { out, len, .. } => out.get_mut(..*len).unwrap_or_default(),
+        };
+        if let Some(slot) = written.get_mut(offset..offset + 4) {
             slot.copy_from_slice(&v.to_le_bytes());
         }
     }
     /// Pads with zero bytes up to a multiple of `align`.
     pub fn pad_to(&mut self, align: usize) -> &mut Self {
-        while !self.bytes.len().is_multiple_of(align) {
-            self.bytes.push(0);
+        const ZEROS: [u8; 64] = [0; 64];
+        let pad = self.len().next_multiple_of(align) - self.len();
+        match ZEROS.get(..pad) {
+            Some(zeros) => self.raw(zeros),
+            None => self.raw(&vec![0; pad]),
         }
-        self
     }
 }

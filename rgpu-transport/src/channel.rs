@@ -162,8 +162,6 @@ struct State {
     /// (reading it per command made both sides miss on it each time).
     consumed_seen: u64,
     next_seq: u64,
-    /// Where commands are encoded before they are copied into the ring.
-    encoded: WireWriter,
 }
 
 /// Where events and streams were last given work, for queries (a mutex of
@@ -266,7 +264,6 @@ impl Channel {
                 produced: 0,
                 consumed_seen: 0,
                 next_seq: 1,
-                encoded: WireWriter::with_capacity(256),
             }),
             notes: Mutex::default(),
             console: Mutex::new(None),
@@ -754,9 +751,34 @@ impl Channel {
     }
 
     fn write_header(&self, at: u64, header: &CommandHeader) {
-        let mut w = WireWriter::with_capacity(COMMAND_HEADER_SIZE);
-        header.encode(&mut w);
-        self.write_entry(at, w.as_bytes());
+        let mut bytes = [0u8; COMMAND_HEADER_SIZE];
+        header.encode(&mut WireWriter::into_slice(&mut bytes));
+        self.write_entry(at, &bytes);
+    }
+
+    /// Writes `command` at ring position `at` (bytes since bind), where
+    /// `reserve` made room for all of it: the body is encoded straight into
+    /// the ring, then the header and, last, its stamp. Returns its length.
+    fn write_command_at(&self, at: u64, command: &Command, seq: u64) -> Result<u64, CarrierError> {
+        let len = command.encoded_len();
+        let body_pos = at % self.layout.ring_size + COMMAND_HEADER_SIZE as u64;
+        let body_len = len - COMMAND_HEADER_SIZE;
+        debug_assert!(body_pos + body_len as u64 <= self.layout.ring_size);
+        // SAFETY: `reserve` left room for the whole command before the
+        // ring's end; the host is done with that space, writes nothing into
+        // the ring and reads none of it before the stamp; the channel's lock,
+        // held by the caller, keeps this process's other writers out.
+        let body = unsafe {
+            std::slice::from_raw_parts_mut(self.at(self.layout.ring_offset + body_pos), body_len)
+        };
+        if !command.encode_body_into(body) {
+            return Err(CarrierError::Protocol(format!(
+                "{:?} encoded to other than its {len} bytes",
+                command.opcode()
+            )));
+        }
+        self.write_header(at, &command.header(seq));
+        Ok(len as u64)
     }
 
     fn write_command(
@@ -765,16 +787,8 @@ impl Channel {
         command: &Command,
         seq: u64,
     ) -> Result<(), CarrierError> {
-        // Encoded into the channel's buffer (no allocation per command).
-        let mut encoded = std::mem::take(&mut state.encoded);
-        encoded.clear();
-        let len = command.encode(seq, &mut encoded) as u64;
-        let written = self.reserve(state, len).map(|_| {
-            self.write_entry(state.produced, encoded.as_bytes());
-        });
-        state.encoded = encoded;
-        written?;
-        state.produced += len;
+        self.reserve(state, command.encoded_len() as u64)?;
+        state.produced += self.write_command_at(state.produced, command, seq)?;
         self.note(command, state.produced);
         self.publish(state)
     }
@@ -812,8 +826,7 @@ impl Channel {
             length: data.len() as u64,
         };
         let made = make_command(range);
-        let command = made.to_bytes(seq);
-        if command.len() as u64 != command_len {
+        if made.encoded_len() as u64 != command_len {
             return Err(CarrierError::Protocol(
                 "command size changed with its data range".into(),
             ));
@@ -841,7 +854,7 @@ impl Channel {
                 data.len(),
             );
         }
-        self.write_entry(state.produced + staged, &command);
+        self.write_command_at(state.produced + staged, &made, seq)?;
         state.produced += staged + command_len;
         self.note(&made, state.produced);
         self.publish(state)

@@ -32,7 +32,7 @@ fn connect(daemon: &Daemon) -> Arc<LocalCarrier> {
 // ---------------------------------------------------------------------------
 // Control queue.
 
-fn header(type_: u32, ctx_id: u32) -> WireWriter {
+fn header(type_: u32, ctx_id: u32) -> WireWriter<'static> {
     let mut w = WireWriter::new();
     CtrlHdr {
         type_,

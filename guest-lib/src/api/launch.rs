@@ -3,6 +3,7 @@
 //! is queued without a round trip. A `CUkernel` is accepted where a
 //! `CUfunction` is expected and runs in the context of the stream.
 
+use std::cell::Cell;
 use std::ffi::{c_uint, c_void};
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use rgpu_proto::Command;
 use crate::abi::{CUdevice, CUevent, CUfunction, CUstream};
 use crate::api::context::same_context;
 use crate::api::library::function_or_kernel;
-use crate::params::marshal;
+use crate::params::marshal_into;
 use crate::state::{driver, resolve_stream, Event};
 
 /// `CUlaunchConfig`.
@@ -216,8 +217,20 @@ fn launch_shaped(
     check_geometry(ctx.device, grid, block, shared_mem_bytes)?;
     let function = function_or_kernel(f, &ctx)?;
     same_context(&ctx, &function.context)?;
-    // SAFETY: the API contract on kernelParams / extra (see `marshal`).
-    let params = unsafe { marshal(&function.info, kernel_params.cast(), extra.cast()) }?;
+    let mut params = PARAM_BUFFER.take();
+    // SAFETY: the API contract on kernelParams / extra (see `marshal_into`).
+    let marshalled = unsafe {
+        marshal_into(
+            &function.info,
+            kernel_params.cast(),
+            extra.cast(),
+            &mut params,
+        )
+    };
+    if let Err(code) = marshalled {
+        PARAM_BUFFER.set(params);
+        return Err(code);
+    }
     let launch = Launch {
         function: function.handle,
         grid,
@@ -226,16 +239,35 @@ fn launch_shaped(
         stream,
         params,
     };
-    if shape.is_plain() {
-        return ctx.send(&Command::LaunchKernel { launch });
+    let (sent, launch) = if shape.is_plain() {
+        let command = Command::LaunchKernel { launch };
+        (ctx.send(&command), command)
+    } else {
+        let command = Command::LaunchKernelEx {
+            launch,
+            cluster: shape.cluster,
+            cooperative: u32::from(shape.cooperative),
+            attributes: shape.attributes,
+        };
+        (ctx.send(&command), command)
+    };
+    if let Command::LaunchKernel { launch } | Command::LaunchKernelEx { launch, .. } = launch {
+        if launch.params.capacity() <= KEPT_PARAM_BUFFER {
+            PARAM_BUFFER.set(launch.params);
+        }
     }
-    ctx.send(&Command::LaunchKernelEx {
-        launch,
-        cluster: shape.cluster,
-        cooperative: u32::from(shape.cooperative),
-        attributes: shape.attributes,
-    })
+    sent
 }
+
+thread_local! {
+    /// The parameter buffer of this thread's launches, kept for the next
+    /// one: a launch marshals its parameters without allocating, and the
+    /// channel encodes them straight into the ring.
+    static PARAM_BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// The largest parameter buffer a thread keeps between launches.
+const KEPT_PARAM_BUFFER: usize = 4096;
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_kernel(
