@@ -9,16 +9,20 @@
 #   tests/gpu/check-all.sh BUNDLE 2     compatibility suite (PyTorch, CuPy,
 #                                       Triton, nvcc programs)
 #   tests/gpu/check-all.sh BUNDLE 3     issue 9's benchmark (perf_bench.sh:
-#                                       rgpu_bench, start-up, PyTorch pairs)
+#                                       rgpu_bench, start-up, PyTorch pairs),
+#                                       and the malformed-input tests (stale
+#                                       handles) with the cuda executor
 #   tests/gpu/check-all.sh BUNDLE 4     issue 11 on loopback: the GPU suite
 #                                       and the benchmark through the network
 #                                       carrier (mutual TLS), and the Rust
 #                                       remote tests (refusals, a cut
-#                                       connection) and the malformed-input
-#                                       tests (stale handles) with the cuda
-#                                       executor
+#                                       connection) with the cuda executor
 #   tests/gpu/check-all.sh BUNDLE 5     the compatibility suite through the
 #                                       network carrier
+#
+# CHECK_STEPS (a regex of step names: sharing, suite, isolation, compat,
+# perf, malformed-tests, remote-suite, remote-tests, remote-perf,
+# remote-compat) runs only those steps of a part.
 #
 # BUNDLE is a folder from tests/gpu/make-bundle.sh. Each step prints its
 # summary lines and its time. Logs go to a temp folder; with $OUT set, one
@@ -48,6 +52,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader 2>&
 step() {
     local name=$1 seconds=$2 summary=$3
     shift 3
+    [[ $name =~ ^(${CHECK_STEPS:-.*})$ ]] || return 0
     local start
     start=$(date +%s)
     echo "== $name"
@@ -71,6 +76,14 @@ case $part in
 3)
     step perf 540 '^(==|--|[0-9] at once|pair|median|  runs in turn)|^[a-zA-Z0-9 +,()/-]+ +[-0-9.]+ +[-0-9.]+ ' \
         bash tests/bench/perf_bench.sh "$bundle"
+    # Hand-written, malformed and stale commands against the cuda executor
+    # (the test binary finds the daemon and guest-lib beside its deps/).
+    rust=$bundle/rust-tests
+    for f in vhost-device-rgpu libcuda.so libnvidia_ml.so; do ln -sf "$bundle/$f" "$rust/$f"; done
+    step malformed-tests 120 '^test |test result' env RGPU_TEST_PREBUILT=1 RGPU_TEST_EXECUTOR=cuda \
+        RGPU_TEST_PROGRAMS_DIR="$PWD/tests/programs" \
+        RGPU_TEST_DRIVER_DIR="$(dirname "${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}")" \
+        "$rust/deps/malformed_input" --test-threads 1
     ;;
 4 | 5)
     # The daemon listens with the bundle's certificates (make-bundle.sh);
@@ -90,11 +103,6 @@ case $part in
             RGPU_TEST_PREBUILT=1 RGPU_TEST_EXECUTOR=cuda RGPU_TEST_PROGRAMS_DIR="$PWD/tests/programs" \
             RGPU_TEST_DRIVER_DIR="$(dirname "${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}")" \
             "$rust/deps/remote" --test-threads 1 --skip the_certificate_names_the_tenant
-        step malformed-tests 120 '^test |test result' env -u RGPU_SERVER -u RGPU_DAEMON_ARGS \
-            -u RGPU_TLS_CA -u RGPU_TLS_CERT -u RGPU_TLS_KEY \
-            RGPU_TEST_PREBUILT=1 RGPU_TEST_EXECUTOR=cuda RGPU_TEST_PROGRAMS_DIR="$PWD/tests/programs" \
-            RGPU_TEST_DRIVER_DIR="$(dirname "${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}")" \
-            "$rust/deps/malformed_input" --test-threads 1
         step remote-perf 300 '^(==|--|[0-9] at once|pair|median|tls loopback|  runs in turn)|^[a-zA-Z0-9 +,()/-]+ +[-0-9.]+ +[-0-9.]+ ' \
             bash tests/bench/perf_bench.sh "$bundle"
     else

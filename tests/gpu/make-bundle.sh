@@ -16,7 +16,7 @@ cp "$target/vhost-device-rgpu" "$target/libcuda.so" "$target/libnvidia_ml.so" "$
 cargo build --release -p rgpu-tests --bin tls_loopback_bench
 cp "$target/tls_loopback_bench" "$dir/"
 # malformed_input: hand-written and stale commands against the cuda
-# executor (check-all.sh part 4).
+# executor (check-all.sh part 3).
 mkdir -p "$dir/rust-tests/deps"
 for test in remote malformed_input; do
     built=$(cargo test --release -p rgpu-tests --test "$test" --no-run 2>&1 \
@@ -41,7 +41,8 @@ mkdir -p "$dir/tls"
     rm -f ./*.csr ./*.ext ca.srl
 )
 # Function names stay for backtraces; line tables would only fatten the bundle.
-strip --strip-debug "$dir/vhost-device-rgpu" "$dir/libcuda.so" "$dir/libnvidia_ml.so"
+strip --strip-debug "$dir/vhost-device-rgpu" "$dir/libcuda.so" "$dir/libnvidia_ml.so" \
+    "$dir/tls_loopback_bench" "$dir"/rust-tests/deps/*
 cp tests/programs/rgpu_cuda.h tests/programs/driver_api_test.c \
     tests/programs/reference_kernels.ptx tests/programs/nvcc_driver_api.cu \
     tests/bench/rgpu_bench.c tests/gpu/run-gpu-suite.sh \
