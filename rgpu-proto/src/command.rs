@@ -975,17 +975,6 @@ macro_rules! commands {
                 w.len() - start
             }
 
-            /// Writes the body and its alignment padding into `out`, which
-            /// must be exactly `encoded_len() - COMMAND_HEADER_SIZE` bytes
-            /// (a ring's space after the header); false, with `out` partly
-            /// written, when it is not.
-            pub fn encode_body_into(&self, out: &mut [u8]) -> bool {
-                let mut w = WireWriter::into_slice(out);
-                self.encode_body(&mut w);
-                w.pad_to(COMMAND_ALIGN);
-                w.fits_exactly()
-            }
-
             /// Encodes into a fresh vector.
             pub fn to_bytes(&self, reply_seq: u64) -> Vec<u8> {
                 let mut w = WireWriter::with_capacity(self.encoded_len());

@@ -114,8 +114,8 @@ impl<'a> WireReader<'a> {
 }
 
 /// Appends little-endian values to a byte vector, or writes them into a
-/// slice sized in advance ([`WireWriter::into_slice`]: a command encoded
-/// straight into a ring).
+/// slice sized in advance ([`WireWriter::into_slice`]: a header on the
+/// stack).
 #[derive(Debug)]
 pub struct WireWriter<'a> {
     sink: Sink<'a>,
@@ -153,8 +153,8 @@ impl WireWriter<'static> {
 }
 
 impl<'a> WireWriter<'a> {
-    /// Writes into `out` from its start. [`Self::fits_exactly`] says
-    /// whether what was written filled it, no more and no less.
+    /// Writes into `out` from its start; what does not fit is dropped
+    /// (with every later write), and [`Self::len`] stops there.
     pub fn into_slice(out: &'a mut [u8]) -> Self {
         Self {
             sink: Sink::Slice {
@@ -162,18 +162,6 @@ impl<'a> WireWriter<'a> {
                 len: 0,
                 overflowed: false,
             },
-        }
-    }
-    /// Whether a slice writer was filled exactly (an owned one always
-    /// fits).
-    pub fn fits_exactly(&self) -> bool {
-        match &self.sink {
-            Sink::Owned(_) => true,
-            Sink::Slice {
-                out,
-                len,
-                overflowed,
-            } => !overflowed && *len == out.len(),
         }
     }
     pub fn len(&self) -> usize {
@@ -268,5 +256,25 @@ impl<'a> WireWriter<'a> {
             Some(zeros) => self.raw(zeros),
             None => self.raw(&vec![0; pad]),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slice_writer_writes_what_a_vector_one_does_and_drops_the_overflow() {
+        let mut owned = WireWriter::new();
+        owned.u16(0x0102).u32(7).u64(u64::MAX).pad_to(8);
+        let mut out = [0xa5u8; 24];
+        let mut slice = WireWriter::into_slice(&mut out[..16]);
+        slice.u16(0x0102).u32(7).u64(u64::MAX).pad_to(8);
+        assert_eq!(slice.as_bytes(), owned.as_bytes());
+        assert_eq!(slice.len(), 16);
+        // Past the end: nothing written, and nothing after it either.
+        slice.u64(1).u8(2);
+        assert_eq!(slice.len(), 16);
+        assert_eq!(out[16..], [0xa5; 8]);
     }
 }

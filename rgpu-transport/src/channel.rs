@@ -162,6 +162,8 @@ struct State {
     /// (reading it per command made both sides miss on it each time).
     consumed_seen: u64,
     next_seq: u64,
+    /// Where commands are encoded before they are copied into the ring.
+    encoded: WireWriter<'static>,
 }
 
 /// Where events and streams were last given work, for queries (a mutex of
@@ -264,6 +266,7 @@ impl Channel {
                 produced: 0,
                 consumed_seen: 0,
                 next_seq: 1,
+                encoded: WireWriter::with_capacity(256),
             }),
             notes: Mutex::default(),
             console: Mutex::new(None),
@@ -757,27 +760,29 @@ impl Channel {
     }
 
     /// Writes `command` at ring position `at` (bytes since bind), where
-    /// `reserve` made room for all of it: the body is encoded straight into
-    /// the ring, then the header and, last, its stamp. Returns its length.
-    fn write_command_at(&self, at: u64, command: &Command, seq: u64) -> Result<u64, CarrierError> {
-        let len = command.encoded_len();
-        let body_pos = at % self.layout.ring_size + COMMAND_HEADER_SIZE as u64;
-        let body_len = len - COMMAND_HEADER_SIZE;
-        debug_assert!(body_pos + body_len as u64 <= self.layout.ring_size);
-        // SAFETY: `reserve` left room for the whole command before the
-        // ring's end; the host is done with that space, writes nothing into
-        // the ring and reads none of it before the stamp; the channel's lock,
-        // held by the caller, keeps this process's other writers out.
-        let body = unsafe {
-            std::slice::from_raw_parts_mut(self.at(self.layout.ring_offset + body_pos), body_len)
-        };
-        if !command.encode_body_into(body) {
+    /// `reserve` made room for all of it; returns its length. It is encoded
+    /// in the channel's own buffer first and copied into the ring in one
+    /// go: the worker polls the line where the next command goes, and
+    /// encoding field by field into that line cost a synchronous call
+    /// 0.05 µs and a launch + synchronize 0.2 µs in sim (the line went back
+    /// and forth between the two cores once per field).
+    fn write_command_at(
+        &self,
+        state: &mut State,
+        at: u64,
+        command: &Command,
+        seq: u64,
+    ) -> Result<u64, CarrierError> {
+        state.encoded.clear();
+        let len = command.encode(seq, &mut state.encoded);
+        if len != command.encoded_len() {
             return Err(CarrierError::Protocol(format!(
-                "{:?} encoded to other than its {len} bytes",
-                command.opcode()
+                "{:?} encoded to other than its {} bytes",
+                command.opcode(),
+                command.encoded_len()
             )));
         }
-        self.write_header(at, &command.header(seq));
+        self.write_entry(at, state.encoded.as_bytes());
         Ok(len as u64)
     }
 
@@ -788,7 +793,8 @@ impl Channel {
         seq: u64,
     ) -> Result<(), CarrierError> {
         self.reserve(state, command.encoded_len() as u64)?;
-        state.produced += self.write_command_at(state.produced, command, seq)?;
+        let at = state.produced;
+        state.produced += self.write_command_at(state, at, command, seq)?;
         self.note(command, state.produced);
         self.publish(state)
     }
@@ -854,7 +860,7 @@ impl Channel {
                 data.len(),
             );
         }
-        self.write_command_at(state.produced + staged, &made, seq)?;
+        self.write_command_at(state, state.produced + staged, &made, seq)?;
         state.produced += staged + command_len;
         self.note(&made, state.produced);
         self.publish(state)
