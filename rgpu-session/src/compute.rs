@@ -127,8 +127,17 @@ impl Fences {
         Ok(())
     }
 
-    /// Fences every stream with unfenced submissions. A stream the guest
-    /// destroyed meanwhile has nothing left to fence.
+    /// Stream `stream` is about to be destroyed: its unfenced submissions
+    /// are fenced now, while it can still be named (the executor takes a
+    /// stream as the driver's object, so a destroyed one must never reach
+    /// it again).
+    pub fn stream_ending(&mut self, ctx: &mut dyn ContextExecutor, stream: StreamRef) {
+        if self.unfenced.contains(&stream) && self.fence_unfenced(ctx).is_err() {
+            self.unfenced.clear();
+        }
+    }
+
+    /// Fences every stream with unfenced submissions.
     fn fence_unfenced(&mut self, ctx: &mut dyn ContextExecutor) -> CuResult<()> {
         // The events go behind launches still on the launch thread.
         ctx.fence();

@@ -350,6 +350,23 @@ impl Worker {
         admitted
     }
 
+    /// Before a `StreamDestroy`: the scheduler's fence for the stream's
+    /// unfenced work is recorded while the stream still exists.
+    fn stream_ending(&mut self, command: &Command) {
+        let Command::StreamDestroy { stream } = command else {
+            return;
+        };
+        if self.captures > 0 {
+            return;
+        }
+        let Ok(stream) = self.handles.stream(*stream) else {
+            return;
+        };
+        if let Some(ctx) = self.context.created_unfenced() {
+            self.fences.stream_ending(ctx, stream);
+        }
+    }
+
     /// Notes what a command that ran put on the GPU.
     fn track(&mut self, command: &Command, admission: Option<Admission>) {
         let Some(admission) = admission else {
@@ -722,7 +739,10 @@ impl Worker {
                                 );
                                 Err(rgpu_proto::cuda_result::CUDA_ERROR_OUT_OF_MEMORY)
                             }
-                            None => self.execute(&mut decoded.command, decoded.reply_seq),
+                            None => {
+                                self.stream_ending(&decoded.command);
+                                self.execute(&mut decoded.command, decoded.reply_seq)
+                            }
                         };
                         // A launch the guest waits for answers with the
                         // driver's own result.

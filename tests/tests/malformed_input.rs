@@ -898,6 +898,32 @@ fn handles_of_destroyed_objects_are_refused() {
         .collect();
     assert!(wrong.is_empty(), "wrong results:\n{}", wrong.join("\n"));
 
+    // A stream with work on it, destroyed before the scheduler fenced that
+    // work, and the next submission a while later: the session must not
+    // name the destroyed stream when it fences (with the cuda executor that
+    // recorded an event on a freed stream and killed the worker, in the
+    // compatibility suite's `memory` program; the sim stops in debug
+    // builds). Repeated so that some destruction lands between samples.
+    assert_eq!(load(MODULE), CUDA_SUCCESS);
+    assert_eq!(result(get_function(MODULE, FUNCTION)), CUDA_SUCCESS);
+    for round in 0..40 {
+        assert_eq!(result(create_stream()), CUDA_SUCCESS, "round {round}");
+        channel
+            .send(&launch(FUNCTION, STREAM))
+            .expect("launch on the stream");
+        assert_eq!(
+            result(Command::StreamDestroy { stream: STREAM }),
+            CUDA_SUCCESS,
+            "round {round}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+        assert_eq!(result(launch(FUNCTION, 0)), CUDA_SUCCESS, "round {round}");
+    }
+    assert_eq!(
+        result(Command::ModuleUnload { module: MODULE }),
+        CUDA_SUCCESS
+    );
+
     // The same guest handles made again name live objects.
     assert_eq!(load(MODULE), CUDA_SUCCESS);
     assert_eq!(result(get_function(MODULE, FUNCTION)), CUDA_SUCCESS);
