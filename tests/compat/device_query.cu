@@ -20,6 +20,14 @@ static bool device_count_and_set(void) {
     return true;
 }
 
+/* Whether device 0 is reached over the network: the first RGPU_DEVICES
+ * entry is tls:// or tcp://, or, with no list, RGPU_SERVER is set. */
+static bool device0_remote(void) {
+    const char *list = getenv("RGPU_DEVICES");
+    if (list && *list) return strncmp(list, "tls://", 6) == 0 || strncmp(list, "tcp://", 6) == 0;
+    return getenv("RGPU_SERVER") != NULL;
+}
+
 static bool properties(void) {
     cudaDeviceProp p;
     memset(&p, 0, sizeof p);
@@ -31,7 +39,7 @@ static bool properties(void) {
     EXPECT(p.totalGlobalMem >= (1ull << 30) && p.multiProcessorCount > 0);
     /* Through rgpu's network carrier the GPU cannot reach this process's
      * memory, and says so. */
-    EXPECT(p.name[0] != '\0' && p.unifiedAddressing == (getenv("RGPU_SERVER") ? 0 : 1));
+    EXPECT(p.name[0] != '\0' && p.unifiedAddressing == (device0_remote() ? 0 : 1));
     int uuid_nonzero = 0;
     for (int k = 0; k < 16; k++) uuid_nonzero |= p.uuid.bytes[k];
     EXPECT(uuid_nonzero != 0);

@@ -201,7 +201,7 @@ for entry in "${programs[@]}"; do
         continue
     fi
     record "$name" native "$(run_one "$name" native \
-        env -u RGPU_SOCKET -u RGPU_SERVER LD_LIBRARY_PATH="$native_path" "$work/$name")"
+        env -u RGPU_SOCKET -u RGPU_SERVER -u RGPU_DEVICES LD_LIBRARY_PATH="$native_path" "$work/$name")"
     if [ -n "$rgpu_socket" ]; then
         record "$name" rgpu "$(run_one "$name" rgpu \
             env RGPU_SOCKET="$rgpu_socket" LD_LIBRARY_PATH="$rgpu_lib:$cuda_home/lib64" "$work/$name")"
@@ -229,7 +229,7 @@ if [ "${SKIP_PYTHON:-0}" != 1 ]; then
                 TRITON_CACHE_DIR="$work/cache-$name-$side/triton" PYTHONDONTWRITEBYTECODE=1)
             if [ "$side" = native ]; then
                 record "$name" native "$(cd "$here/python" && run_one "$name" native \
-                    env -u RGPU_SOCKET -u RGPU_SERVER "${cache[@]}" "$python" "$name.py")"
+                    env -u RGPU_SOCKET -u RGPU_SERVER -u RGPU_DEVICES "${cache[@]}" "$python" "$name.py")"
             else
                 record "$name" rgpu "$(cd "$here/python" && run_one "$name" rgpu \
                     env "${cache[@]}" RGPU_SOCKET="$rgpu_socket" TRITON_LIBCUDA_PATH="$rgpu_lib" \
