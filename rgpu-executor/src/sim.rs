@@ -3236,9 +3236,10 @@ mod tests {
         assert_eq!(d.uuid, SIM_UUID);
         assert_eq!(d.total_mem, 16 << 30);
         assert_eq!(d.attributes.len(), ATTRIBUTE_SLOTS);
-        assert_eq!(d.attribute(1), Some(1024)); // MAX_THREADS_PER_BLOCK
-        assert_eq!(d.attribute(16), Some(132)); // MULTIPROCESSOR_COUNT
-        assert_eq!(d.attribute(75), Some(9)); // COMPUTE_CAPABILITY_MAJOR
+        use rgpu_proto::capset::device_attribute as a;
+        assert_eq!(d.attribute(a::MAX_THREADS_PER_BLOCK), Some(1024));
+        assert_eq!(d.attribute(a::MULTIPROCESSOR_COUNT), Some(132));
+        assert_eq!(d.attribute(a::COMPUTE_CAPABILITY_MAJOR), Some(9));
         assert_eq!(d.attribute(0), None);
         assert_eq!(d.attribute(150), None); // "error 1" in the table
         assert!(sim.create_context(1).is_err());

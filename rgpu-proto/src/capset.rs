@@ -9,6 +9,25 @@ pub const CAPSET_MAGIC: u32 = 0x5343_4752;
 pub const ATTRIBUTE_SLOTS: usize = 192;
 /// Attribute value meaning "the host driver does not know this attribute".
 pub const ATTRIBUTE_UNSUPPORTED: i32 = i32::MIN;
+
+/// The `CUdevice_attribute` numbers (cuda.h) that rgpu's crates read or set
+/// by name: one list, so no crate keeps its own copy of a number.
+pub mod device_attribute {
+    pub const MAX_THREADS_PER_BLOCK: i32 = 1;
+    /// X, Y and Z.
+    pub const MAX_BLOCK_DIM: [i32; 3] = [2, 3, 4];
+    /// X, Y and Z.
+    pub const MAX_GRID_DIM: [i32; 3] = [5, 6, 7];
+    pub const MULTIPROCESSOR_COUNT: i32 = 16;
+    pub const CAN_MAP_HOST_MEMORY: i32 = 19;
+    pub const PCI_BUS_ID: i32 = 33;
+    pub const PCI_DEVICE_ID: i32 = 34;
+    pub const UNIFIED_ADDRESSING: i32 = 41;
+    pub const PCI_DOMAIN_ID: i32 = 50;
+    pub const COMPUTE_CAPABILITY_MAJOR: i32 = 75;
+    pub const COMPUTE_CAPABILITY_MINOR: i32 = 76;
+    pub const MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: i32 = 97;
+}
 pub const NAME_BYTES: usize = 256;
 pub const MAX_DEVICES: usize = 64;
 const HEADER_SIZE: usize = 32;
@@ -36,10 +55,13 @@ impl DeviceInfo {
             .filter(|v| *v != ATTRIBUTE_UNSUPPORTED)
     }
 
-    /// Sets attribute `attribute` to `value`; an index past the carried
+    /// Sets attribute `attribute` to `value`; one outside the carried
     /// slots is left alone (no such attribute exists to answer).
-    pub fn set_attribute(&mut self, attribute: usize, value: i32) {
-        if let Some(slot) = self.attributes.get_mut(attribute) {
+    pub fn set_attribute(&mut self, attribute: i32, value: i32) {
+        let slot = usize::try_from(attribute)
+            .ok()
+            .and_then(|index| self.attributes.get_mut(index));
+        if let Some(slot) = slot {
             *slot = value;
         }
     }

@@ -14,6 +14,7 @@ use rgpu_executor::sim::{
     SIM_GPU_UTILIZATION, SIM_MEMORY_UTILIZATION, SIM_TOTAL_MEM,
 };
 use rgpu_executor::Executor;
+use rgpu_proto::capset::device_attribute;
 use rgpu_tests::{Daemon, GuestLib, GuestProcess};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -49,10 +50,18 @@ fn nvml_reports_what_the_sim_executor_reports() {
     // H200: compute capability 9.0.
     assert_eq!(
         value("compute_capability"),
-        format!("{}.{}", attribute(75), attribute(76))
+        format!(
+            "{}.{}",
+            attribute(device_attribute::COMPUTE_CAPABILITY_MAJOR),
+            attribute(device_attribute::COMPUTE_CAPABILITY_MINOR)
+        )
     );
     assert_eq!(value("compute_capability"), "9.0");
-    let (domain, bus, device) = (attribute(50), attribute(33), attribute(34));
+    let (domain, bus, device) = (
+        attribute(device_attribute::PCI_DOMAIN_ID),
+        attribute(device_attribute::PCI_BUS_ID),
+        attribute(device_attribute::PCI_DEVICE_ID),
+    );
     assert_eq!(
         value("pci_bus_id"),
         format!("{domain:08X}:{bus:02X}:{device:02X}.0")

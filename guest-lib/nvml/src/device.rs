@@ -3,18 +3,14 @@
 
 use std::ffi::{c_char, c_int, c_uint, CStr};
 
+use rgpu_proto::capset::device_attribute::{
+    COMPUTE_CAPABILITY_MAJOR, COMPUTE_CAPABILITY_MINOR, PCI_BUS_ID, PCI_DEVICE_ID, PCI_DOMAIN_ID,
+};
 use rgpu_proto::capset::DeviceInfo;
 use rgpu_proto::reply::SessionUsage;
 
 use crate::abi::*;
 use crate::{out, state};
-
-/// CUDA device attributes carried in the capset.
-const ATTRIBUTE_PCI_BUS_ID: i32 = 33;
-const ATTRIBUTE_PCI_DEVICE_ID: i32 = 34;
-const ATTRIBUTE_PCI_DOMAIN_ID: i32 = 50;
-const ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: i32 = 75;
-const ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: i32 = 76;
 
 pub fn get_count(count: *mut c_uint) -> Result<(), u32> {
     let connection = state::connection()?;
@@ -86,9 +82,9 @@ fn pci_location(info: &DeviceInfo) -> (u32, u32, u32) {
             .unwrap_or(0)
     };
     (
-        attribute(ATTRIBUTE_PCI_DOMAIN_ID),
-        attribute(ATTRIBUTE_PCI_BUS_ID),
-        attribute(ATTRIBUTE_PCI_DEVICE_ID),
+        attribute(PCI_DOMAIN_ID),
+        attribute(PCI_BUS_ID),
+        attribute(PCI_DEVICE_ID),
     )
 }
 
@@ -202,10 +198,10 @@ pub fn get_cuda_compute_capability(
     let connection = state::connection()?;
     let (_, info) = connection.device(device)?;
     let major_value = info
-        .attribute(ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        .attribute(COMPUTE_CAPABILITY_MAJOR)
         .ok_or(NVML_ERROR_NOT_SUPPORTED)?;
     let minor_value = info
-        .attribute(ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        .attribute(COMPUTE_CAPABILITY_MINOR)
         .ok_or(NVML_ERROR_NOT_SUPPORTED)?;
     if major.is_null() || minor.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);

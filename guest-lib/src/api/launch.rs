@@ -123,10 +123,9 @@ fn check_geometry(
     block: [c_uint; 3],
     shared_mem_bytes: c_uint,
 ) -> Result<(), u32> {
-    const MAX_THREADS_PER_BLOCK: i32 = 1;
-    const MAX_BLOCK_DIM: [i32; 3] = [2, 3, 4];
-    const MAX_GRID_DIM: [i32; 3] = [5, 6, 7];
-    const MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: i32 = 97;
+    use rgpu_proto::capset::device_attribute::{
+        MAX_BLOCK_DIM, MAX_GRID_DIM, MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, MAX_THREADS_PER_BLOCK,
+    };
     let info = driver()?.device(device)?;
     let within = |value: u64, attribute: i32| {
         info.attribute(attribute)

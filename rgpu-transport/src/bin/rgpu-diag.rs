@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rgpu_proto::capset::Capset;
+use rgpu_proto::capset::{device_attribute, Capset};
 use rgpu_proto::cuda_result::CUDA_SUCCESS;
 use rgpu_proto::reply::decode_u64s;
 use rgpu_proto::{BlobRange, Command, CAPSET_ID_RGPU, PROTOCOL_VERSION};
@@ -29,9 +29,6 @@ const USAGE: &str = "usage: rgpu-diag [--socket PATH] [--stats PATH] [--dri DIR]
   --stats PATH   print the daemon's stats line from its stats socket
   --dri DIR      look for render nodes in DIR instead of /dev/dri";
 
-/// CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
-const ATTRIBUTE_CC_MAJOR: i32 = 75;
-const ATTRIBUTE_CC_MINOR: i32 = 76;
 const STATS_TIMEOUT: Duration = Duration::from_secs(5);
 
 struct Options {
@@ -140,8 +137,8 @@ fn report_capset(steps: &Steps, capset: &Capset) {
     }
     for (i, d) in capset.devices.iter().enumerate() {
         let cc = match (
-            d.attribute(ATTRIBUTE_CC_MAJOR),
-            d.attribute(ATTRIBUTE_CC_MINOR),
+            d.attribute(device_attribute::COMPUTE_CAPABILITY_MAJOR),
+            d.attribute(device_attribute::COMPUTE_CAPABILITY_MINOR),
         ) {
             (Some(major), Some(minor)) => format!("compute {major}.{minor}"),
             _ => "compute capability unknown".into(),

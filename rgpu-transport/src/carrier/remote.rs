@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rgpu_proto::capset::{Capset, DeviceInfo};
+use rgpu_proto::capset::{device_attribute, Capset, DeviceInfo};
 use rgpu_proto::remote::{
     frame_length, is_data, HelloRole, Request, Response, REMOTE_VERSION, TOKEN_BYTES,
 };
@@ -664,11 +664,6 @@ impl RemoteCarrier {
     }
 }
 
-/// `CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY`.
-const ATTRIBUTE_CAN_MAP_HOST_MEMORY: usize = 19;
-/// `CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING`.
-const ATTRIBUTE_UNIFIED_ADDRESSING: usize = 41;
-
 /// A remote GPU cannot reach this process's memory: page-locked memory is
 /// the process's own, so the device neither maps host memory nor shares
 /// one address space with it. Saying so keeps programs that check from
@@ -676,8 +671,8 @@ const ATTRIBUTE_UNIFIED_ADDRESSING: usize = 41;
 /// page-locked flag when unified addressing is on, and faulted the
 /// context).
 fn without_host_mapping(device: &mut DeviceInfo) {
-    device.set_attribute(ATTRIBUTE_CAN_MAP_HOST_MEMORY, 0);
-    device.set_attribute(ATTRIBUTE_UNIFIED_ADDRESSING, 0);
+    device.set_attribute(device_attribute::CAN_MAP_HOST_MEMORY, 0);
+    device.set_attribute(device_attribute::UNIFIED_ADDRESSING, 0);
 }
 
 fn no_blobs() -> CarrierError {
