@@ -1031,13 +1031,13 @@ impl CudaContext {
         Ok(named)
     }
 
-    fn stream(&self, stream: StreamRef) -> CuResult<sys::CUstream> {
+    fn stream(&self, stream: StreamRef) -> sys::CUstream {
         match stream {
-            StreamRef::Legacy => Ok(null_mut()),
-            StreamRef::PerThread => Ok(without_provenance_mut(STREAM_PER_THREAD_HANDLE)),
+            StreamRef::Legacy => null_mut(),
+            StreamRef::PerThread => without_provenance_mut(STREAM_PER_THREAD_HANDLE),
             StreamRef::Created(handle) => {
                 debug_assert!(self.streams.contains(&handle), "stream {handle:#x}");
-                Ok(driver_object(handle))
+                driver_object(handle)
             }
         }
     }
@@ -1045,7 +1045,7 @@ impl CudaContext {
     /// `hint` as the driver's `CUlaunchAttribute` (its value union laid
     /// out as cuda.h has it), with this context's event objects.
     fn launch_attribute(&self, hint: &LaunchHint) -> CuResult<LaunchAttribute> {
-        let (id, value) = hint.driver_words(|event| self.event(event).map(|e| e as u64))?;
+        let (id, value) = hint.driver_words(|event| Ok(object_handle(self.event(event))))?;
         Ok(LaunchAttribute { id, pad: 0, value })
     }
 
@@ -1074,17 +1074,17 @@ impl CudaContext {
         Ok((hexec, hnode))
     }
 
-    fn event(&self, event: u64) -> CuResult<sys::CUevent> {
+    fn event(&self, event: u64) -> sys::CUevent {
         debug_assert!(self.events.contains_key(&event), "event {event:#x}");
-        Ok(driver_object(event))
+        driver_object(event)
     }
 
-    fn function(&self, function: u64) -> CuResult<sys::CUfunction> {
+    fn function(&self, function: u64) -> sys::CUfunction {
         debug_assert!(
             self.functions.contains_key(&function),
             "function {function:#x}"
         );
-        Ok(driver_object(function))
+        driver_object(function)
     }
 
     fn stream_sync(stream: sys::CUstream) -> CuResult<()> {
@@ -1289,7 +1289,7 @@ impl ContextExecutor for CudaContext {
         src: &[HostRun],
         wait_for_source: bool,
     ) -> CuResult<()> {
-        let stream = self.stream(stream)?;
+        let stream = self.stream(stream);
         let mut at = dst;
         for run in src.iter().filter(|r| r.len > 0) {
             // SAFETY: `run` is mapped guest memory (HostRun); the driver
@@ -1314,7 +1314,7 @@ impl ContextExecutor for CudaContext {
         src: u64,
         wait: bool,
     ) -> CuResult<()> {
-        let stream = self.stream(stream)?;
+        let stream = self.stream(stream);
         let mut at = src;
         for run in dst.iter().filter(|r| r.len > 0) {
             // SAFETY: as in memcpy_htod, with the roles swapped.
@@ -1332,7 +1332,7 @@ impl ContextExecutor for CudaContext {
     }
 
     fn memcpy_dtod(&mut self, stream: StreamRef, dst: u64, src: u64, size: u64) -> CuResult<()> {
-        let stream = self.stream(stream)?;
+        let stream = self.stream(stream);
         let size = usize::try_from(size).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: device addresses are checked by the driver.
         check("cuMemcpyDtoDAsync_v2", unsafe {
@@ -1348,7 +1348,7 @@ impl ContextExecutor for CudaContext {
         element_size: u32,
         count: u64,
     ) -> CuResult<()> {
-        let stream = self.stream(stream)?;
+        let stream = self.stream(stream);
         let count = usize::try_from(count).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
         match element_size {
             // SAFETY: the driver checks the device address; plain integers.
@@ -1458,7 +1458,7 @@ impl ContextExecutor for CudaContext {
     }
 
     fn func_get_attribute(&mut self, function: u64, attribute: i32) -> CuResult<i32> {
-        let function = self.function(function)?;
+        let function = self.function(function);
         let mut value: c_int = 0;
         // SAFETY: live function, valid out-pointer; unknown attributes are
         // answered with an error code.
@@ -1469,7 +1469,7 @@ impl ContextExecutor for CudaContext {
     }
 
     fn func_set_attribute(&mut self, function: u64, attribute: i32, value: i32) -> CuResult<()> {
-        let function = self.function(function)?;
+        let function = self.function(function);
         // SAFETY: live function; unknown attributes and bad values are
         // answered with error codes.
         check_code("cuFuncSetAttribute", unsafe {
@@ -1484,7 +1484,7 @@ impl ContextExecutor for CudaContext {
         dynamic_smem_bytes: u64,
         flags: u32,
     ) -> CuResult<i32> {
-        let function = self.function(function)?;
+        let function = self.function(function);
         let dynamic = usize::try_from(dynamic_smem_bytes).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
         let mut blocks: c_int = 0;
         check(
@@ -1509,7 +1509,7 @@ impl ContextExecutor for CudaContext {
         num_blocks: i32,
         block_size: i32,
     ) -> CuResult<u64> {
-        let function = self.function(function)?;
+        let function = self.function(function);
         let mut bytes = 0usize;
         // SAFETY: live function, valid out-pointer; plain integers.
         check("cuOccupancyAvailableDynamicSMemPerBlock", unsafe {
@@ -1525,7 +1525,7 @@ impl ContextExecutor for CudaContext {
         function: u64,
         query: &ClusterQuery,
     ) -> CuResult<i32> {
-        let function = self.function(function)?;
+        let function = self.function(function);
         let config = LaunchConfig {
             grid: query.grid,
             block: query.block,
@@ -1548,7 +1548,7 @@ impl ContextExecutor for CudaContext {
         function: u64,
         query: &ClusterQuery,
     ) -> CuResult<i32> {
-        let function = self.function(function)?;
+        let function = self.function(function);
         let attribute = LaunchAttribute::new(launch_attribute::CLUSTER_DIMENSION, &query.cluster);
         // No cluster shape given: the function's own (compile-time) one.
         let with_cluster = query.cluster != [0; 3];
@@ -1582,11 +1582,11 @@ impl ContextExecutor for CudaContext {
         stream: StreamRef,
         params: Vec<u8>,
     ) -> CuResult<()> {
-        let function = self.function(function)?;
+        let function = self.function(function);
         // The per-thread stream is the calling thread's: only the session's
         // own thread may launch there.
         let per_thread = matches!(stream, StreamRef::PerThread);
-        let stream = self.stream(stream)?;
+        let stream = self.stream(stream);
         let mut launch = Launch {
             function,
             grid,
@@ -1635,8 +1635,8 @@ impl ContextExecutor for CudaContext {
         params: &[u8],
         options: &LaunchOptions,
     ) -> CuResult<()> {
-        let function = self.function(function)?;
-        let stream = self.stream(stream)?;
+        let function = self.function(function);
+        let stream = self.stream(stream);
         let mut attributes = Vec::with_capacity(2 + options.hints.len());
         if options.cluster != [0; 3] {
             attributes.push(LaunchAttribute::new(
@@ -1680,7 +1680,7 @@ impl ContextExecutor for CudaContext {
     }
 
     fn stream_destroy(&mut self, stream: u64) -> CuResult<()> {
-        let s = self.stream(StreamRef::Created(stream))?;
+        let s = self.stream(StreamRef::Created(stream));
         // SAFETY: a live stream of this context.
         check("cuStreamDestroy_v2", unsafe { sys::cuStreamDestroy_v2(s) })?;
         self.streams.remove(&stream);
@@ -1688,18 +1688,18 @@ impl ContextExecutor for CudaContext {
     }
 
     fn stream_synchronize(&mut self, stream: StreamRef) -> CuResult<()> {
-        Self::stream_sync(self.stream(stream)?)
+        Self::stream_sync(self.stream(stream))
     }
 
     fn stream_query(&mut self, stream: StreamRef) -> CuResult<()> {
-        let stream = self.stream(stream)?;
+        let stream = self.stream(stream);
         // SAFETY: NULL, per-thread or a live stream.
         check("cuStreamQuery", unsafe { sys::cuStreamQuery(stream) })
     }
 
     fn stream_wait_event(&mut self, stream: StreamRef, event: u64, flags: u32) -> CuResult<()> {
-        let stream = self.stream(stream)?;
-        let event = self.event(event)?;
+        let stream = self.stream(stream);
+        let event = self.event(event);
         // SAFETY: live stream and event of this context.
         check("cuStreamWaitEvent", unsafe {
             sys::cuStreamWaitEvent(stream, event, flags)
@@ -1854,7 +1854,7 @@ impl ContextExecutor for CudaContext {
 
     fn stream_begin_capture(&mut self, stream: StreamRef, mode: u32) -> CuResult<()> {
         let mode = capture_mode(mode)?;
-        let stream = self.stream(stream)?;
+        let stream = self.stream(stream);
         // SAFETY: a live stream of this context and a valid mode.
         check("cuStreamBeginCapture_v2", unsafe {
             sys::cuStreamBeginCapture_v2(stream, mode)
@@ -1869,7 +1869,7 @@ impl ContextExecutor for CudaContext {
         mode: u32,
     ) -> CuResult<()> {
         let mode = capture_mode(mode)?;
-        let stream = self.stream(stream)?;
+        let stream = self.stream(stream);
         let graph = *self.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let deps = dependencies
             .iter()
@@ -1891,7 +1891,7 @@ impl ContextExecutor for CudaContext {
     }
 
     fn stream_memory_op(&mut self, stream: StreamRef, op: MemoryOp) -> CuResult<()> {
-        let stream = self.stream(stream)?;
+        let stream = self.stream(stream);
         let MemoryOp {
             address,
             value,
@@ -1912,7 +1912,7 @@ impl ContextExecutor for CudaContext {
     }
 
     fn stream_end_capture(&mut self, stream: StreamRef) -> CuResult<u64> {
-        let stream = self.stream(stream)?;
+        let stream = self.stream(stream);
         // A graph named while capturing: a failed capture takes it along.
         let capturing = capture_info(stream).ok().map(|(graph, _)| graph);
         let mut graph: sys::CUgraph = null_mut();
@@ -1946,7 +1946,7 @@ impl ContextExecutor for CudaContext {
     }
 
     fn stream_capture_graph(&mut self, stream: StreamRef) -> CuResult<u64> {
-        let stream = self.stream(stream)?;
+        let stream = self.stream(stream);
         let (graph, _) = capture_info(stream)?;
         Ok(self.name_driver_graph(graph))
     }
@@ -1957,7 +1957,7 @@ impl ContextExecutor for CudaContext {
         nodes: &[u64],
         flags: u32,
     ) -> CuResult<()> {
-        let stream = self.stream(stream)?;
+        let stream = self.stream(stream);
         let mut driver_nodes = nodes
             .iter()
             .map(|n| self.graph_nodes.get(n).map(|(_, node)| *node))
@@ -1995,7 +1995,7 @@ impl ContextExecutor for CudaContext {
                 (graph, nodes)
             }
             DriverNodes::CaptureDependencies(stream) => {
-                let stream = self.stream(stream)?;
+                let stream = self.stream(stream);
                 let (hgraph, nodes) = capture_info(stream)?;
                 (self.name_driver_graph(hgraph), nodes)
             }
@@ -2040,7 +2040,7 @@ impl ContextExecutor for CudaContext {
             .graph_execs
             .get(&exec)
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        let stream = self.stream(stream)?;
+        let stream = self.stream(stream);
         // SAFETY: a live executable graph and stream of this context.
         check("cuGraphLaunch", unsafe { sys::cuGraphLaunch(exec, stream) })
     }
@@ -2163,7 +2163,7 @@ impl ContextExecutor for CudaContext {
                 })?
             }
             GraphNode::Kernel { function, .. } => {
-                let func = self.function(function)?;
+                let func = self.function(function);
                 with_kernel_node_params(node, func, |p| {
                     // SAFETY: as above; `extra` describes the parameter
                     // buffer and ends with END; the function is live in
@@ -2189,14 +2189,14 @@ impl ContextExecutor for CudaContext {
                 })?
             }
             GraphNode::EventRecord(event) => {
-                let event = self.event(event)?;
+                let event = self.event(event);
                 // SAFETY: as above; a live event of this context.
                 check("cuGraphAddEventRecordNode", unsafe {
                     sys::cuGraphAddEventRecordNode(out, hgraph, d, n, event)
                 })?
             }
             GraphNode::EventWait(event) => {
-                let event = self.event(event)?;
+                let event = self.event(event);
                 // SAFETY: as above.
                 check("cuGraphAddEventWaitNode", unsafe {
                     sys::cuGraphAddEventWaitNode(out, hgraph, d, n, event)
@@ -2281,7 +2281,7 @@ impl ContextExecutor for CudaContext {
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         match *params {
             GraphNode::Kernel { function, .. } => {
-                let func = self.function(function)?;
+                let func = self.function(function);
                 with_kernel_node_params(params, func, |p| {
                     // SAFETY: a live node of this context (the driver
                     // refuses one of another kind); the parameters are
@@ -2306,7 +2306,7 @@ impl ContextExecutor for CudaContext {
                 })
             }
             GraphNode::EventRecord(event) => {
-                let event = self.event(event)?;
+                let event = self.event(event);
                 // SAFETY: a live node and event of this context (the
                 // driver refuses a node of another kind).
                 check("cuGraphEventRecordNodeSetEvent", unsafe {
@@ -2314,7 +2314,7 @@ impl ContextExecutor for CudaContext {
                 })
             }
             GraphNode::EventWait(event) => {
-                let event = self.event(event)?;
+                let event = self.event(event);
                 // SAFETY: as above.
                 check("cuGraphEventWaitNodeSetEvent", unsafe {
                     sys::cuGraphEventWaitNodeSetEvent(hnode, event)
@@ -2343,7 +2343,7 @@ impl ContextExecutor for CudaContext {
         let (hexec, hnode) = self.exec_and_node(exec, node)?;
         match *params {
             GraphNode::Kernel { function, .. } => {
-                let func = self.function(function)?;
+                let func = self.function(function);
                 with_kernel_node_params(params, func, |p| {
                     // SAFETY: a live executable graph and node of this
                     // context (the driver refuses a node of another graph
@@ -2368,14 +2368,14 @@ impl ContextExecutor for CudaContext {
                 })
             }
             GraphNode::EventRecord(event) => {
-                let event = self.event(event)?;
+                let event = self.event(event);
                 // SAFETY: as above; a live event of this context.
                 check("cuGraphExecEventRecordNodeSetEvent", unsafe {
                     sys::cuGraphExecEventRecordNodeSetEvent(hexec, hnode, event)
                 })
             }
             GraphNode::EventWait(event) => {
-                let event = self.event(event)?;
+                let event = self.event(event);
                 // SAFETY: as above.
                 check("cuGraphExecEventWaitNodeSetEvent", unsafe {
                     sys::cuGraphExecEventWaitNodeSetEvent(hexec, hnode, event)
@@ -2403,8 +2403,8 @@ impl ContextExecutor for CudaContext {
     }
 
     fn stream_set_attribute(&mut self, stream: StreamRef, hint: &LaunchHint) -> CuResult<()> {
-        let stream = self.stream(stream)?;
-        let (id, value) = hint.driver_words(|event| self.event(event).map(|e| e as u64))?;
+        let stream = self.stream(stream);
+        let (id, value) = hint.driver_words(|event| Ok(object_handle(self.event(event))))?;
         // SAFETY: a live stream of this context (or a default one); the
         // value union is read during the call only.
         check_code("cuStreamSetAttribute", unsafe {
@@ -2413,7 +2413,7 @@ impl ContextExecutor for CudaContext {
     }
 
     fn stream_get_attribute(&mut self, stream: StreamRef, id: u32) -> CuResult<[u32; 16]> {
-        let stream = self.stream(stream)?;
+        let stream = self.stream(stream);
         let mut value = [0u32; 16];
         // SAFETY: as above; the union is written during the call.
         check_code("cuStreamGetAttribute", unsafe {
@@ -2423,7 +2423,7 @@ impl ContextExecutor for CudaContext {
     }
 
     fn stream_copy_attributes(&mut self, dst: StreamRef, src: StreamRef) -> CuResult<()> {
-        let (dst, src) = (self.stream(dst)?, self.stream(src)?);
+        let (dst, src) = (self.stream(dst), self.stream(src));
         // SAFETY: two live streams of this context (or default ones).
         check("cuStreamCopyAttributes", unsafe {
             sys::cuStreamCopyAttributes(dst, src)
@@ -2561,7 +2561,7 @@ impl ContextExecutor for CudaContext {
             .graph_execs
             .get(&exec)
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        let stream = self.stream(stream)?;
+        let stream = self.stream(stream);
         // SAFETY: a live executable graph and stream of this context.
         check("cuGraphUpload", unsafe {
             sys::cuGraphUpload(hexec, stream)
@@ -2716,7 +2716,7 @@ impl ContextExecutor for CudaContext {
     }
 
     fn ipc_get_event_handle(&mut self, event: u64) -> CuResult<IpcHandle> {
-        let event = self.event(event)?;
+        let event = self.event(event);
         let mut handle = sys::CUipcEventHandle {
             reserved: [0; IPC_HANDLE_BYTES],
         };
@@ -2755,7 +2755,7 @@ impl ContextExecutor for CudaContext {
     }
 
     fn event_destroy(&mut self, event: u64) -> CuResult<()> {
-        let e = self.event(event)?;
+        let e = self.event(event);
         if let Some(holders) = self.events.get_mut(&event).filter(|h| **h > 1) {
             // Another guest handle still names it.
             *holders -= 1;
@@ -2768,8 +2768,8 @@ impl ContextExecutor for CudaContext {
     }
 
     fn event_record(&mut self, event: u64, stream: StreamRef) -> CuResult<()> {
-        let event = self.event(event)?;
-        let stream = self.stream(stream)?;
+        let event = self.event(event);
+        let stream = self.stream(stream);
         // SAFETY: live event and stream.
         check("cuEventRecord", unsafe {
             sys::cuEventRecord(event, stream)
@@ -2777,7 +2777,7 @@ impl ContextExecutor for CudaContext {
     }
 
     fn event_synchronize(&mut self, event: u64) -> CuResult<()> {
-        let event = self.event(event)?;
+        let event = self.event(event);
         // SAFETY: a live event.
         check("cuEventSynchronize", unsafe {
             sys::cuEventSynchronize(event)
@@ -2785,13 +2785,13 @@ impl ContextExecutor for CudaContext {
     }
 
     fn event_query(&mut self, event: u64) -> CuResult<()> {
-        let event = self.event(event)?;
+        let event = self.event(event);
         // SAFETY: a live event.
         check("cuEventQuery", unsafe { sys::cuEventQuery(event) })
     }
 
     fn event_elapsed_time(&mut self, start: u64, end: u64) -> CuResult<f32> {
-        let (start, end) = (self.event(start)?, self.event(end)?);
+        let (start, end) = (self.event(start), self.event(end));
         let mut ms = 0f32;
         // SAFETY: live events, valid out-pointer.
         check("cuEventElapsedTime_v2", unsafe {
