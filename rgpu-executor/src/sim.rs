@@ -936,11 +936,10 @@ impl SimContext {
         stream: StreamRef,
         params: &[u8],
     ) -> CuResult<()> {
-        self.check_function(function)?;
         let f = self
             .functions
             .get(&function)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            .ok_or_else(|| unknown_handle("function", function))?;
         self.check_stream(stream)?;
         let threads = launch_threads(grid, block)?;
         if self.capturing.contains_key(&stream_key(stream)) {

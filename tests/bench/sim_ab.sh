@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Two builds of rgpu against each other on the sim executor, on any
+# machine (no GPU needed): what the guest library and the worker cost
+# around the driver, free of the GPU host's run-to-run spread (issue 9).
+#
+#   tests/bench/sim_ab.sh OLD_REF [NEW_REF] [ROUNDS]
+#
+# Builds guest-lib and the daemon (release, sim executor) of OLD_REF and of
+# NEW_REF (default: the working tree) in worktrees, then runs rgpu_bench's
+# rgpu side against each build's own daemon, the two builds in turn, ROUNDS
+# times (default 3), printing per round the synchronous round trip (median,
+# µs), the best empty-kernel launch rate (1/s) and launch + synchronize
+# (µs). Builds are kept in $RGPU_AB_CACHE (default /tmp/rgpu-sim-ab) for the
+# next run. On a 2-core machine a round varies by up to 10%: compare
+# ranges over the rounds, not single figures.
+set -euo pipefail
+old_ref=${1:?usage: sim_ab.sh OLD_REF [NEW_REF] [ROUNDS]}
+new_ref=${2:-}
+rounds=${3:-3}
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cache=${RGPU_AB_CACHE:-/tmp/rgpu-sim-ab}
+mkdir -p "$cache"
+daemon_pid=
+cleanup() {
+    if [ -n "$daemon_pid" ]; then
+        kill "$daemon_pid" 2>/dev/null || true
+        wait "$daemon_pid" 2>/dev/null || true
+    fi
+    rm -f "$cache"/*.sock
+}
+trap cleanup EXIT
+
+# build LABEL REF: release guest-lib and sim daemon of REF (the working tree
+# when REF is empty) into $cache/LABEL.
+build() {
+    local label=$1 ref=$2 tree
+    if [ -z "$ref" ]; then
+        tree=$repo
+    else
+        tree=$cache/tree-$label
+        git -C "$repo" worktree remove --force "$tree" 2>/dev/null || true
+        git -C "$repo" worktree add --force --detach "$tree" "$ref" >/dev/null 2>&1
+    fi
+    echo "== building $label (${ref:-working tree})" >&2
+    (cd "$tree" && cargo build --quiet --release -p vhost-device-rgpu --features sim -p guest-lib \
+        --target-dir "$cache/target-$label")
+    mkdir -p "$cache/$label"
+    cp "$cache/target-$label/release/vhost-device-rgpu" "$cache/$label/"
+    cp "$cache/target-$label/release/libcuda.so" "$cache/$label/libcuda.so.1"
+    if [ -n "$ref" ]; then
+        git -C "$repo" worktree remove --force "$tree"
+    fi
+}
+
+build old "$old_ref"
+build new "$new_ref"
+gcc -O2 -std=c11 -I "$repo/tests/programs" -o "$cache/rgpu_bench" "$repo/tests/bench/rgpu_bench.c" -ldl
+
+# The rgpu column of rgpu_bench's row ROW.
+column() {
+    awk -v row="$1" 'index($0, row) == 1 {
+        for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/) { print $i; exit }
+    }'
+}
+
+printf '%-5s %-5s %12s %16s %18s\n' round build "sync (us)" "launches (1/s)" "launch+sync (us)"
+for round in $(seq 1 "$rounds"); do
+    for label in old new; do
+        socket=$cache/$label.sock
+        rm -f "$socket"
+        "$cache/$label/vhost-device-rgpu" --executor sim --socket-path "$socket" \
+            >"$cache/$label-daemon.log" 2>&1 &
+        daemon_pid=$!
+        for _ in $(seq 50); do [ -S "$socket" ] && break; sleep 0.1; done
+        out=$(RGPU_SOCKET=$socket timeout 120 "$cache/rgpu_bench" --rgpu "$cache/$label/libcuda.so.1" \
+            --ptx "$repo/tests/programs/reference_kernels.ptx" --sync-iters 5000 --launches 300000 \
+            --mib 1 --repeats 3 2>&1)
+        kill "$daemon_pid"
+        wait "$daemon_pid" 2>/dev/null || true
+        daemon_pid=
+        printf '%-5s %-5s %12s %16s %18s\n' "$round" "$label" \
+            "$(column 'sync round trip, median' <<<"$out")" \
+            "$(column 'empty-kernel launches, best' <<<"$out")" \
+            "$(column 'launch + synchronize' <<<"$out")"
+    done
+done
