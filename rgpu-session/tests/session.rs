@@ -414,6 +414,20 @@ fn await_reply(guest: &Guest, seq: u64) -> u32 {
     }
 }
 
+/// Waits until the host's `consumed` reaches `position`: it answers a
+/// command first and moves `consumed` past it after.
+fn await_consumed(guest: &Guest, position: u64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while guest.consumed() < position {
+        assert!(
+            Instant::now() < deadline,
+            "consumed stayed at {} (waiting for {position})",
+            guest.consumed()
+        );
+        std::thread::yield_now();
+    }
+}
+
 #[test]
 fn a_stamped_command_runs_before_produced_says_so_and_a_stale_stamp_does_not() {
     let mut guest = Guest::new();
@@ -444,7 +458,7 @@ fn a_stamped_command_runs_before_produced_says_so_and_a_stale_stamp_does_not() {
     guest.next_seq += 1;
     guest.push_stamped(&session, &Command::CtxSynchronize, stamped, None);
     assert_eq!(await_reply(&guest, stamped), CUDA_SUCCESS);
-    assert!(guest.consumed() > published);
+    await_consumed(&guest, published + 1);
     assert_eq!(
         guest.counter(rgpu_proto::channel::OFFSET_PRODUCED),
         published
@@ -456,6 +470,7 @@ fn a_stamped_command_runs_before_produced_says_so_and_a_stale_stamp_does_not() {
     // A stamped Padding carrying the data of a command not written yet:
     // the host moves past it but does not give its space back until the
     // command has run.
+    await_consumed(&guest, guest.produced);
     let before = guest.consumed();
     assert_eq!(before, guest.produced);
     let mut staged = header(rgpu_proto::Opcode::Padding as u16, 64, 0)
