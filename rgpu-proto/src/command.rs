@@ -68,11 +68,18 @@ impl CommandHeader {
     }
 
     pub fn encode(&self, w: &mut WireWriter) {
-        w.u16(self.opcode)
-            .u16(self.flags)
-            .u32(self.body_len)
-            .u64(self.reply_seq)
-            .u64(self.stamp);
+        w.raw(&self.to_bytes());
+    }
+
+    /// The header's wire form, without a buffer to grow.
+    pub fn to_bytes(&self) -> [u8; COMMAND_HEADER_SIZE] {
+        let mut bytes = [0u8; COMMAND_HEADER_SIZE];
+        bytes[0..2].copy_from_slice(&self.opcode.to_le_bytes());
+        bytes[2..4].copy_from_slice(&self.flags.to_le_bytes());
+        bytes[4..8].copy_from_slice(&self.body_len.to_le_bytes());
+        bytes[8..16].copy_from_slice(&self.reply_seq.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.stamp.to_le_bytes());
+        bytes
     }
 
     /// Header plus body, rounded up to [`COMMAND_ALIGN`].

@@ -231,7 +231,7 @@ const ROLE_QUERY: u8 = 2;
 const ROLE_LANE: u8 = 3;
 
 /// Starts a frame of `kind` in `w` (its length is patched by [`finish`]).
-fn start(kind: u8, capacity: usize) -> WireWriter<'static> {
+fn start(kind: u8, capacity: usize) -> WireWriter {
     let mut w = WireWriter::with_capacity(capacity + 5);
     w.u32(0).u8(kind);
     w
@@ -375,7 +375,7 @@ impl Request<'_> {
         write_frame(head, tail, out)
     }
 
-    fn parts(&self) -> (WireWriter<'static>, &[u8]) {
+    fn parts(&self) -> (WireWriter, &[u8]) {
         match self {
             Request::Hello { version, role } => {
                 let mut w = start(kind::HELLO, 64);

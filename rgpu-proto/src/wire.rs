@@ -113,124 +113,63 @@ impl<'a> WireReader<'a> {
     }
 }
 
-/// Appends little-endian values to a byte vector, or writes them into a
-/// slice sized in advance ([`WireWriter::into_slice`]: a header on the
-/// stack).
-#[derive(Debug)]
-pub struct WireWriter<'a> {
-    sink: Sink<'a>,
+/// Appends little-endian values to a byte vector.
+#[derive(Debug, Default, Clone)]
+pub struct WireWriter {
+    bytes: Vec<u8>,
 }
 
-#[derive(Debug)]
-enum Sink<'a> {
-    Owned(Vec<u8>),
-    /// `len` bytes of `out` written; `overflowed` once a write did not fit
-    /// (it and every later one is dropped).
-    Slice {
-        out: &'a mut [u8],
-        len: usize,
-        overflowed: bool,
-    },
-}
-
-impl Default for WireWriter<'static> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl WireWriter<'static> {
+impl WireWriter {
     pub fn new() -> Self {
-        Self {
-            sink: Sink::Owned(Vec::new()),
-        }
+        Self::default()
     }
     pub fn with_capacity(capacity: usize) -> Self {
         Self {
-            sink: Sink::Owned(Vec::with_capacity(capacity)),
-        }
-    }
-}
-
-impl<'a> WireWriter<'a> {
-    /// Writes into `out` from its start; what does not fit is dropped
-    /// (with every later write), and [`Self::len`] stops there.
-    pub fn into_slice(out: &'a mut [u8]) -> Self {
-        Self {
-            sink: Sink::Slice {
-                out,
-                len: 0,
-                overflowed: false,
-            },
+            bytes: Vec::with_capacity(capacity),
         }
     }
     pub fn len(&self) -> usize {
-        match &self.sink {
-            Sink::Owned(bytes) => bytes.len(),
-            Sink::Slice { len, .. } => *len,
-        }
+        self.bytes.len()
     }
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.bytes.is_empty()
     }
-    /// The bytes written (a copy of them for a slice writer).
     pub fn into_bytes(self) -> Vec<u8> {
-        match self.sink {
-            Sink::Owned(bytes) => bytes,
-            Sink::Slice { out, len, .. } => out.get(..len).unwrap_or_default().to_vec(),
-        }
+        self.bytes
     }
     /// Empties the writer, keeping its buffer for the next encoding.
     pub fn clear(&mut self) {
-        match &mut self.sink {
-            Sink::Owned(bytes) => bytes.clear(),
-            Sink::Slice {
-                len, overflowed, ..
-            } => {
-                *len = 0;
-                *overflowed = false;
-            }
-        }
+        self.bytes.clear();
     }
     pub fn as_bytes(&self) -> &[u8] {
-        match &self.sink {
-            Sink::Owned(bytes) => bytes,
-            Sink::Slice { out, len, .. } => out.get(..*len).unwrap_or_default(),
-        }
+        &self.bytes
     }
     pub fn u8(&mut self, v: u8) -> &mut Self {
-        self.raw(&[v])
+        self.bytes.push(v);
+        self
     }
     pub fn u16(&mut self, v: u16) -> &mut Self {
-        self.raw(&v.to_le_bytes())
+        self.bytes.extend_from_slice(&v.to_le_bytes());
+        self
     }
     pub fn u32(&mut self, v: u32) -> &mut Self {
-        self.raw(&v.to_le_bytes())
+        self.bytes.extend_from_slice(&v.to_le_bytes());
+        self
     }
     pub fn i32(&mut self, v: i32) -> &mut Self {
-        self.raw(&v.to_le_bytes())
+        self.bytes.extend_from_slice(&v.to_le_bytes());
+        self
     }
     pub fn u64(&mut self, v: u64) -> &mut Self {
-        self.raw(&v.to_le_bytes())
+        self.bytes.extend_from_slice(&v.to_le_bytes());
+        self
     }
     pub fn f32(&mut self, v: f32) -> &mut Self {
-        self.raw(&v.to_le_bytes())
+        self.bytes.extend_from_slice(&v.to_le_bytes());
+        self
     }
     pub fn raw(&mut self, v: &[u8]) -> &mut Self {
-        match &mut self.sink {
-            Sink::Owned(bytes) => bytes.extend_from_slice(v),
-            Sink::Slice {
-                out,
-                len,
-                overflowed,
-            } => match out.get_mut(*len..).and_then(|rest| rest.get_mut(..v.len())) {
-                Some(dst) if !*overflowed => {
-                    dst.copy_from_slice(v);
-                    *len += v.len();
-                }
-                _ => *overflowed = true,
-            },
-        }
+        self.bytes.extend_from_slice(v);
         self
     }
     /// A `u32` length followed by the bytes.
@@ -240,41 +179,15 @@ impl<'a> WireWriter<'a> {
     }
     /// Overwrites a `u32` at `offset` (for lengths known only at the end).
     pub fn patch_u32(&mut self, offset: usize, v: u32) {
-        let written = match &mut self.sink {
-            Sink::Owned(bytes) => bytes.as_mut_slice(),
-            Sink::Slice { out, len, .. } => out.get_mut(..*len).unwrap_or_default(),
-        };
-        if let Some(slot) = written.get_mut(offset..offset + 4) {
+        if let Some(slot) = self.bytes.get_mut(offset..offset + 4) {
             slot.copy_from_slice(&v.to_le_bytes());
         }
     }
     /// Pads with zero bytes up to a multiple of `align`.
     pub fn pad_to(&mut self, align: usize) -> &mut Self {
-        const ZEROS: [u8; 64] = [0; 64];
-        let pad = self.len().next_multiple_of(align) - self.len();
-        match ZEROS.get(..pad) {
-            Some(zeros) => self.raw(zeros),
-            None => self.raw(&vec![0; pad]),
+        while !self.bytes.len().is_multiple_of(align) {
+            self.bytes.push(0);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_slice_writer_writes_what_a_vector_one_does_and_drops_the_overflow() {
-        let mut owned = WireWriter::new();
-        owned.u16(0x0102).u32(7).u64(u64::MAX).pad_to(8);
-        let mut out = [0xa5u8; 24];
-        let mut slice = WireWriter::into_slice(&mut out[..16]);
-        slice.u16(0x0102).u32(7).u64(u64::MAX).pad_to(8);
-        assert_eq!(slice.as_bytes(), owned.as_bytes());
-        assert_eq!(slice.len(), 16);
-        // Past the end: nothing written, and nothing after it either.
-        slice.u64(1).u8(2);
-        assert_eq!(slice.len(), 16);
-        assert_eq!(out[16..], [0xa5; 8]);
+        self
     }
 }

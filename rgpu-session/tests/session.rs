@@ -334,7 +334,7 @@ fn modules_functions_launches_and_events() {
 }
 
 /// A command header (no stamp), encoded; the body is the caller's to add.
-fn header(opcode: u16, body_len: u32, reply_seq: u64) -> WireWriter<'static> {
+fn header(opcode: u16, body_len: u32, reply_seq: u64) -> WireWriter {
     let mut w = WireWriter::new();
     CommandHeader {
         opcode,

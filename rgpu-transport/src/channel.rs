@@ -163,7 +163,7 @@ struct State {
     consumed_seen: u64,
     next_seq: u64,
     /// Where commands are encoded before they are copied into the ring.
-    encoded: WireWriter<'static>,
+    encoded: WireWriter,
 }
 
 /// Where events and streams were last given work, for queries (a mutex of
@@ -754,13 +754,11 @@ impl Channel {
     }
 
     fn write_header(&self, at: u64, header: &CommandHeader) {
-        let mut bytes = [0u8; COMMAND_HEADER_SIZE];
-        header.encode(&mut WireWriter::into_slice(&mut bytes));
-        self.write_entry(at, &bytes);
+        self.write_entry(at, &header.to_bytes());
     }
 
-    /// Writes `command` at ring position `at` (bytes since bind), where
-    /// `reserve` made room for all of it; returns its length. It is encoded
+    /// Writes `command`, `len` bytes encoded, at ring position `at` (bytes
+    /// since bind), where `reserve` made room for all of it. It is encoded
     /// in the channel's own buffer first and copied into the ring in one
     /// go: the worker polls the line where the next command goes, and
     /// encoding field by field into that line cost a synchronous call
@@ -772,18 +770,18 @@ impl Channel {
         at: u64,
         command: &Command,
         seq: u64,
-    ) -> Result<u64, CarrierError> {
+        len: u64,
+    ) -> Result<(), CarrierError> {
         state.encoded.clear();
-        let len = command.encode(seq, &mut state.encoded);
-        if len != command.encoded_len() {
+        let encoded = command.encode(seq, &mut state.encoded) as u64;
+        if encoded != len {
             return Err(CarrierError::Protocol(format!(
-                "{:?} encoded to other than its {} bytes",
-                command.opcode(),
-                command.encoded_len()
+                "{:?} encoded to {encoded} bytes, not its {len}",
+                command.opcode()
             )));
         }
         self.write_entry(at, state.encoded.as_bytes());
-        Ok(len as u64)
+        Ok(())
     }
 
     fn write_command(
@@ -792,9 +790,11 @@ impl Channel {
         command: &Command,
         seq: u64,
     ) -> Result<(), CarrierError> {
-        self.reserve(state, command.encoded_len() as u64)?;
+        let len = command.encoded_len() as u64;
+        self.reserve(state, len)?;
         let at = state.produced;
-        state.produced += self.write_command_at(state, at, command, seq)?;
+        self.write_command_at(state, at, command, seq, len)?;
+        state.produced += len;
         self.note(command, state.produced);
         self.publish(state)
     }
@@ -860,7 +860,7 @@ impl Channel {
                 data.len(),
             );
         }
-        self.write_command_at(state, state.produced + staged, &made, seq)?;
+        self.write_command_at(state, state.produced + staged, &made, seq, command_len)?;
         state.produced += staged + command_len;
         self.note(&made, state.produced);
         self.publish(state)

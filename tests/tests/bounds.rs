@@ -29,7 +29,7 @@ fn connect(daemon: &Daemon) -> Arc<LocalCarrier> {
     Arc::new(LocalCarrier::connect(daemon.socket()).expect("connect a local carrier"))
 }
 
-fn header(type_: u32, ctx_id: u32, flags: u32) -> WireWriter<'static> {
+fn header(type_: u32, ctx_id: u32, flags: u32) -> WireWriter {
     let mut w = WireWriter::new();
     CtrlHdr {
         type_,
