@@ -238,19 +238,18 @@ fn launch_shaped(
         stream,
         params,
     };
-    let (sent, launch) = if shape.is_plain() {
-        let command = Command::LaunchKernel { launch };
-        (ctx.send(&command), command)
+    let command = if shape.is_plain() {
+        Command::LaunchKernel { launch }
     } else {
-        let command = Command::LaunchKernelEx {
+        Command::LaunchKernelEx {
             launch,
             cluster: shape.cluster,
             cooperative: u32::from(shape.cooperative),
             attributes: shape.attributes,
-        };
-        (ctx.send(&command), command)
+        }
     };
-    if let Command::LaunchKernel { launch } | Command::LaunchKernelEx { launch, .. } = launch {
+    let sent = ctx.send(&command);
+    if let Command::LaunchKernel { launch } | Command::LaunchKernelEx { launch, .. } = command {
         if launch.params.capacity() <= KEPT_PARAM_BUFFER {
             PARAM_BUFFER.set(launch.params);
         }
@@ -260,8 +259,7 @@ fn launch_shaped(
 
 thread_local! {
     /// The parameter buffer of this thread's launches, kept for the next
-    /// one: a launch marshals its parameters without allocating, and the
-    /// channel encodes them straight into the ring.
+    /// one: a launch marshals its parameters without allocating.
     static PARAM_BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
