@@ -32,7 +32,7 @@ fn connect(daemon: &Daemon) -> Arc<LocalCarrier> {
 // ---------------------------------------------------------------------------
 // Control queue.
 
-fn header(type_: u32, ctx_id: u32) -> WireWriter<'static> {
+fn header(type_: u32, ctx_id: u32) -> WireWriter {
     let mut w = WireWriter::new();
     CtrlHdr {
         type_,
@@ -796,31 +796,38 @@ fn handles_of_destroyed_objects_are_refused() {
     const STREAM: u32 = 3;
     const EVENT: u32 = 4;
 
-    assert_eq!(load(MODULE), CUDA_SUCCESS);
-    assert_eq!(result(get_function(MODULE, FUNCTION)), CUDA_SUCCESS);
     let create_stream = || Command::StreamCreate {
         stream: STREAM,
         flags: 0,
         priority: 0,
     };
-    let create_event = || Command::EventCreate {
-        event: EVENT,
-        flags: 0,
+    // The module, its function, the stream and the event made under their
+    // guest handles, and each used once.
+    let make_and_use_all = || {
+        assert_eq!(load(MODULE), CUDA_SUCCESS);
+        assert_eq!(result(get_function(MODULE, FUNCTION)), CUDA_SUCCESS);
+        assert_eq!(result(create_stream()), CUDA_SUCCESS);
+        assert_eq!(
+            result(Command::EventCreate {
+                event: EVENT,
+                flags: 0
+            }),
+            CUDA_SUCCESS
+        );
+        assert_eq!(result(launch(FUNCTION, STREAM)), CUDA_SUCCESS);
+        assert_eq!(
+            result(Command::EventRecord {
+                event: EVENT,
+                stream: STREAM
+            }),
+            CUDA_SUCCESS
+        );
+        assert_eq!(
+            result(Command::EventSynchronize { event: EVENT }),
+            CUDA_SUCCESS
+        );
     };
-    assert_eq!(result(create_stream()), CUDA_SUCCESS);
-    assert_eq!(result(create_event()), CUDA_SUCCESS);
-    assert_eq!(result(launch(FUNCTION, STREAM)), CUDA_SUCCESS);
-    assert_eq!(
-        result(Command::EventRecord {
-            event: EVENT,
-            stream: STREAM
-        }),
-        CUDA_SUCCESS
-    );
-    assert_eq!(
-        result(Command::EventSynchronize { event: EVENT }),
-        CUDA_SUCCESS
-    );
+    make_and_use_all();
     assert_eq!(
         result(Command::StreamDestroy { stream: STREAM }),
         CUDA_SUCCESS
@@ -925,22 +932,7 @@ fn handles_of_destroyed_objects_are_refused() {
     );
 
     // The same guest handles made again name live objects.
-    assert_eq!(load(MODULE), CUDA_SUCCESS);
-    assert_eq!(result(get_function(MODULE, FUNCTION)), CUDA_SUCCESS);
-    assert_eq!(result(create_stream()), CUDA_SUCCESS);
-    assert_eq!(result(create_event()), CUDA_SUCCESS);
-    assert_eq!(result(launch(FUNCTION, STREAM)), CUDA_SUCCESS);
-    assert_eq!(
-        result(Command::EventRecord {
-            event: EVENT,
-            stream: STREAM
-        }),
-        CUDA_SUCCESS
-    );
-    assert_eq!(
-        result(Command::EventSynchronize { event: EVENT }),
-        CUDA_SUCCESS
-    );
+    make_and_use_all();
     assert_eq!(result(Command::CtxSynchronize), CUDA_SUCCESS);
     channel.close().expect("close the channel");
     assert!(daemon.is_alive(), "the daemon died:\n{}", daemon.log());
