@@ -20,15 +20,6 @@ rounds=${3:-3}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cache=${RGPU_AB_CACHE:-/tmp/rgpu-sim-ab}
 mkdir -p "$cache"
-daemon_pid=
-cleanup() {
-    if [ -n "$daemon_pid" ]; then
-        kill "$daemon_pid" 2>/dev/null || true
-        wait "$daemon_pid" 2>/dev/null || true
-    fi
-    rm -f "$cache"/*.sock
-}
-trap cleanup EXIT
 
 # build LABEL REF: release guest-lib and sim daemon of REF (the working tree
 # when REF is empty) into $cache/LABEL.
@@ -55,32 +46,5 @@ build() {
 build old "$old_ref"
 build new "$new_ref"
 gcc -O2 -std=c11 -I "$repo/tests/programs" -o "$cache/rgpu_bench" "$repo/tests/bench/rgpu_bench.c" -ldl
-
-# The rgpu column of rgpu_bench's row ROW.
-column() {
-    awk -v row="$1" 'index($0, row) == 1 {
-        for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/) { print $i; exit }
-    }'
-}
-
-printf '%-5s %-5s %12s %16s %18s\n' round build "sync (us)" "launches (1/s)" "launch+sync (us)"
-for round in $(seq 1 "$rounds"); do
-    for label in old new; do
-        socket=$cache/$label.sock
-        rm -f "$socket"
-        "$cache/$label/vhost-device-rgpu" --executor sim --socket-path "$socket" \
-            >"$cache/$label-daemon.log" 2>&1 &
-        daemon_pid=$!
-        for _ in $(seq 50); do [ -S "$socket" ] && break; sleep 0.1; done
-        out=$(RGPU_SOCKET=$socket timeout 120 "$cache/rgpu_bench" --rgpu "$cache/$label/libcuda.so.1" \
-            --ptx "$repo/tests/programs/reference_kernels.ptx" --sync-iters 5000 --launches 300000 \
-            --mib 1 --repeats 3 2>&1)
-        kill "$daemon_pid"
-        wait "$daemon_pid" 2>/dev/null || true
-        daemon_pid=
-        printf '%-5s %-5s %12s %16s %18s\n' "$round" "$label" \
-            "$(column 'sync round trip, median' <<<"$out")" \
-            "$(column 'empty-kernel launches, best' <<<"$out")" \
-            "$(column 'launch + synchronize' <<<"$out")"
-    done
-done
+AB_BENCH=$cache/rgpu_bench AB_PTX=$repo/tests/programs/reference_kernels.ptx AB_LOGS=$cache/logs \
+    "$repo/tests/bench/ab_run.sh" "$cache/old" "$cache/new" "$rounds"

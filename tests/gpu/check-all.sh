@@ -19,10 +19,14 @@
 #                                       connection) with the cuda executor
 #   tests/gpu/check-all.sh BUNDLE 5     the compatibility suite through the
 #                                       network carrier
+#   tests/gpu/check-all.sh BUNDLE 6     the bundle's build against an older
+#                                       one (BUNDLE/ab-old, make-bundle.sh
+#                                       with RGPU_AB_OLD), taken in turn with
+#                                       native (tests/bench/ab_run.sh)
 #
 # CHECK_STEPS (a regex of step names: sharing, suite, isolation, compat,
 # perf, malformed-tests, remote-suite, remote-tests, remote-perf,
-# remote-compat) runs only those steps of a part.
+# remote-compat, ab) runs only those steps of a part.
 #
 # BUNDLE is a folder from tests/gpu/make-bundle.sh. Each step prints its
 # summary lines and its time. Logs go to a temp folder; with $OUT set, one
@@ -31,9 +35,9 @@
 # step with a FAIL line is copied beside it too, as FAIL-<step>.log (at
 # most 4 steps).
 set -uo pipefail
-bundle=$(cd "${1:?usage: check-all.sh BUNDLE 1|2|3|4|5}" && pwd)
-part=${2:?usage: check-all.sh BUNDLE 1|2|3|4|5}
-cd "$(dirname "$0")/../.."
+bundle=$(cd "${1:?usage: check-all.sh BUNDLE 1|2|3|4|5|6}" && pwd)
+part=${2:?usage: check-all.sh BUNDLE 1|2|3|4|5|6}
+cd "$(dirname "$0")/../.." || exit 1
 out=$(mktemp -d /tmp/rgpu-check.XXXXXX)
 keep=${OUT:-}
 save_logs() {
@@ -109,8 +113,23 @@ case $part in
         step remote-compat 540 '^\||FAIL|compat' env RGPU_BUNDLE="$bundle" bash tests/compat/run-compat.sh
     fi
     ;;
+6)
+    [ -d "$bundle/ab-old" ] || { echo "check-all.sh: no $bundle/ab-old (make-bundle.sh with RGPU_AB_OLD)" >&2; exit 2; }
+    native_lib=${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
+    ab=$(mktemp -d /tmp/rgpu-ab.XXXXXX)
+    gcc -O2 -std=c11 -I "$bundle" -o "$ab/rgpu_bench" "$bundle/rgpu_bench.c" -ldl || exit 1
+    mkdir -p "$ab/new"
+    ln -s "$bundle/vhost-device-rgpu" "$ab/new/vhost-device-rgpu"
+    ln -s "$bundle/libcuda.so" "$ab/new/libcuda.so.1"
+    echo "old: $(cat "$bundle/ab-old/REF" 2>/dev/null)"
+    step ab 540 '^(round|[0-9]+ +(old|new)) ' env AB_EXECUTOR=cuda AB_NATIVE="$native_lib" \
+        AB_BENCH="$ab/rgpu_bench" AB_PTX="$bundle/reference_kernels.ptx" AB_LOGS="$out/ab-logs" \
+        AB_ARGS="${AB_ARGS:---sync-iters 10000 --launches 100000 --mib 1 --repeats 3}" \
+        bash "$bundle/ab_run.sh" "$bundle/ab-old" "$ab/new" "${AB_ROUNDS:-4}"
+    rm -rf "$ab"
+    ;;
 *)
-    echo "check-all.sh: part 1 to 5" >&2
+    echo "check-all.sh: part 1 to 6" >&2
     exit 2
     ;;
 esac

@@ -3,6 +3,11 @@
 # run-gpu-suite.sh needs into one folder to carry to the GPU host.
 #
 #   tests/gpu/make-bundle.sh DIR
+#
+# With RGPU_AB_OLD=REF it also builds REF's daemon and guest library into
+# DIR/ab-old, for tests/bench/ab_run.sh there (check-all.sh part 6): the
+# two builds measured in turn on one machine, as the GPU host's own spread
+# hides a few percent between runs.
 set -euo pipefail
 dir=${1:?usage: make-bundle.sh DIR}
 cd "$(dirname "$0")/../.."
@@ -57,7 +62,7 @@ cp tests/programs/rgpu_cuda.h tests/programs/driver_api_test.c \
     tests/programs/shareable_test.c tests/programs/shared_limit_test.c \
     tests/programs/launch_attributes_test.c tests/programs/rgpu_launch.h tests/programs/rgpu_vmm.h \
     tests/bench/perf_bench.sh tests/bench/launch_profile.sh tests/bench/torch_train.py \
-    tests/bench/pingpong.c tests/bench/launch_split.c tests/bench/launch_placement.sh \
+    tests/bench/pingpong.c tests/bench/launch_split.c tests/bench/ab_run.sh tests/bench/launch_placement.sh \
     tests/bench/share_tenant.c tests/bench/sharing_bench.sh tests/bench/priority_options.sh \
     tests/gpu-tools/registration_probe.c tests/gpu/run-isolation-suite.sh \
     tests/gpu/multi_device_runtime.cu tests/programs/ipc_test.c \
@@ -65,4 +70,18 @@ cp tests/programs/rgpu_cuda.h tests/programs/driver_api_test.c \
 mkdir -p "$dir/fixtures"
 cp tests/fixtures/fatbin/kernels.cu tests/fixtures/fatbin/second_unit.cu \
     tests/fixtures/fatbin/make-fixtures.sh "$dir/fixtures/"
+if [ -n "${RGPU_AB_OLD:-}" ]; then
+    cache=${RGPU_AB_CACHE:-/tmp/rgpu-sim-ab}
+    tree=$cache/tree-bundle-old
+    git worktree remove --force "$tree" 2>/dev/null || true
+    git worktree add --force --detach "$tree" "$RGPU_AB_OLD" >/dev/null 2>&1
+    (cd "$tree" && cargo build --quiet --release --no-default-features -p vhost-device-rgpu -p guest-lib \
+        --target-dir "$cache/target-old")
+    git worktree remove --force "$tree"
+    mkdir -p "$dir/ab-old"
+    cp "$cache/target-old/release/vhost-device-rgpu" "$dir/ab-old/"
+    cp "$cache/target-old/release/libcuda.so" "$dir/ab-old/libcuda.so.1"
+    strip --strip-debug "$dir/ab-old/vhost-device-rgpu" "$dir/ab-old/libcuda.so.1"
+    git rev-parse "$RGPU_AB_OLD" >"$dir/ab-old/REF"
+fi
 echo "bundle ready in $dir: run $dir/run-gpu-suite.sh on the GPU host"
