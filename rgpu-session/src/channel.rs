@@ -20,7 +20,6 @@ use rgpu_proto::command::{
     COMMAND_STAMP_OFFSET,
 };
 use rgpu_proto::cuda_result::CUDA_ERROR_INVALID_VALUE;
-use rgpu_proto::wire::WireWriter;
 use rgpu_proto::{Command, DecodeError, PROTOCOL_VERSION};
 
 use crate::blob::SharedWord;
@@ -385,11 +384,15 @@ fn write_reply_record(
     // result, len and console_len lie side by side: one write.
     const { assert!(REPLY_OFFSET_LEN == REPLY_OFFSET_RESULT + 4) };
     const { assert!(REPLY_OFFSET_CONSOLE_LEN == REPLY_OFFSET_LEN + 4) };
-    let mut fields = WireWriter::with_capacity(12);
-    fields
-        .u32(result)
-        .u32(payload.len() as u32)
-        .u32(console_len as u32);
+    // On the stack: the reply waits for these bytes (an allocation here
+    // lengthened every synchronous call).
+    let mut fields = [0u8; 12];
+    for (field, value) in fields
+        .chunks_exact_mut(4)
+        .zip([result, payload.len() as u32, console_len as u32])
+    {
+        field.copy_from_slice(&value.to_le_bytes());
+    }
     let write_if_any = |offset: u64, bytes: &[u8]| match bytes.is_empty() {
         true => Ok(()),
         false => blob.write(offset, bytes),
@@ -402,7 +405,7 @@ fn write_reply_record(
                 console_bytes,
             )
         })
-        .and_then(|()| blob.write(base + REPLY_OFFSET_RESULT, fields.as_bytes()))
+        .and_then(|()| blob.write(base + REPLY_OFFSET_RESULT, &fields))
         .and_then(|()| blob.atomic_u64(base + REPLY_OFFSET_SEQ));
     match written {
         Ok(seq_word) => {
