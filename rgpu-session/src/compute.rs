@@ -165,16 +165,10 @@ impl Fences {
         Ok(())
     }
 
-    /// Drops the fences whose work completed. `force` (the session is
-    /// idle): looks now, not only every `POLL_EVERY`, and fences
-    /// submissions that have none once the rest completed, so
-    /// [`Fences::busy`] turns false only when everything is done.
-    ///
-    /// A session that is still submitting leaves its tail to
-    /// [`Fences::submitted`]'s samples: a fence first waits until the launch
-    /// thread has handed every queued launch to the driver, and fencing the
-    /// tail at every look (every 50 µs) made a launching session wait for
-    /// that drain several times as often as its samples do.
+    /// Drops the fences whose work completed; fences submissions that have
+    /// none once the rest completed (so [`Fences::busy`] turns false only
+    /// when everything is done). `force`: look now, not only every
+    /// `POLL_EVERY`.
     pub fn poll(&mut self, ctx: &mut dyn ContextExecutor, force: bool, now: Instant) {
         if !force
             && self
@@ -191,7 +185,7 @@ impl Fences {
             self.pending.pop_front();
             self.spare.push(event);
         }
-        if force && !self.unfenced.is_empty() && self.fence_unfenced(ctx).is_err() {
+        if !self.unfenced.is_empty() && self.fence_unfenced(ctx).is_err() {
             // No fence can be recorded (a faulted context): nothing runs.
             self.unfenced.clear();
         }
