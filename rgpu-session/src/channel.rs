@@ -6,7 +6,8 @@
 //! in guest memory is only published for the guest.
 
 use std::cell::Cell;
-use std::sync::atomic::Ordering;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rgpu_proto::channel::{
@@ -79,7 +80,21 @@ pub struct Channel {
     /// A position whose stamp is not believed: the command there poisoned
     /// the ring, and `produced` has not passed it yet.
     distrusted: Option<u64>,
+    /// The stamp word of the command at `consumed`, found once per move
+    /// (the spin loop polls it; finding it walks the blob's page runs).
+    /// `None` where no header fits before the ring's end.
+    next_stamp: Option<StampWord>,
 }
+
+/// A word of the channel's ring, checked in bounds and aligned by
+/// [`Blob::atomic_u64`]; valid while the channel's blob is, which the
+/// channel holds.
+#[derive(Debug, Clone, Copy)]
+struct StampWord(NonNull<AtomicU64>);
+
+// SAFETY: the word lies in guest memory mapped as long as the channel's
+// `Arc<Blob>` lives, and is only accessed atomically.
+unsafe impl Send for StampWord {}
 
 impl Channel {
     /// Checks a channel the guest asks to bind in `blob`.
@@ -109,7 +124,7 @@ impl Channel {
         let stamp_key = blob
             .atomic_u64(header + OFFSET_STAMP_KEY)?
             .load(Ordering::Acquire);
-        let channel = Self {
+        let mut channel = Self {
             blob,
             layout,
             produced_word,
@@ -121,7 +136,9 @@ impl Channel {
             stamp_key,
             published: Cell::new(consumed),
             distrusted: None,
+            next_stamp: None,
         };
+        channel.find_next_stamp();
         channel.set_host_idle(false);
         Ok(channel)
     }
@@ -172,16 +189,30 @@ impl Channel {
 
     /// Whether the next command's header carries the stamp of its position.
     fn stamped(&self) -> bool {
-        let position = self.consumed & (self.layout.ring_size - 1);
-        if self.layout.ring_size - position < COMMAND_HEADER_SIZE as u64
-            || self.distrusted == Some(self.consumed)
-        {
+        let Some(StampWord(word)) = self.next_stamp else {
+            return false;
+        };
+        if self.distrusted == Some(self.consumed) {
             return false;
         }
-        let word = self.layout.ring_offset + position + COMMAND_STAMP_OFFSET as u64;
-        self.blob
-            .atomic_u64(word)
-            .is_ok_and(|w| w.load(Ordering::Acquire) == ring_stamp(self.stamp_key, self.consumed))
+        // SAFETY: found by `Blob::atomic_u64` (in bounds, aligned) in the
+        // blob this channel holds, so still mapped.
+        let word = unsafe { word.as_ref() };
+        word.load(Ordering::Acquire) == ring_stamp(self.stamp_key, self.consumed)
+    }
+
+    /// Finds the stamp word at the new `consumed`.
+    fn find_next_stamp(&mut self) {
+        let position = self.consumed & (self.layout.ring_size - 1);
+        self.next_stamp = if self.layout.ring_size - position < COMMAND_HEADER_SIZE as u64 {
+            None
+        } else {
+            let word = self.layout.ring_offset + position + COMMAND_STAMP_OFFSET as u64;
+            self.blob
+                .atomic_u64(word)
+                .ok()
+                .map(|w| StampWord(NonNull::from(w)))
+        };
     }
 
     pub fn set_host_idle(&self, idle: bool) {
@@ -274,18 +305,21 @@ impl Channel {
     /// Moves past `len` bytes and publishes the new position.
     pub fn advance(&mut self, len: u64) {
         self.consumed = self.consumed.saturating_add(len);
+        self.find_next_stamp();
         self.publish_consumed();
     }
 
     /// Moves past a command without telling the guest yet (see `advance`).
     pub fn advance_unpublished(&mut self, len: u64) {
         self.consumed = self.consumed.saturating_add(len);
+        self.find_next_stamp();
     }
 
     /// Skips everything the guest has produced (a poisoned ring). Exactly to
     /// `produced`, aligned or not, so that the ring is empty afterwards.
     pub fn skip_to_produced(&mut self) {
         self.consumed = self.consumed.max(self.produced());
+        self.find_next_stamp();
         // The bad command may lie past `produced` (found by its stamp):
         // its stamp is not believed again.
         self.distrusted = Some(self.consumed);
@@ -387,9 +421,10 @@ fn write_reply_record(
     // On the stack: the reply waits for these bytes (an allocation here
     // lengthened every synchronous call).
     let mut fields = [0u8; 12];
-    for (field, value) in fields
-        .chunks_exact_mut(4)
-        .zip([result, payload.len() as u32, console_len as u32])
+    for (field, value) in
+        fields
+            .chunks_exact_mut(4)
+            .zip([result, payload.len() as u32, console_len as u32])
     {
         field.copy_from_slice(&value.to_le_bytes());
     }
