@@ -115,8 +115,9 @@ impl LaunchThread {
     /// Queues `launch`; gives it back if the thread is gone (the caller
     /// launches it itself).
     ///
-    /// A session that launches steadily runs ahead of the driver and finds
-    /// the queue full at every launch. It waits for room by polling the
+    /// A session that launches faster than the driver takes its launches
+    /// fills the queue (unless the scheduler's fences drain it first, as
+    /// on the H200 host, ARCHITECTURE 7a). It waits for room by polling the
     /// thread's count of launches done, as long as the thread polls for
     /// work (the spin time), before it blocks:
     /// - a blocked sender must be woken by the launch thread, a futex call
