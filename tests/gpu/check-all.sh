@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU-host check of the open issues, in two parts that each fit one
+# Every GPU-host check of the open issues, in parts that each fit one
 # device command (10 minutes), run from the repository root on the GPU host:
 #
 #   tests/gpu/check-all.sh BUNDLE 1     sharing benchmark (issue 8), GPU
