@@ -43,9 +43,9 @@ pub enum ChannelError {
     Blob(#[from] BlobError),
 }
 
-/// Bytes of the ring read at once for a command: its header and, for most
-/// commands, its body (a launch with a few parameters).
-const FIRST_READ: usize = 128;
+/// The host's cache line (blob offsets keep host alignment: blobs are
+/// page runs).
+const CACHE_LINE: u64 = 64;
 
 /// What the ring holds at the host's position.
 #[derive(Debug)]
@@ -257,9 +257,13 @@ impl Channel {
             );
         }
         let at = self.layout.ring_offset + position;
-        // One read for the header and, mostly, the whole command: a second
-        // read only for a command longer than the first.
-        let first = limit.min(FIRST_READ as u64) as usize;
+        // The first read ends with the cache line that holds the header's
+        // end: the lines after it may be the guest's, still being written,
+        // and reading them pulls them from its core (and its next write
+        // back). A longer command is read on in a second read.
+        let header_end = at + COMMAND_HEADER_SIZE as u64;
+        let line_end = header_end.next_multiple_of(CACHE_LINE);
+        let first = (line_end - at).min(limit) as usize;
         self.scratch.resize(first, 0);
         if let Err(e) = self.blob.read(at, &mut self.scratch) {
             return (RingEntry::Bad(e.to_string()), 0);
