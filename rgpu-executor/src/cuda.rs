@@ -2404,7 +2404,7 @@ impl ContextExecutor for CudaContext {
 
     fn stream_set_attribute(&mut self, stream: StreamRef, hint: &LaunchHint) -> CuResult<()> {
         let stream = self.stream(stream);
-        let (id, value) = hint.driver_words(|event| Ok(object_handle(self.event(event))))?;
+        let LaunchAttribute { id, value, .. } = self.launch_attribute(hint)?;
         // SAFETY: a live stream of this context (or a default one); the
         // value union is read during the call only.
         check_code("cuStreamSetAttribute", unsafe {
