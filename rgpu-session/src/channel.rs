@@ -171,6 +171,22 @@ impl Channel {
         self.readable() > 0
     }
 
+    /// [`Self::has_work`] for the polls of a spinning worker: where the
+    /// next command's stamp can tell, `produced` is not loaded. The guest
+    /// stores `produced` after every command; each poll that loaded it took
+    /// its line from the guest's core, so the host missed on it once per
+    /// command, and the guest's next store waited to take the line back. A
+    /// writer that stamps nothing is found by the next [`Self::has_work`].
+    pub fn has_stamped_work(&self) -> bool {
+        if self.produced_seen.get() > self.consumed {
+            return true;
+        }
+        if self.next_stamp.is_none() || self.distrusted == Some(self.consumed) {
+            return self.has_work();
+        }
+        self.stamped()
+    }
+
     /// Bytes from the host's position that hold published commands: up to
     /// `produced` as last read while it is ahead, else up to the ring's end
     /// if the next command's stamp is there, else up to `produced` read

@@ -2,8 +2,8 @@
 //! (issue 9): with the daemon's `--profile-launches`
 //! (`RGPU_PROFILE_LAUNCHES=1`), each session times the stages of every
 //! kernel launch and of every `cuCtxSynchronize` the guest waits for (the
-//! synchronous round trip), and logs the averages of each (info level)
-//! when it ends. Off, it costs one branch per command.
+//! synchronous round trip), and logs the averages and medians of each
+//! (info level) when it ends. Off, it costs one branch per command.
 
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,14 @@ pub struct CommandProfile {
     after: Duration,
     first: Option<Instant>,
     last: Option<Instant>,
+    /// Each command's stages in ns (read, execute, after), the first
+    /// [`MAX_SAMPLES`]: for medians, as the averages of synchronizations
+    /// mix the idle round trips with those behind launch bursts.
+    samples: Vec<[u32; 3]>,
 }
+
+/// Commands kept for the medians (3 MiB).
+const MAX_SAMPLES: usize = 1 << 18;
 
 impl CommandProfile {
     pub fn new(kind: &'static str) -> Self {
@@ -32,6 +39,7 @@ impl CommandProfile {
             after: Duration::ZERO,
             first: None,
             last: None,
+            samples: Vec::new(),
         }
     }
 
@@ -45,14 +53,33 @@ impl CommandProfile {
         done_at: Instant,
     ) {
         self.commands += 1;
-        self.read += execute_at.saturating_duration_since(read_at);
-        self.execute += executed_at.saturating_duration_since(execute_at);
-        self.after += done_at.saturating_duration_since(executed_at);
+        let read = execute_at.saturating_duration_since(read_at);
+        let execute = executed_at.saturating_duration_since(execute_at);
+        let after = done_at.saturating_duration_since(executed_at);
+        self.read += read;
+        self.execute += execute;
+        self.after += after;
+        if self.samples.len() < MAX_SAMPLES {
+            let ns = |d: Duration| u32::try_from(d.as_nanos()).unwrap_or(u32::MAX);
+            self.samples.push([ns(read), ns(execute), ns(after)]);
+        }
         self.first.get_or_insert(read_at);
         self.last = Some(done_at);
     }
 
-    /// The averages, in nanoseconds per command; `None` before any.
+    /// The median of one stage over the kept samples.
+    fn median(&self, stage: usize) -> u32 {
+        let mut values: Vec<u32> = self
+            .samples
+            .iter()
+            .filter_map(|s| s.get(stage).copied())
+            .collect();
+        values.sort_unstable();
+        values.get(values.len() / 2).copied().unwrap_or(0)
+    }
+
+    /// The averages and medians, in nanoseconds per command; `None` before
+    /// any.
     pub fn summary(&self) -> Option<String> {
         let (first, last) = (self.first?, self.last?);
         let per = |d: Duration| d.as_nanos() / u128::from(self.commands.max(1));
@@ -60,7 +87,7 @@ impl CommandProfile {
         let busy = self.read + self.execute + self.after;
         Some(format!(
             "{} {} in {:.1} ms, {} ns each: read {} ns, execute {} ns, after {} ns, \
-             other commands and waiting {} ns",
+             other commands and waiting {} ns; medians: read {} ns, execute {} ns, after {} ns",
             self.commands,
             self.kind,
             span.as_secs_f64() * 1e3,
@@ -69,6 +96,9 @@ impl CommandProfile {
             per(self.execute),
             per(self.after),
             per(span.saturating_sub(busy)),
+            self.median(0),
+            self.median(1),
+            self.median(2),
         ))
     }
 }
@@ -85,10 +115,13 @@ mod tests {
         let us = Duration::from_micros;
         profile.add(t0, t0 + us(1), t0 + us(4), t0 + us(5));
         profile.add(t0 + us(10), t0 + us(12), t0 + us(16), t0 + us(17));
+        profile.add(t0 + us(20), t0 + us(23), t0 + us(33), t0 + us(36));
         let summary = profile.summary().unwrap();
-        assert!(
-            summary.starts_with("2 launches in 0.0 ms, 8500 ns each: read 1500 ns, execute 3500 ns, after 1000 ns, other commands and waiting 2500 ns"),
-            "{summary}"
+        assert_eq!(
+            summary,
+            "3 launches in 0.0 ms, 12000 ns each: read 2000 ns, execute 5666 ns, after 1666 ns, \
+             other commands and waiting 2666 ns; medians: read 2000 ns, execute 4000 ns, \
+             after 1000 ns"
         );
     }
 }

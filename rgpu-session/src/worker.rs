@@ -51,7 +51,8 @@ fn may_synchronize(command: &Command) -> bool {
 const GRANT_WAIT_SLICE: Duration = Duration::from_millis(5);
 /// Polls of the ring between a spinning session's other looks.
 const POLLS_PER_LOOK: u32 = 16;
-/// How often a spinning session looks at what the guest may query.
+/// How often a spinning session looks at what the guest may query, and at
+/// `produced` (commands without a stamp).
 const SPIN_LOOK: Duration = Duration::from_micros(5);
 /// How often an idle session with fences pending looks at them.
 const IDLE_POLL: Duration = Duration::from_micros(100);
@@ -666,7 +667,13 @@ impl Worker {
             let Some(channel) = self.channel.as_ref() else {
                 break;
             };
-            if !channel.has_work() {
+            // After a command, the next one's stamp is looked for alone (an
+            // unstamped one is found by the next round's first look).
+            let work = match worked {
+                false => channel.has_work(),
+                true => channel.has_stamped_work(),
+            };
+            if !work {
                 break;
             }
             // A blob attached on the control queue before the guest wrote a
@@ -955,32 +962,38 @@ impl Worker {
         let Some(channel) = &self.channel else {
             return Wake::Idle;
         };
-        let deadline = Instant::now() + self.spin;
+        let mut now = Instant::now();
+        let deadline = now + self.spin;
         let mut last_look: Option<Instant> = None;
-        while Instant::now() < deadline {
+        while now < deadline {
             // The ring is polled in batches between the clock, completion
-            // and mailbox looks, which would slow each poll.
+            // and mailbox looks, which would slow each poll; the polls look
+            // for the next command's stamp alone, `produced` is loaded at
+            // the looks (for writers that stamp nothing).
             for _ in 0..POLLS_PER_LOOK {
-                if channel.has_work() {
+                if channel.has_stamped_work() {
                     return Wake::Work;
                 }
                 std::hint::spin_loop();
             }
-            if self.completions.watching()
-                && self.captures == 0
-                && last_look.is_none_or(|t| t.elapsed() >= SPIN_LOOK)
-            {
-                if let Some(ctx) = self.context.created() {
-                    self.completions
-                        .look(ctx, &self.handles, channel, channel.consumed());
+            if last_look.is_none_or(|t| now.saturating_duration_since(t) >= SPIN_LOOK) {
+                if channel.has_work() {
+                    return Wake::Work;
                 }
-                last_look = Some(Instant::now());
+                if self.completions.watching() && self.captures == 0 {
+                    if let Some(ctx) = self.context.created() {
+                        self.completions
+                            .look(ctx, &self.handles, channel, channel.consumed());
+                    }
+                }
+                last_look = Some(now);
             }
             match self.receiver.try_recv() {
                 Ok(message) => return Wake::Message(message),
                 Err(TryRecvError::Disconnected) => return Wake::Message(Message::Shutdown),
                 Err(TryRecvError::Empty) => {}
             }
+            now = Instant::now();
         }
         Wake::Idle
     }

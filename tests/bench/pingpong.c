@@ -14,8 +14,12 @@
  *     load of an `idle` word), the answerer polling the counter and then
  *     reading the command;
  *   - stamped: the same publication, the answerer polling the command's
- *     own line for its stamp instead of the counter.
- * And what one clock_gettime(CLOCK_MONOTONIC) costs.
+ *     own line for its stamp instead of the counter;
+ *   - both: the answerer polling the stamp and, while it is not there, the
+ *     counter too (rgpu's worker up to the sixteenth session, which polls
+ *     the stamp alone since).
+ * Then stamped and both again with spin loops that do not pause between
+ * polls, and what one pause and one clock_gettime(CLOCK_MONOTONIC) cost.
  * Built with: gcc -O2 -o pingpong pingpong.c */
 #define _GNU_SOURCE
 #include <sched.h>
@@ -37,8 +41,15 @@ struct page {
     _Alignas(64) _Atomic uint64_t command[8];
 };
 
-enum layout { FLOOR, COUNTER, STAMPED };
-static const char *layout_names[] = {"floor", "counter", "stamped"};
+enum layout { FLOOR, COUNTER, STAMPED, BOTH };
+static const char *layout_names[] = {"floor", "counter", "stamped", "both"};
+
+/* Whether the spin loops pause between polls (as rgpu's do). */
+static int pausing = 1;
+
+static inline void relax(void) {
+    if (pausing) __builtin_ia32_pause();
+}
 
 static double now_us(void) {
     struct timespec t;
@@ -71,8 +82,21 @@ static void measure(long trips, int cpu_a, int cpu_b, const char *label, enum la
             _Atomic uint64_t *polled = layout == FLOOR     ? &p->request
                                        : layout == COUNTER ? &p->produced
                                                            : &p->command[2];
-            while ((r = atomic_load_explicit(polled, memory_order_acquire)) == seen)
-                __builtin_ia32_pause();
+            if (layout == BOTH) {
+                /* The stamp, then the counter, as has_work read them. */
+                for (;;) {
+                    r = atomic_load_explicit(&p->command[2], memory_order_acquire);
+                    if (r != seen) break;
+                    if (atomic_load_explicit(&p->produced, memory_order_seq_cst) != seen) {
+                        r = atomic_load_explicit(&p->command[2], memory_order_acquire);
+                        if (r != seen) break;
+                    }
+                    relax();
+                }
+            } else {
+                while ((r = atomic_load_explicit(polled, memory_order_acquire)) == seen)
+                    relax();
+            }
             seen = r;
             if (layout != FLOOR)
                 r = atomic_load_explicit(&p->command[0], memory_order_relaxed);
@@ -94,7 +118,7 @@ static void measure(long trips, int cpu_a, int cpu_b, const char *label, enum la
             if (atomic_load_explicit(&p->idle, memory_order_seq_cst)) exit(2);
         }
         while (atomic_load_explicit(&p->reply, memory_order_acquire) != (uint64_t)i + 1)
-            __builtin_ia32_pause();
+            relax();
         t[i] = now_us() - a;
         sum += t[i];
     }
@@ -114,11 +138,18 @@ static void measure(long trips, int cpu_a, int cpu_b, const char *label, enum la
 int main(int argc, char **argv) {
     long trips = argc > 1 ? atol(argv[1]) : 200000;
     for (int round = 1; round <= 2; round++) {
-        for (enum layout l = FLOOR; l <= STAMPED; l++) {
+        for (enum layout l = FLOOR; l <= BOTH; l++) {
             measure(trips, -1, -1, "unpinned", l);
             measure(trips, 2, 4, "CPUs 2 and 4", l);
         }
     }
+    pausing = 0;
+    measure(trips, -1, -1, "unpinned, no pause", STAMPED);
+    measure(trips, -1, -1, "unpinned, no pause", BOTH);
+    pausing = 1;
+    double paused = now_us();
+    for (int i = 0; i < 1000000; i++) relax();
+    printf("pause: %.1f ns\n", (now_us() - paused) * 1e3 / 1e6);
     double start = now_us();
     volatile double sink = 0;
     for (int i = 0; i < 1000000; i++) sink += now_us();
