@@ -96,7 +96,12 @@ pub(crate) fn encode_tiled(
         ..Default::default()
     };
     check_documented(&spec)?;
-    encode_into(tensor_map, &Command::TensorMapEncode { spec })
+    encode_into(
+        tensor_map,
+        &Command::TensorMapEncode {
+            spec: Box::new(spec),
+        },
+    )
 }
 
 #[allow(clippy::too_many_arguments)] // cuTensorMapEncodeIm2col's own
@@ -137,7 +142,12 @@ pub(crate) fn encode_im2col(
         ..Default::default()
     };
     check_documented(&spec)?;
-    encode_into(tensor_map, &Command::TensorMapEncode { spec })
+    encode_into(
+        tensor_map,
+        &Command::TensorMapEncode {
+            spec: Box::new(spec),
+        },
+    )
 }
 
 pub(crate) fn replace_address(
@@ -149,7 +159,7 @@ pub(crate) fn replace_address(
     encode_into(
         tensor_map,
         &Command::TensorMapReplaceAddress {
-            map,
+            map: Box::new(map),
             address: global_address as u64,
         },
     )
