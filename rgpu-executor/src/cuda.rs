@@ -390,11 +390,7 @@ fn make_current(ctx: sys::CUcontext) -> CuResult<()> {
 }
 
 /// `launch` handed to the driver, on the calling thread.
-fn launch_now(launch: &Launch) -> CuResult<()> {
-    launch_with_params(launch, &launch.params)
-}
-
-/// `launch` (whose own parameter bytes are not used) with `params`.
+/// `launch` with its parameter block `params`.
 fn launch_with_params(launch: &Launch, params: &[u8]) -> CuResult<()> {
     with_param_buffer(params, |extra| {
         // SAFETY: live function and stream (the session keeps them until
@@ -772,7 +768,7 @@ impl Executor for CudaExecutor {
             (ctx, None)
         };
         let launcher = match self.launch_thread {
-            Some(spin) => match LaunchThread::start(ctx, make_current, launch_now, spin) {
+            Some(spin) => match LaunchThread::start(ctx, make_current, launch_with_params, spin) {
                 Ok(thread) => Some(thread),
                 Err(e) => {
                     warn!("cuda: no launch thread ({e}): the session launches itself");
@@ -1587,20 +1583,18 @@ impl ContextExecutor for CudaContext {
         // own thread may launch there.
         let per_thread = matches!(stream, StreamRef::PerThread);
         let stream = self.stream(stream);
-        let mut launch = Launch {
+        let launch = Launch {
             function,
             grid,
             block,
             shared_mem_bytes,
             stream,
-            params: Vec::new(),
         };
         match &mut self.launcher {
             Some(launcher) if !per_thread && !self.launch_here => {
-                launch.params = params;
-                match launcher.queue(launch) {
+                match launcher.queue(launch, params) {
                     Ok(()) => Ok(()),
-                    Err(launch) => launch_now(&launch),
+                    Err((launch, params)) => launch_with_params(&launch, &params),
                 }
             }
             Some(launcher) => {
