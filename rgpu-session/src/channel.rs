@@ -187,6 +187,14 @@ impl Channel {
         self.stamped()
     }
 
+    /// [`Self::has_work`] if `load_produced`, else [`Self::has_stamped_work`].
+    pub fn has_work_by(&self, load_produced: bool) -> bool {
+        match load_produced {
+            true => self.has_work(),
+            false => self.has_stamped_work(),
+        }
+    }
+
     /// Bytes from the host's position that hold published commands: up to
     /// `produced` as last read while it is ahead, else up to the ring's end
     /// if the next command's stamp is there, else up to `produced` read

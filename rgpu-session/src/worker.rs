@@ -190,6 +190,13 @@ pub struct Worker {
     /// A kernel was launched since the last synchronising command collected
     /// the console.
     kernels_since_collect: bool,
+    /// The ring's next look loads `produced`: nothing ran since the last
+    /// one that did, or the last entry was a `Padding` whose space is given
+    /// back only once `produced` shows nothing follows it. After a command
+    /// the worker looks for the next one's stamp alone (its `produced`
+    /// loads missed once per command on the line the guest had just
+    /// written); full looks record `produced`, which the stamp looks honour.
+    look_at_produced: bool,
     pub(crate) handles: Handles,
     pub(crate) device: u32,
     pub(crate) executor: Arc<dyn Executor>,
@@ -269,6 +276,7 @@ impl Worker {
             sticky: None,
             console: Vec::new(),
             kernels_since_collect: false,
+            look_at_produced: true,
             handles: Handles::default(),
             device,
             executor,
@@ -643,6 +651,7 @@ impl Worker {
                     self.complete_all();
                 }
                 self.usage.set_reply_target(Some(channel.reply_target()));
+                self.look_at_produced = true;
                 log::debug!(
                     "ctx {}: channel bound in blob {} (ring {} bytes at {}, consumed {})",
                     self.ctx_id,
@@ -667,13 +676,7 @@ impl Worker {
             let Some(channel) = self.channel.as_ref() else {
                 break;
             };
-            // After a command, the next one's stamp is looked for alone (an
-            // unstamped one is found by the next round's first look).
-            let work = match worked {
-                false => channel.has_work(),
-                true => channel.has_stamped_work(),
-            };
-            if !work {
+            if !channel.has_work_by(self.look_at_produced) {
                 break;
             }
             // A blob attached on the control queue before the guest wrote a
@@ -685,7 +688,7 @@ impl Worker {
             let Some(channel) = self.channel.as_mut() else {
                 break;
             };
-            if !channel.has_work() {
+            if !channel.has_work_by(self.look_at_produced) {
                 break;
             }
             worked = true;
@@ -699,6 +702,7 @@ impl Worker {
                         channel.consumed()
                     );
                     channel.skip_to_produced();
+                    self.look_at_produced = true;
                     Counters::add(&self.counters.command_errors, 1);
                     self.sticky.get_or_insert(CUDA_ERROR_INVALID_VALUE);
                 }
@@ -893,9 +897,17 @@ impl Worker {
                 }
             }
         }
-        // A trailing Padding was published when `has_work` last read
-        // `produced` (Channel::produced); one with a command behind it is
-        // published with that command.
+        // A trailing Padding is published by a look at `produced`
+        // (Channel::produced), one with a command behind it with that
+        // command: a guest whose doorbell completes must find its space
+        // given back, even when the round ended right after it.
+        if let (true, false, Some(channel)) = (
+            self.look_at_produced,
+            self.pending.is_empty(),
+            &self.channel,
+        ) {
+            channel.has_work();
+        }
         self.complete_reached();
         if worked {
             Drained::Worked
@@ -905,12 +917,14 @@ impl Worker {
     }
 
     fn advance_unpublished(&mut self, len: u64) {
+        self.look_at_produced = true;
         if let Some(channel) = self.channel.as_mut() {
             channel.advance_unpublished(len);
         }
     }
 
     fn advance(&mut self, len: u64) {
+        self.look_at_produced = false;
         if let Some(channel) = self.channel.as_mut() {
             channel.advance(len);
         }
@@ -965,26 +979,33 @@ impl Worker {
         let mut now = Instant::now();
         let deadline = now + self.spin;
         let mut last_look: Option<Instant> = None;
+        // The first only a look's time in: a guest that calls in a loop
+        // writes `produced` just then.
+        let mut last_produced_look = now;
         while now < deadline {
             // The ring is polled in batches between the clock, completion
             // and mailbox looks, which would slow each poll; the polls look
             // for the next command's stamp alone, `produced` is loaded at
             // the looks (for writers that stamp nothing).
             for _ in 0..POLLS_PER_LOOK {
-                if channel.has_stamped_work() {
+                if channel.has_work_by(self.look_at_produced) {
                     return Wake::Work;
                 }
                 std::hint::spin_loop();
             }
-            if last_look.is_none_or(|t| now.saturating_duration_since(t) >= SPIN_LOOK) {
+            if now.saturating_duration_since(last_produced_look) >= SPIN_LOOK {
                 if channel.has_work() {
                     return Wake::Work;
                 }
-                if self.completions.watching() && self.captures == 0 {
-                    if let Some(ctx) = self.context.created() {
-                        self.completions
-                            .look(ctx, &self.handles, channel, channel.consumed());
-                    }
+                last_produced_look = now;
+            }
+            if self.completions.watching()
+                && self.captures == 0
+                && last_look.is_none_or(|t| now.saturating_duration_since(t) >= SPIN_LOOK)
+            {
+                if let Some(ctx) = self.context.created() {
+                    self.completions
+                        .look(ctx, &self.handles, channel, channel.consumed());
                 }
                 last_look = Some(now);
             }
