@@ -35,6 +35,7 @@ use rgpu_proto::cuda_result::CUDA_SUCCESS;
 use rgpu_proto::wire::WireWriter;
 use rgpu_proto::{BlobRange, Command, ControlCommand, Opcode, PROTOCOL_VERSION};
 
+use crate::call_profile::CallProfile;
 use crate::carrier::{BlobMapping, Carrier, CarrierError};
 use crate::copy_crew::{with_crew, Crew};
 
@@ -164,6 +165,8 @@ struct State {
     next_seq: u64,
     /// Where commands are encoded before they are copied into the ring.
     encoded: WireWriter,
+    /// `RGPU_PROFILE_CALLS=1`: the halves of each waited call.
+    calls: Option<CallProfile>,
 }
 
 /// Where events and streams were last given work, for queries (a mutex of
@@ -267,6 +270,7 @@ impl Channel {
                 consumed_seen: 0,
                 next_seq: 1,
                 encoded: WireWriter::with_capacity(256),
+                calls: CallProfile::wanted().then(CallProfile::default),
             }),
             notes: Mutex::default(),
             console: Mutex::new(None),
@@ -349,9 +353,16 @@ impl Channel {
     /// Queues a command and waits for its reply.
     pub fn call(&self, command: &Command) -> Result<Reply, CarrierError> {
         let mut state = self.lock();
+        let started = state.calls.as_ref().map(|_| Instant::now());
         let seq = Self::take_seq(&mut state);
         self.write_command(&mut state, command, seq)?;
-        self.wait_reply_spinning(&mut state, seq, self.spin + expected_duration(command))
+        let written = started.map(|_| Instant::now());
+        let reply =
+            self.wait_reply_spinning(&mut state, seq, self.spin + expected_duration(command));
+        if let (Some(started), Some(written), Some(calls)) = (started, written, &mut state.calls) {
+            calls.add(started, written, Instant::now());
+        }
+        reply
     }
 
     /// Copies `data` from anywhere in this process to device memory at `dst`
@@ -553,6 +564,9 @@ impl Channel {
     /// Destroys the channel's blob and the virtio-gpu context (the host frees
     /// the session).
     pub fn close(self) -> Result<(), CarrierError> {
+        if let Some(summary) = self.lock().calls.as_ref().and_then(CallProfile::summary) {
+            log::info!("ctx {}: call profile: {summary}", self.ctx_id);
+        }
         let blob = self
             .carrier
             .destroy_blob(self.ctx_id, self.blob.resource_id);

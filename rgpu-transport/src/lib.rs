@@ -2,6 +2,7 @@
 //! batches to the host; a [`channel::Channel`] is one CUDA context's command
 //! ring, reply area and bounce area on top of a carrier.
 
+pub mod call_profile;
 pub mod carrier;
 pub mod channel;
 pub mod console;

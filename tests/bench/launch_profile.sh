@@ -4,7 +4,9 @@
 # rounds, each against a fresh daemon whose sessions time every launch and
 # every cuCtxSynchronize (RGPU_PROFILE_LAUNCHES=1) and log, when they end,
 # how long reading it from the ring, executing it and the bookkeeping after
-# (the reply included) took. Then tests/bench/pingpong: the floor of a
+# (the reply included) took, and the guest library's own split of each
+# waited call (RGPU_PROFILE_CALLS=1: writing the command, then waiting for
+# the answer and reading it). Then tests/bench/pingpong: the floor of a
 # round trip through shared memory on this machine, with rgpu's ring
 # layouts. Run from the repository root on the GPU host:
 #
@@ -46,10 +48,11 @@ for round in $(seq "$rounds"); do
     sleep 1
     echo "== round $round"
     # shellcheck disable=SC2046
-    env RGPU_SOCKET="$socket" $(pin "${TASKSET_PROGRAM:-}") "$work/rgpu_bench" \
-        "${native[@]}" --rgpu "$work/rgpu-lib/libcuda.so.1" \
+    env RGPU_SOCKET="$socket" RGPU_PROFILE_CALLS=1 RGPU_LOG=info $(pin "${TASKSET_PROGRAM:-}") \
+        "$work/rgpu_bench" "${native[@]}" --rgpu "$work/rgpu-lib/libcuda.so.1" \
         --ptx "$bundle/reference_kernels.ptx" --sync-iters 20000 --launches 100000 --mib 1 \
-        --repeats 1 | grep -E "sync round trip, median|launches|launch \+" | tee "$logs/bench-$round.txt"
+        --repeats 1 2>&1 | grep -E "sync round trip, median|launches|launch \+|call profile" \
+        | tee "$logs/bench-$round.txt"
     # The session logs its profile as it ends.
     sleep 1
     kill "$daemon_pid" && wait "$daemon_pid" 2>/dev/null
