@@ -18,6 +18,7 @@ pub mod fatbin;
 pub mod process_group;
 pub mod remote;
 pub mod reply;
+pub mod stage_samples;
 pub mod virtio_gpu;
 pub mod wire;
 

@@ -7,6 +7,8 @@
 
 use std::time::{Duration, Instant};
 
+use rgpu_proto::stage_samples::StageSamples;
+
 /// The stages of one kind of command: read and decode from the ring,
 /// execute (the handle lookups and the driver's call), and the bookkeeping
 /// after it (the reply included).
@@ -20,14 +22,11 @@ pub struct CommandProfile {
     after: Duration,
     first: Option<Instant>,
     last: Option<Instant>,
-    /// Each command's stages in ns (read, execute, after), the first
-    /// [`MAX_SAMPLES`]: for medians, as the averages of synchronizations
-    /// mix the idle round trips with those behind launch bursts.
-    samples: Vec<[u32; 3]>,
+    /// Each command's stages (read, execute, after), for medians: the
+    /// averages of synchronizations mix the idle round trips with those
+    /// behind launch bursts.
+    samples: StageSamples<3>,
 }
-
-/// Commands kept for the medians (3 MiB).
-const MAX_SAMPLES: usize = 1 << 18;
 
 impl CommandProfile {
     pub fn new(kind: &'static str) -> Self {
@@ -39,7 +38,7 @@ impl CommandProfile {
             after: Duration::ZERO,
             first: None,
             last: None,
-            samples: Vec::new(),
+            samples: StageSamples::default(),
         }
     }
 
@@ -59,23 +58,9 @@ impl CommandProfile {
         self.read += read;
         self.execute += execute;
         self.after += after;
-        if self.samples.len() < MAX_SAMPLES {
-            let ns = |d: Duration| u32::try_from(d.as_nanos()).unwrap_or(u32::MAX);
-            self.samples.push([ns(read), ns(execute), ns(after)]);
-        }
+        self.samples.push([read, execute, after]);
         self.first.get_or_insert(read_at);
         self.last = Some(done_at);
-    }
-
-    /// The median of one stage over the kept samples.
-    fn median(&self, stage: usize) -> u32 {
-        let mut values: Vec<u32> = self
-            .samples
-            .iter()
-            .filter_map(|s| s.get(stage).copied())
-            .collect();
-        values.sort_unstable();
-        values.get(values.len() / 2).copied().unwrap_or(0)
     }
 
     /// The averages and medians, in nanoseconds per command; `None` before
@@ -96,9 +81,9 @@ impl CommandProfile {
             per(self.execute),
             per(self.after),
             per(span.saturating_sub(busy)),
-            self.median(0),
-            self.median(1),
-            self.median(2),
+            self.samples.median(0),
+            self.samples.median(1),
+            self.samples.median(2),
         ))
     }
 }

@@ -7,16 +7,15 @@
 //! `--profile-launches` (the worker's read, execute and after) it splits
 //! the synchronous round trip. Off, it costs one branch per call.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// Calls kept (2 MiB).
-const MAX_SAMPLES: usize = 1 << 18;
+use rgpu_proto::stage_samples::StageSamples;
 
 #[derive(Debug, Default)]
 pub struct CallProfile {
     calls: u64,
-    /// Each call's writing and waiting in ns, the first [`MAX_SAMPLES`].
-    samples: Vec<[u32; 2]>,
+    /// Each call's writing and waiting.
+    samples: StageSamples<2>,
 }
 
 impl CallProfile {
@@ -29,23 +28,10 @@ impl CallProfile {
     /// `written`, its answer read at `answered`.
     pub fn add(&mut self, started: Instant, written: Instant, answered: Instant) {
         self.calls += 1;
-        if self.samples.len() < MAX_SAMPLES {
-            let ns = |d: Duration| u32::try_from(d.as_nanos()).unwrap_or(u32::MAX);
-            self.samples.push([
-                ns(written.saturating_duration_since(started)),
-                ns(answered.saturating_duration_since(written)),
-            ]);
-        }
-    }
-
-    fn median(&self, stage: usize) -> u32 {
-        let mut values: Vec<u32> = self
-            .samples
-            .iter()
-            .filter_map(|s| s.get(stage).copied())
-            .collect();
-        values.sort_unstable();
-        values.get(values.len() / 2).copied().unwrap_or(0)
+        self.samples.push([
+            written.saturating_duration_since(started),
+            answered.saturating_duration_since(written),
+        ]);
     }
 
     /// The medians; `None` before any call.
@@ -54,8 +40,8 @@ impl CallProfile {
             format!(
                 "{} waited calls; medians: writing {} ns, waiting for the answer and reading it {} ns",
                 self.calls,
-                self.median(0),
-                self.median(1)
+                self.samples.median(0),
+                self.samples.median(1)
             )
         })
     }
@@ -63,6 +49,8 @@ impl CallProfile {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
