@@ -24,23 +24,8 @@ mkdir -p "$cache"
 # build LABEL REF: release guest-lib and sim daemon of REF (the working tree
 # when REF is empty) into $cache/LABEL.
 build() {
-    local label=$1 ref=$2 tree
-    if [ -z "$ref" ]; then
-        tree=$repo
-    else
-        tree=$cache/tree-$label
-        git -C "$repo" worktree remove --force "$tree" 2>/dev/null || true
-        git -C "$repo" worktree add --force --detach "$tree" "$ref" >/dev/null 2>&1
-    fi
-    echo "== building $label (${ref:-working tree})" >&2
-    (cd "$tree" && cargo build --quiet --release -p vhost-device-rgpu --features sim -p guest-lib \
-        --target-dir "$cache/target-$label")
-    mkdir -p "$cache/$label"
-    cp "$cache/target-$label/release/vhost-device-rgpu" "$cache/$label/"
-    cp "$cache/target-$label/release/libcuda.so" "$cache/$label/libcuda.so.1"
-    if [ -n "$ref" ]; then
-        git -C "$repo" worktree remove --force "$tree"
-    fi
+    echo "== building $1 (${2:-working tree})" >&2
+    "$repo/tests/bench/build_ref.sh" "$2" "$cache/$1" "$cache/target-$1" --features sim
 }
 
 build old "$old_ref"

@@ -72,15 +72,7 @@ cp tests/fixtures/fatbin/kernels.cu tests/fixtures/fatbin/second_unit.cu \
     tests/fixtures/fatbin/make-fixtures.sh "$dir/fixtures/"
 if [ -n "${RGPU_AB_OLD:-}" ]; then
     cache=${RGPU_AB_CACHE:-/tmp/rgpu-sim-ab}
-    tree=$cache/tree-bundle-old
-    git worktree remove --force "$tree" 2>/dev/null || true
-    git worktree add --force --detach "$tree" "$RGPU_AB_OLD" >/dev/null 2>&1
-    (cd "$tree" && cargo build --quiet --release --no-default-features -p vhost-device-rgpu -p guest-lib \
-        --target-dir "$cache/target-old")
-    git worktree remove --force "$tree"
-    mkdir -p "$dir/ab-old"
-    cp "$cache/target-old/release/vhost-device-rgpu" "$dir/ab-old/"
-    cp "$cache/target-old/release/libcuda.so" "$dir/ab-old/libcuda.so.1"
+    tests/bench/build_ref.sh "$RGPU_AB_OLD" "$dir/ab-old" "$cache/target-old" --no-default-features
     strip --strip-debug "$dir/ab-old/vhost-device-rgpu" "$dir/ab-old/libcuda.so.1"
     git rev-parse "$RGPU_AB_OLD" >"$dir/ab-old/REF"
 fi
