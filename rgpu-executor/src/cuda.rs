@@ -389,8 +389,8 @@ fn make_current(ctx: sys::CUcontext) -> CuResult<()> {
     check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) })
 }
 
-/// `launch` handed to the driver, on the calling thread.
-/// `launch` with its parameter block `params`.
+/// `launch` with its parameter block `params`, handed to the driver on the
+/// calling thread.
 fn launch_with_params(launch: &Launch, params: &[u8]) -> CuResult<()> {
     with_param_buffer(params, |extra| {
         // SAFETY: live function and stream (the session keeps them until
