@@ -181,10 +181,7 @@ impl Channel {
         if self.produced_seen.get() > self.consumed {
             return true;
         }
-        if self.next_stamp.is_none() || self.distrusted == Some(self.consumed) {
-            return self.has_work();
-        }
-        self.stamped()
+        self.stamped().unwrap_or_else(|| self.has_work())
     }
 
     /// [`Self::has_work`] if `load_produced`, else [`Self::has_stamped_work`].
@@ -204,25 +201,25 @@ impl Channel {
         if seen > self.consumed {
             return seen - self.consumed;
         }
-        if self.stamped() {
+        if self.stamped() == Some(true) {
             let position = self.consumed & (self.layout.ring_size - 1);
             return self.layout.ring_size - position;
         }
         self.produced().saturating_sub(self.consumed)
     }
 
-    /// Whether the next command's header carries the stamp of its position.
-    fn stamped(&self) -> bool {
-        let Some(StampWord(word)) = self.next_stamp else {
-            return false;
-        };
+    /// Whether the next command's header carries the stamp of its position;
+    /// `None` where a stamp cannot tell (no header fits before the ring's
+    /// end, or the position's stamp is not believed).
+    fn stamped(&self) -> Option<bool> {
+        let StampWord(word) = self.next_stamp?;
         if self.distrusted == Some(self.consumed) {
-            return false;
+            return None;
         }
         // SAFETY: found by `Blob::atomic_u64` (in bounds, aligned) in the
         // blob this channel holds, so still mapped.
         let word = unsafe { word.as_ref() };
-        word.load(Ordering::Acquire) == ring_stamp(self.stamp_key, self.consumed)
+        Some(word.load(Ordering::Acquire) == ring_stamp(self.stamp_key, self.consumed))
     }
 
     /// Finds the stamp word at the new `consumed`.
