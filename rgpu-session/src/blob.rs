@@ -92,7 +92,7 @@ impl std::fmt::Debug for Blob {
 
 /// An 8-byte-aligned word of a blob, shared with the guest, whose bounds
 /// were checked once ([`Blob::shared_word`]).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SharedWord {
     word: std::ptr::NonNull<AtomicU64>,
     /// Keeps the mapping that `word` points into alive.

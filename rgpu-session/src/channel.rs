@@ -60,6 +60,9 @@ pub enum RingEntry {
 pub struct Channel {
     blob: Arc<Blob>,
     layout: ChannelLayout,
+    /// The reply record's header, checked at bind: a synchronous call
+    /// waits while it is written.
+    reply_header: ReplyHeader,
     /// The header's counters, checked at bind: read in the spin loop and
     /// written after every command.
     produced_word: SharedWord,
@@ -124,9 +127,11 @@ impl Channel {
         let stamp_key = blob
             .atomic_u64(header + OFFSET_STAMP_KEY)?
             .load(Ordering::Acquire);
+        let reply_header = ReplyHeader::find(&blob, &layout)?;
         let mut channel = Self {
             blob,
             layout,
+            reply_header,
             produced_word,
             consumed_word,
             host_idle_word,
@@ -391,7 +396,15 @@ impl Channel {
         payload: &[u8],
         console: &mut Vec<u8>,
     ) -> usize {
-        write_reply_record(&self.blob, &self.layout, seq, result, payload, console)
+        write_reply_record(
+            &self.blob,
+            &self.layout,
+            &self.reply_header,
+            seq,
+            result,
+            payload,
+            console,
+        )
     }
 
     /// Where replies of this channel go, for a writer on another thread
@@ -400,6 +413,7 @@ impl Channel {
         ReplyTarget {
             blob: Arc::clone(&self.blob),
             layout: self.layout,
+            header: self.reply_header.clone(),
         }
     }
 }
@@ -409,12 +423,45 @@ impl Channel {
 pub struct ReplyTarget {
     blob: Arc<Blob>,
     layout: ChannelLayout,
+    header: ReplyHeader,
 }
 
 impl ReplyTarget {
     /// Answers reply `seq` with `result` and no payload.
     pub fn write_error(&self, seq: u64, result: u32) {
-        write_reply_record(&self.blob, &self.layout, seq, result, &[], &mut Vec::new());
+        write_reply_record(
+            &self.blob,
+            &self.layout,
+            &self.header,
+            seq,
+            result,
+            &[],
+            &mut Vec::new(),
+        );
+    }
+}
+
+/// The words of a reply record's header (rgpu_proto::channel), each found
+/// once through the blob's page runs: the sequence number, the result and
+/// the payload's length, and the console's length with the reserved word
+/// after it.
+#[derive(Clone, Debug)]
+struct ReplyHeader {
+    seq: SharedWord,
+    result_and_len: SharedWord,
+    console_len: SharedWord,
+}
+
+impl ReplyHeader {
+    fn find(blob: &Arc<Blob>, layout: &ChannelLayout) -> Result<Self, BlobError> {
+        const { assert!(REPLY_OFFSET_LEN == REPLY_OFFSET_RESULT + 4) };
+        const { assert!(REPLY_OFFSET_PAYLOAD == REPLY_OFFSET_CONSOLE_LEN + 8) };
+        let base = layout.reply_offset;
+        Ok(Self {
+            seq: Blob::shared_word(blob, base + REPLY_OFFSET_SEQ)?,
+            result_and_len: Blob::shared_word(blob, base + REPLY_OFFSET_RESULT)?,
+            console_len: Blob::shared_word(blob, base + REPLY_OFFSET_CONSOLE_LEN)?,
+        })
     }
 }
 
@@ -425,6 +472,7 @@ impl ReplyTarget {
 fn write_reply_record(
     blob: &Blob,
     layout: &ChannelLayout,
+    header: &ReplyHeader,
     seq: u64,
     result: u32,
     payload: &[u8],
@@ -439,40 +487,37 @@ fn write_reply_record(
     let console_room = (room - payload.len() as u64).min(u64::from(u32::MAX)) as usize;
     let console_len = console.len().min(console_room);
     let console_bytes = console.get(..console_len).unwrap_or_default();
-    let base = layout.reply_offset;
-    // result, len and console_len lie side by side: one write.
-    const { assert!(REPLY_OFFSET_LEN == REPLY_OFFSET_RESULT + 4) };
-    const { assert!(REPLY_OFFSET_CONSOLE_LEN == REPLY_OFFSET_LEN + 4) };
-    // On the stack: the reply waits for these bytes (an allocation here
-    // lengthened every synchronous call).
-    let mut fields = [0u8; 12];
-    for (field, value) in
-        fields
-            .chunks_exact_mut(4)
-            .zip([result, payload.len() as u32, console_len as u32])
-    {
-        field.copy_from_slice(&value.to_le_bytes());
-    }
     let write_if_any = |offset: u64, bytes: &[u8]| match bytes.is_empty() {
         true => Ok(()),
         false => blob.write(offset, bytes),
     };
+    let base = layout.reply_offset;
     // The reply area was validated at bind: these writes are in bounds.
-    let written = write_if_any(base + REPLY_OFFSET_PAYLOAD, payload)
-        .and_then(|()| {
-            write_if_any(
-                base + REPLY_OFFSET_PAYLOAD + payload.len() as u64,
-                console_bytes,
-            )
-        })
-        .and_then(|()| blob.write(base + REPLY_OFFSET_RESULT, &fields))
-        .and_then(|()| blob.atomic_u64(base + REPLY_OFFSET_SEQ));
-    match written {
-        Ok(seq_word) => {
-            seq_word.store(seq, Ordering::Release);
-            console.drain(..console_len);
-        }
-        Err(e) => log::error!("cannot write reply {seq}: {e}"),
+    let written = write_if_any(base + REPLY_OFFSET_PAYLOAD, payload).and_then(|()| {
+        write_if_any(
+            base + REPLY_OFFSET_PAYLOAD + payload.len() as u64,
+            console_bytes,
+        )
+    });
+    if let Err(e) = written {
+        log::error!("cannot write reply {seq}: {e}");
+        return payload.len();
     }
+    // The words hold the fields' little-endian bytes in this host's order.
+    let word = |low: u32, high: u32| {
+        let mut bytes = [0u8; 8];
+        bytes[..4].copy_from_slice(&low.to_le_bytes());
+        bytes[4..].copy_from_slice(&high.to_le_bytes());
+        u64::from_ne_bytes(bytes)
+    };
+    // Ordered before the sequence number by its release store.
+    header
+        .result_and_len
+        .store(word(result, payload.len() as u32), Ordering::Relaxed);
+    header
+        .console_len
+        .store(word(console_len as u32, 0), Ordering::Relaxed);
+    header.seq.store(seq, Ordering::Release);
+    console.drain(..console_len);
     payload.len()
 }
