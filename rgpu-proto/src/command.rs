@@ -899,6 +899,13 @@ macro_rules! commands {
                     _ => None,
                 }
             }
+
+            /// The command's name, as the table spells it.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Self::$name => stringify!($name),)*
+                }
+            }
         }
 
         $(#[$enum_doc])*

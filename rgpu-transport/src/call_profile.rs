@@ -5,9 +5,14 @@
 //! transfers and the host's side) until it is read, and logs their
 //! medians (info level: `RGPU_LOG=info`) as the channel closes. Beside the daemon's
 //! `--profile-launches` (the worker's read, execute and after) it splits
-//! the synchronous round trip. Off, it costs one branch per call.
+//! the synchronous round trip. It also counts the commands written, by
+//! name, and every wait for the host by what was waited for (a reply to a
+//! named command, room in the ring, a copy's earlier pieces): how often an
+//! application stops for the host, and for how long in all. Off, it costs
+//! one branch per call.
 
-use std::time::Instant;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use rgpu_proto::stage_samples::StageSamples;
 
@@ -16,6 +21,10 @@ pub struct CallProfile {
     calls: u64,
     /// Each call's writing and waiting.
     samples: StageSamples<2>,
+    /// Commands written, by name.
+    commands: BTreeMap<&'static str, u64>,
+    /// Waits for the host by what was waited for: how many, how long.
+    waits: BTreeMap<&'static str, (u64, Duration)>,
 }
 
 impl CallProfile {
@@ -34,16 +43,50 @@ impl CallProfile {
         ]);
     }
 
-    /// The medians; `None` before any call.
+    /// One command written.
+    pub fn add_command(&mut self, name: &'static str) {
+        *self.commands.entry(name).or_default() += 1;
+    }
+
+    /// One wait for `what`, from `began` until now.
+    pub fn add_wait(&mut self, what: &'static str, began: Instant) {
+        let (count, total) = self.waits.entry(what).or_default();
+        *count += 1;
+        *total += began.elapsed();
+    }
+
+    /// The medians, the commands and the waits; `None` before any command.
     pub fn summary(&self) -> Option<String> {
-        (self.calls > 0).then(|| {
-            format!(
-                "{} waited calls; medians: writing {} ns, waiting for the answer and reading it {} ns",
-                self.calls,
-                self.samples.median(0),
-                self.samples.median(1)
-            )
-        })
+        if self.calls == 0 && self.commands.is_empty() {
+            return None;
+        }
+        let mut summary = format!(
+            "{} waited calls; medians: writing {} ns, waiting for the answer and reading it {} ns",
+            self.calls,
+            self.samples.median(0),
+            self.samples.median(1)
+        );
+        if !self.commands.is_empty() {
+            let mut commands: Vec<_> = self.commands.iter().collect();
+            commands.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+            let commands: Vec<String> = commands
+                .iter()
+                .map(|(name, count)| format!("{name} {count}"))
+                .collect();
+            summary += &format!("; commands: {}", commands.join(", "));
+        }
+        if !self.waits.is_empty() {
+            let mut waits: Vec<_> = self.waits.iter().collect();
+            waits.sort_by(|a, b| b.1 .1.cmp(&a.1 .1).then(a.0.cmp(b.0)));
+            let waits: Vec<String> = waits
+                .iter()
+                .map(|(what, (count, total))| {
+                    format!("{what} {count} ({:.3} ms)", total.as_secs_f64() * 1e3)
+                })
+                .collect();
+            summary += &format!("; waits: {}", waits.join(", "));
+        }
+        Some(summary)
     }
 }
 
@@ -69,5 +112,24 @@ mod tests {
                  1000 ns"
             )
         );
+    }
+
+    #[test]
+    fn commands_and_waits_are_listed_most_first() {
+        let mut profile = CallProfile::default();
+        for name in ["LaunchKernel", "CtxSynchronize", "LaunchKernel"] {
+            profile.add_command(name);
+        }
+        let long_ago = Instant::now() - Duration::from_millis(5);
+        profile.add_wait("room in the ring", Instant::now());
+        profile.add_wait("CtxSynchronize", long_ago);
+        let summary = profile.summary().unwrap_or_default();
+        assert!(
+            summary.contains(
+                "; commands: LaunchKernel 2, CtxSynchronize 1; waits: CtxSynchronize 1 ("
+            ),
+            "{summary}"
+        );
+        assert!(summary.contains("), room in the ring 1 (0.0"), "{summary}");
     }
 }

@@ -165,8 +165,12 @@ struct State {
     next_seq: u64,
     /// Where commands are encoded before they are copied into the ring.
     encoded: WireWriter,
-    /// `RGPU_PROFILE_CALLS=1`: the halves of each waited call.
+    /// `RGPU_PROFILE_CALLS=1`: the halves of each waited call, the
+    /// commands written and the waits.
     calls: Option<CallProfile>,
+    /// The name of the last command written that asks for a reply (for
+    /// the profile's waits).
+    awaited: &'static str,
 }
 
 /// Where events and streams were last given work, for queries (a mutex of
@@ -271,6 +275,7 @@ impl Channel {
                 next_seq: 1,
                 encoded: WireWriter::with_capacity(256),
                 calls: CallProfile::wanted().then(CallProfile::default),
+                awaited: "",
             }),
             notes: Mutex::default(),
             console: Mutex::new(None),
@@ -512,6 +517,24 @@ impl Channel {
     /// fenced doorbell (which waits for everything published).
     fn wait_consumed(
         &self,
+        state: &mut State,
+        until: u64,
+        expected: Duration,
+    ) -> Result<(), CarrierError> {
+        if self.consumed(state)? >= until {
+            return Ok(());
+        }
+        let began = state.calls.as_ref().map(|_| Instant::now());
+        let waited = self.wait_consumed_spinning(state, until, expected);
+        if let (Some(calls), Some(began)) = (&mut state.calls, began) {
+            calls.add_wait("a copy's earlier pieces", began);
+        }
+        waited
+    }
+
+    /// [`Self::wait_consumed`] once the host is known to be behind.
+    fn wait_consumed_spinning(
+        &self,
         state: &State,
         until: u64,
         expected: Duration,
@@ -659,6 +682,16 @@ impl Channel {
         if self.has_room(state, len) || self.look_for_room(state, len)? {
             return Ok(());
         }
+        let began = state.calls.as_ref().map(|_| Instant::now());
+        let waited = self.wait_space_spinning(state, len);
+        if let (Some(calls), Some(began)) = (&mut state.calls, began) {
+            calls.add_wait("room in the ring", began);
+        }
+        waited
+    }
+
+    /// [`Self::wait_space`] once the ring is known to be full.
+    fn wait_space_spinning(&self, state: &mut State, len: u64) -> Result<(), CarrierError> {
         let spin_until = Instant::now() + self.spin;
         while Instant::now() < spin_until {
             std::hint::spin_loop();
@@ -795,6 +828,13 @@ impl Channel {
             )));
         }
         self.write_entry(at, state.encoded.as_bytes());
+        if let Some(calls) = &mut state.calls {
+            let name = command.opcode().name();
+            calls.add_command(name);
+            if seq != 0 {
+                state.awaited = name;
+            }
+        }
         Ok(())
     }
 
@@ -933,6 +973,21 @@ impl Channel {
 
     /// [`Self::wait_reply`], polling for `spin` before sleeping.
     fn wait_reply_spinning(
+        &self,
+        state: &mut State,
+        seq: u64,
+        spin: Duration,
+    ) -> Result<Reply, CarrierError> {
+        let began = state.calls.as_ref().map(|_| Instant::now());
+        let reply = self.wait_reply_polling(state, seq, spin);
+        if let (Some(calls), Some(began)) = (&mut state.calls, began) {
+            calls.add_wait(state.awaited, began);
+        }
+        reply
+    }
+
+    /// [`Self::wait_reply_spinning`] without the profile.
+    fn wait_reply_polling(
         &self,
         state: &mut State,
         seq: u64,

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Where PyTorch's time goes through rgpu (issue 9): torch_train.py once
+# natively and once through a daemon whose sessions time every launch and
+# waited synchronize (RGPU_PROFILE_LAUNCHES=1), the guest library timing
+# each call it waits for (RGPU_PROFILE_CALLS=1). Prints both runs' steps per
+# second and the profiles: how many calls of a training run wait for the
+# host, and what they cost. Run from the repository root on the GPU host:
+#
+#   tests/bench/torch_profile.sh BUNDLE [STEPS]
+#
+# Logs go to $OUT (or a temp folder).
+set -uo pipefail
+bundle=$(cd "${1:?usage: torch_profile.sh BUNDLE [STEPS]}" && pwd)
+steps=${2:-400}
+native_lib=${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
+logs=${OUT:-$(mktemp -d /tmp/rgpu-torch-profile.XXXXXX)}
+mkdir -p "$logs"
+work=$(mktemp -d /tmp/rgpu-torch-profile-work.XXXXXX)
+daemon_pid=
+cleanup() {
+    [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+mkdir -p "$work/rgpu-lib"
+ln -s "$bundle/libcuda.so" "$work/rgpu-lib/libcuda.so.1"
+ln -s "$bundle/libnvidia_ml.so" "$work/rgpu-lib/libnvidia-ml.so.1"
+socket=$work/rgpu.sock
+env LD_LIBRARY_PATH="$(dirname "$native_lib")" RGPU_PROFILE_LAUNCHES=1 "$bundle/vhost-device-rgpu" \
+    --executor cuda --socket-path "$socket" >"$logs/daemon.log" 2>&1 &
+daemon_pid=$!
+for _ in $(seq 600); do [ -S "$socket" ] && break; sleep 0.05; done
+[ -S "$socket" ] || { echo "FAIL daemon (see $logs/daemon.log)"; exit 1; }
+echo "native: $(env LD_LIBRARY_PATH="$(dirname "$native_lib")" python3 "$bundle/torch_train.py" "$steps")"
+# The guest library logs a channel's profile as it closes: the primary
+# context, which PyTorch never releases, is released once more at the end.
+env RGPU_SOCKET="$socket" RGPU_PROFILE_CALLS=1 RGPU_LOG=info LD_LIBRARY_PATH="$work/rgpu-lib" \
+    python3 -c 'import ctypes, runpy, sys
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+ctypes.CDLL("libcuda.so.1").cuDevicePrimaryCtxRelease_v2(0)' \
+    "$bundle/torch_train.py" "$steps" >"$logs/rgpu.txt" 2>&1
+echo "rgpu: $(grep steps_per_s "$logs/rgpu.txt")"
+grep -h "call profile" "$logs/rgpu.txt" | sed 's/.*call profile: /guest: /'
+# The session logs its profile as it ends.
+sleep 1
+kill "$daemon_pid" && wait "$daemon_pid" 2>/dev/null
+daemon_pid=
+grep -h "profile: " "$logs/daemon.log" | sed 's/.*profile: /worker: /'
