@@ -1,0 +1,183 @@
+/* What an idle cuCtxSynchronize costs natively in the conditions of rgpu's
+ * worker, for issue 9's synchronous round trip: the worker's profile gave
+ * the driver's call 0.8 µs where rgpu_bench's native loop took 0.55 µs. In
+ * one process against NVIDIA's libcuda, the median of one idle
+ * cuCtxSynchronize (timed as rgpu_bench times it) with:
+ *   alone       the application's thread only (rgpu_bench's native row)
+ *   parked      another thread that made the context current and launched,
+ *               now blocked (rgpu's launch thread between bursts)
+ *   registered  64 MiB of host memory registered (cuMemHostRegister, as
+ *               the worker registers a process's blobs)
+ *   created     a context of its own (cuCtxCreate with CU_CTX_MAP_HOST, as
+ *               the worker's second and later sessions get)
+ *   seccomp     under a seccomp filter that allows every call after 115
+ *               comparisons (the worker's allow-list is that long)
+ * Each condition adds to the ones before it ("primary again": the primary
+ * context again, with all of them).
+ *
+ *   sync_probe PTX [SAMPLES]
+ *   sync_probe PTX hold       holds a context with 1 MiB allocated until
+ *                             killed: run the probe again meanwhile for its
+ *                             figures beside another process's context (the
+ *                             benchmark's native side stays alive while its
+ *                             rgpu side runs)
+ *
+ * Built beside tests/programs/rgpu_cuda.h: gcc -O2 -pthread -I tests/programs
+ *   tests/bench/sync_probe.c LIBCUDA -o sync_probe */
+#define _GNU_SOURCE
+#include "rgpu_cuda.h"
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHECK(call)                                                                   \
+    do {                                                                              \
+        CUresult check_rc = (call);                                                   \
+        if (check_rc != CUDA_SUCCESS) {                                               \
+            fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call,      \
+                    (int)check_rc);                                                   \
+            exit(1);                                                                  \
+        }                                                                             \
+    } while (0)
+
+CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned int flags);
+CUresult cuCtxCreate_v4(CUcontext *ctx, void *params, unsigned int flags, CUdevice dev);
+#define CU_CTX_MAP_HOST 0x08
+
+static CUcontext ctx;
+static CUfunction empty;
+static long samples = 20000;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static int released;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of `samples` idle synchronizations, in µs. */
+static double idle_sync_us(void) {
+    double *lat = malloc(samples * sizeof *lat);
+    if (!lat) exit(1);
+    CHECK(cuCtxSynchronize());
+    for (long i = 0; i < samples; i++) {
+        double t0 = now_s();
+        CHECK(cuCtxSynchronize());
+        lat[i] = (now_s() - t0) * 1e6;
+    }
+    qsort(lat, samples, sizeof *lat, compare_doubles);
+    double median = lat[samples / 2];
+    free(lat);
+    return median;
+}
+
+/* rgpu's launch thread: the context current, a burst of launches, then
+ * blocked until the end. */
+static void *launch_thread(void *arg) {
+    (void)arg;
+    CHECK(cuCtxSetCurrent(ctx));
+    for (int i = 0; i < 1000; i++) CHECK(cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    pthread_mutex_lock(&lock);
+    while (!released) pthread_cond_wait(&wake, &lock);
+    pthread_mutex_unlock(&lock);
+    return NULL;
+}
+
+/* Allows every system call, after as many comparisons as the worker's
+ * allow-list makes for one near its end. */
+static void allow_all_seccomp(void) {
+    enum { RULES = 115 };
+    struct sock_filter filter[RULES + 2];
+    filter[0] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, 0);
+    for (int i = 0; i < RULES; i++)
+        filter[1 + i] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 100000 + i, 0, 0);
+    filter[RULES + 1] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    struct sock_fprog program = {.len = RULES + 2, .filter = filter};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
+        perror("seccomp");
+        exit(1);
+    }
+}
+
+static void load_empty(const char *path) {
+    FILE *ptx_file = fopen(path, "rb");
+    if (!ptx_file) {
+        perror(path);
+        exit(1);
+    }
+    static char ptx[1 << 20];
+    size_t ptx_len = fread(ptx, 1, sizeof ptx - 1, ptx_file);
+    fclose(ptx_file);
+    ptx[ptx_len] = 0;
+    CUmodule module;
+    CHECK(cuModuleLoadData(&module, ptx));
+    CHECK(cuModuleGetFunction(&empty, module, "rgpu_empty"));
+    for (int i = 0; i < 2000; i++) CHECK(cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    CHECK(cuCtxSynchronize());
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: sync_probe PTX [SAMPLES]\n");
+        return 2;
+    }
+    int hold = argc > 2 && strcmp(argv[2], "hold") == 0;
+    if (argc > 2 && !hold) samples = atol(argv[2]);
+    if (samples < 1) samples = 1;
+    CUdevice dev;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&dev, 0));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cuCtxSetCurrent(ctx));
+    if (hold) {
+        CUdeviceptr held;
+        CHECK(cuMemAlloc(&held, 1 << 20));
+        printf("holding a context\n");
+        fflush(stdout);
+        for (;;) pause();
+    }
+    load_empty(argv[1]);
+    printf("alone        %.3f us\n", idle_sync_us());
+    printf("alone        %.3f us\n", idle_sync_us());
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, launch_thread, NULL) != 0) return 1;
+    struct timespec pause = {0, 100 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    printf("parked       %.3f us\n", idle_sync_us());
+    size_t bytes = 64 << 20;
+    void *host = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (host == MAP_FAILED) return 1;
+    memset(host, 1, bytes);
+    CHECK(cuMemHostRegister_v2(host, bytes, 0x01 | 0x02));
+    printf("registered   %.3f us\n", idle_sync_us());
+    CUcontext own;
+    CHECK(cuCtxCreate_v4(&own, NULL, CU_CTX_MAP_HOST, dev));
+    printf("created      %.3f us\n", idle_sync_us());
+    CHECK(cuCtxSetCurrent(ctx));
+    printf("primary again %.3f us\n", idle_sync_us());
+    allow_all_seccomp();
+    printf("seccomp      %.3f us\n", idle_sync_us());
+    CHECK(cuCtxSetCurrent(own));
+    printf("seccomp, created %.3f us\n", idle_sync_us());
+    pthread_mutex_lock(&lock);
+    released = 1;
+    pthread_cond_signal(&wake);
+    pthread_mutex_unlock(&lock);
+    pthread_join(thread, NULL);
+    return 0;
+}
