@@ -9,7 +9,8 @@
  *   registered  64 MiB of host memory registered (cuMemHostRegister, as
  *               the worker registers a process's blobs)
  *   created     a context of its own (cuCtxCreate with CU_CTX_MAP_HOST, as
- *               the worker's second and later sessions get)
+ *               the worker's second and later sessions get), before and
+ *               after it ran launches of its own
  *   seccomp     under a seccomp filter that allows every call after 115
  *               comparisons (the worker's allow-list is that long)
  * Each condition adds to the ones before it ("primary again": the primary
@@ -168,6 +169,8 @@ int main(int argc, char **argv) {
     CUcontext own;
     CHECK(cuCtxCreate_v4(&own, NULL, CU_CTX_MAP_HOST, dev));
     printf("created      %.3f us\n", idle_sync_us());
+    load_empty(argv[1]);
+    printf("created, used %.3f us\n", idle_sync_us());
     CHECK(cuCtxSetCurrent(ctx));
     printf("primary again %.3f us\n", idle_sync_us());
     allow_all_seccomp();
