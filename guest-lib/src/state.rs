@@ -474,8 +474,8 @@ pub(crate) struct Function {
     /// For `cuFuncGetName` / `cuKernelGetName`, which hand out a pointer.
     pub name: std::ffi::CString,
     pub info: FunctionInfo,
-    /// `cuFuncGetAttribute` answers, cached until `cuFuncSetAttribute`
-    /// changes the function.
+    /// `cuFuncGetAttribute` answers; a `cuFuncSetAttribute` changes the
+    /// one it sets ([`Function::attribute_set`]).
     pub attributes: Mutex<HashMap<i32, i32>>,
     /// Occupancy answers, cached likewise.
     pub occupancy: Mutex<HashMap<OccupancyQuery, i64>>,
@@ -495,10 +495,19 @@ pub(crate) enum OccupancyQuery {
 }
 
 impl Function {
-    /// Forgets what was cached about the function (its attributes changed).
-    pub fn invalidate(&self) {
+    /// A `cuFuncSetAttribute` of `attribute` went to the host: it reads
+    /// back as `value` where that is known to be what the driver reports,
+    /// else it is asked again. The other attributes stay cached, as a set
+    /// changes none of them (PyTorch sets a kernel's dynamic shared memory
+    /// before launches, every training step, and then asks for all of its
+    /// attributes: forgetting them all cost about 60 round trips a step).
+    /// Occupancy answers depend on the shared-memory settings: forgotten.
+    pub fn attribute_set(&self, attribute: i32, value: Option<i32>) {
         if let Ok(mut a) = self.attributes.lock() {
-            a.clear();
+            match value {
+                Some(value) => a.insert(attribute, value),
+                None => a.remove(&attribute),
+            };
         }
         if let Ok(mut o) = self.occupancy.lock() {
             o.clear();

@@ -298,7 +298,7 @@ fn check_settable(f: &Function, attribute: c_int, value: c_int) -> Result<(), u3
 }
 
 /// Sets an attribute of a function on the host, without waiting (a later
-/// launch needs it there), and forgets what was cached about the function.
+/// launch needs it there), and updates what is cached about the function.
 pub(crate) fn set_function_attribute(
     f: &Function,
     attribute: c_int,
@@ -310,7 +310,11 @@ pub(crate) fn set_function_attribute(
         attribute,
         value,
     })?;
-    f.invalidate();
+    // The driver reads the dynamic shared-memory size back as set (and
+    // `check_settable` checked it as the driver would); the other settable
+    // attributes are asked again.
+    let read_back = (attribute == FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES).then_some(value);
+    f.attribute_set(attribute, read_back);
     Ok(())
 }
 
