@@ -41,12 +41,16 @@
 #define POINTER_ATTRIBUTE_RANGE_START_ADDR 11
 #define POINTER_ATTRIBUTE_RANGE_SIZE 12
 #define POINTER_ATTRIBUTE_MAPPED 13
+#define FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK 0
 #define FUNC_ATTRIBUTE_NUM_REGS 4
 #define FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 #define DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR 39
 #define DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
 #define STREAM_CAPTURE_STATUS_NONE 0
 #define FUNC_CACHE_PREFER_SHARED 1
+/* Rounds of PyTorch's set-then-read pattern (tests/tests/framework_queries.rs
+ * relies on the count). */
+#define ATTRIBUTE_STEPS 20
 #define FUNC_CACHE_PREFER_L1 2
 typedef size_t (*BlockToDynamicSmem)(int block_size);
 
@@ -475,6 +479,25 @@ static int occupancy_and_attributes(CUfunction add, CUfunction empty, CUdevice d
     CHECK_RC(cuFuncSetAttribute(add, FUNC_ATTRIBUTE_NUM_REGS, 32), CUDA_ERROR_INVALID_VALUE);
     CHECK_CU(cuFuncGetAttribute(&value, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, add));
     CHECK_TRUE(value == big);
+    /* PyTorch's pattern, every training step: set a kernel's dynamic shared
+     * memory, then read its attributes. A set changes none of the others
+     * (through rgpu they stay cached: tests/tests/framework_queries.rs
+     * counts the round trips). */
+    {
+        int regs = -1, threads = -1, regs_now = -1, threads_now = -1;
+        CHECK_CU(cuFuncGetAttribute(&regs, FUNC_ATTRIBUTE_NUM_REGS, add));
+        CHECK_CU(cuFuncGetAttribute(&threads, FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, add));
+        for (int step = 0; step < ATTRIBUTE_STEPS; step++) {
+            const int size = step % 2 ? big : big / 2;
+            CHECK_CU(cuFuncSetAttribute(add, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, size));
+            CHECK_CU(cuFuncGetAttribute(&value, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, add));
+            CHECK_TRUE(value == size);
+            CHECK_CU(cuFuncGetAttribute(&regs_now, FUNC_ATTRIBUTE_NUM_REGS, add));
+            CHECK_CU(cuFuncGetAttribute(&threads_now, FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, add));
+            CHECK_TRUE(regs_now == regs && threads_now == threads);
+        }
+        CHECK_CU(cuFuncSetAttribute(add, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, big));
+    }
     CHECK_CU(cuFuncSetCacheConfig(add, FUNC_CACHE_PREFER_L1));
     /* Refused values left nothing sticky behind. */
     CHECK_CU(cuCtxSynchronize());

@@ -23,15 +23,42 @@ fn framework_queries_answer_like_the_driver() {
         .arg("--image")
         .arg(reference_ptx())
         .arg("--require-clusters")
-        .arg("--mapped-host");
+        .arg("--mapped-host")
+        // The channel's profile counts the commands it wrote.
+        .env("RGPU_PROFILE_CALLS", "1")
+        .env("RGPU_LOG", "info");
     let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
     outcome.assert_passed("framework_queries_test");
+    // Setting a kernel's dynamic shared memory and reading its attributes,
+    // 20 times over (PyTorch's pattern), asked the host for none of them:
+    // a set no longer empties the function's cache of attributes (it took
+    // three round trips a round before).
+    let attribute_round_trips = commands_written(&outcome.stderr, "FuncGetAttribute");
+    assert!(
+        (1..20).contains(&attribute_round_trips),
+        "{attribute_round_trips} cuFuncGetAttribute round trips\n{}",
+        outcome.stderr
+    );
     daemon.wait_until_idle(ACCOUNTING_TIMEOUT);
     let stats = daemon.stats();
     // Refused attribute values were refused in the guest: nothing failed on
     // the host, and no allocation was left behind.
     assert_eq!(stats.get("command_errors"), 0, "{stats:?}");
     assert_eq!(stats.get("device_memory_bytes"), 0, "{stats:?}");
+}
+
+/// How many `name` commands the guest library's channels wrote, by their
+/// call profiles (`RGPU_PROFILE_CALLS=1`, logged as each channel closes).
+fn commands_written(stderr: &str, name: &str) -> u64 {
+    let entry = format!("{name} ");
+    stderr
+        .lines()
+        .filter(|line| line.contains("call profile:"))
+        .filter_map(|line| line.split("; commands: ").nth(1))
+        .filter_map(|commands| commands.split(';').next())
+        .flat_map(|commands| commands.split(", "))
+        .filter_map(|command| command.strip_prefix(&entry)?.parse::<u64>().ok())
+        .sum()
 }
 
 /// CUDA graphs by stream capture (issue 10): captured work is recorded,
