@@ -19,32 +19,16 @@
 set -uo pipefail
 bundle=$(cd "${1:?usage: launch_profile.sh BUNDLE [ROUNDS]}" && pwd)
 rounds=${2:-3}
-native_lib=${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
-logs=${OUT:-$(mktemp -d /tmp/rgpu-launch-profile.XXXXXX)}
-mkdir -p "$logs"
-work=$(mktemp -d /tmp/rgpu-launch-profile-work.XXXXXX)
-daemon_pid=
-cleanup() {
-    [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
-mkdir -p "$work/rgpu-lib"
-ln -s "$bundle/libcuda.so" "$work/rgpu-lib/libcuda.so.1"
+name=launch-profile
+# shellcheck source=tests/bench/profiling.sh
+. "$(dirname "${BASH_SOURCE[0]}")/profiling.sh"
 gcc -O2 -std=c11 -I "$bundle" -o "$work/rgpu_bench" "$bundle/rgpu_bench.c" -ldl || exit 1
 pin() { [ -n "$1" ] && echo taskset -c "$1"; }
-socket=$work/rgpu.sock
 native=()
 [ -e "$native_lib" ] && native=(--native "$native_lib")
 for round in $(seq "$rounds"); do
-    rm -f "$socket"
     # shellcheck disable=SC2046 # pin's words are meant to split
-    env LD_LIBRARY_PATH="$(dirname "$native_lib")" RGPU_PROFILE_LAUNCHES=1 \
-        $(pin "${TASKSET_DAEMON:-}") "$bundle/vhost-device-rgpu" --executor "${RGPU_EXECUTOR:-cuda}" \
-        --socket-path "$socket" ${RGPU_DAEMON_ARGS:-} >"$logs/daemon-$round.log" 2>&1 &
-    daemon_pid=$!
-    for _ in $(seq 600); do [ -S "$socket" ] && break; sleep 0.05; done
-    [ -S "$socket" ] || { echo "FAIL daemon (see $logs/daemon-$round.log)"; exit 1; }
+    start_profiling_daemon "$logs/daemon-$round.log" $(pin "${TASKSET_DAEMON:-}")
     sleep 1
     echo "== round $round"
     # shellcheck disable=SC2046
@@ -53,10 +37,6 @@ for round in $(seq "$rounds"); do
         --ptx "$bundle/reference_kernels.ptx" --sync-iters 20000 --launches 100000 --mib 1 \
         --repeats 1 2>&1 | grep -E "sync round trip, median|launches|launch \+|call profile" \
         | tee "$logs/bench-$round.txt"
-    # The session logs its profile as it ends.
-    sleep 1
-    kill "$daemon_pid" && wait "$daemon_pid" 2>/dev/null
-    daemon_pid=
-    grep -h "profile: " "$logs/daemon-$round.log" | sed 's/.*profile: /profile: /'
+    stop_profiling_daemon "$logs/daemon-$round.log"
 done
 gcc -O2 -o "$work/pingpong" "$bundle/pingpong.c" && "$work/pingpong" 200000 | tee "$logs/pingpong.txt"

@@ -21,7 +21,7 @@
  * Built beside tests/programs/rgpu_cuda.h: gcc -O2 -pthread -I tests/programs
  *   tests/bench/launch_split.c LIBCUDA -o launch_split */
 #define _GNU_SOURCE
-#include "rgpu_cuda.h"
+#include "cuda_check.h"
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -33,16 +33,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-#define CHECK(call)                                                                   \
-    do {                                                                              \
-        CUresult check_rc = (call);                                                   \
-        if (check_rc != CUDA_SUCCESS) {                                               \
-            fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call,      \
-                    (int)check_rc);                                                   \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
 
 #define RING_SLOTS 4096
 #define PUBLISH_EVERY 32

@@ -26,7 +26,7 @@
  * Built beside tests/programs/rgpu_cuda.h: gcc -O2 -pthread -I tests/programs
  *   tests/bench/sync_probe.c LIBCUDA -o sync_probe */
 #define _GNU_SOURCE
-#include "rgpu_cuda.h"
+#include "cuda_check.h"
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <pthread.h>
@@ -37,16 +37,6 @@
 #include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
-
-#define CHECK(call)                                                                   \
-    do {                                                                              \
-        CUresult check_rc = (call);                                                   \
-        if (check_rc != CUDA_SUCCESS) {                                               \
-            fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call,      \
-                    (int)check_rc);                                                   \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
 
 CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned int flags);
 CUresult cuCtxCreate_v4(CUcontext *ctx, void *params, unsigned int flags, CUdevice dev);

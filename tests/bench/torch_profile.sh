@@ -12,25 +12,10 @@
 set -uo pipefail
 bundle=$(cd "${1:?usage: torch_profile.sh BUNDLE [STEPS]}" && pwd)
 steps=${2:-400}
-native_lib=${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
-logs=${OUT:-$(mktemp -d /tmp/rgpu-torch-profile.XXXXXX)}
-mkdir -p "$logs"
-work=$(mktemp -d /tmp/rgpu-torch-profile-work.XXXXXX)
-daemon_pid=
-cleanup() {
-    [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
-mkdir -p "$work/rgpu-lib"
-ln -s "$bundle/libcuda.so" "$work/rgpu-lib/libcuda.so.1"
-ln -s "$bundle/libnvidia_ml.so" "$work/rgpu-lib/libnvidia-ml.so.1"
-socket=$work/rgpu.sock
-env LD_LIBRARY_PATH="$(dirname "$native_lib")" RGPU_PROFILE_LAUNCHES=1 "$bundle/vhost-device-rgpu" \
-    --executor cuda --socket-path "$socket" >"$logs/daemon.log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 600); do [ -S "$socket" ] && break; sleep 0.05; done
-[ -S "$socket" ] || { echo "FAIL daemon (see $logs/daemon.log)"; exit 1; }
+name=torch-profile
+# shellcheck source=tests/bench/profiling.sh
+. "$(dirname "${BASH_SOURCE[0]}")/profiling.sh"
+start_profiling_daemon "$logs/daemon.log"
 echo "native: $(env LD_LIBRARY_PATH="$(dirname "$native_lib")" python3 "$bundle/torch_train.py" "$steps")"
 # The guest library and the worker log a session's profile as it closes:
 # the primary context, which PyTorch never releases (and holds several
@@ -43,8 +28,4 @@ print("primary context reset:", ctypes.CDLL("libcuda.so.1").cuDevicePrimaryCtxRe
     "$bundle/torch_train.py" "$steps" >"$logs/rgpu.txt" 2>&1
 echo "rgpu: $(grep steps_per_s "$logs/rgpu.txt"); $(grep "reset:" "$logs/rgpu.txt")"
 grep -h "call profile" "$logs/rgpu.txt" | sed 's/.*call profile: /guest: /'
-# The session logs its profile as it ends.
-sleep 1
-kill "$daemon_pid" && wait "$daemon_pid" 2>/dev/null
-daemon_pid=
-grep -h "profile: " "$logs/daemon.log" | sed 's/.*profile: /worker: /'
+stop_profiling_daemon "$logs/daemon.log"
