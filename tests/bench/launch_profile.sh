@@ -23,7 +23,6 @@ name=launch-profile
 # shellcheck source=tests/bench/profiling.sh
 . "$(dirname "${BASH_SOURCE[0]}")/profiling.sh"
 gcc -O2 -std=c11 -I "$bundle" -o "$work/rgpu_bench" "$bundle/rgpu_bench.c" -ldl || exit 1
-pin() { [ -n "$1" ] && echo taskset -c "$1"; }
 native=()
 [ -e "$native_lib" ] && native=(--native "$native_lib")
 for round in $(seq "$rounds"); do

@@ -13,6 +13,8 @@
 #   stop_profiling_daemon LOG
 #       stops it once its sessions had a moment to log their profiles,
 #       and prints those lines of LOG
+#   pin CPUS
+#       prints "taskset -c CPUS" for a non-empty CPUS (a wrapper's words)
 # shellcheck shell=bash
 native_lib=${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
 logs=${OUT:-$(mktemp -d "/tmp/rgpu-$name.XXXXXX")}
@@ -49,3 +51,5 @@ stop_profiling_daemon() {
     daemon_pid=
     grep -h "profile: " "$1" | sed 's/.*profile: /worker: /'
 }
+
+pin() { [ -n "$1" ] && echo taskset -c "$1"; }

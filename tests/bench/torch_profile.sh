@@ -8,20 +8,26 @@
 #
 #   tests/bench/torch_profile.sh BUNDLE [STEPS]
 #
-# Logs go to $OUT (or a temp folder).
+# TASKSET_DAEMON / TASKSET_PROGRAM pin the daemon or the training runs (both
+# sides) to CPUs; RGPU_DAEMON_ARGS adds daemon options. Logs go to $OUT (or
+# a temp folder).
 set -uo pipefail
 bundle=$(cd "${1:?usage: torch_profile.sh BUNDLE [STEPS]}" && pwd)
 steps=${2:-400}
 name=torch-profile
 # shellcheck source=tests/bench/profiling.sh
 . "$(dirname "${BASH_SOURCE[0]}")/profiling.sh"
-start_profiling_daemon "$logs/daemon.log"
-echo "native: $(env LD_LIBRARY_PATH="$(dirname "$native_lib")" python3 "$bundle/torch_train.py" "$steps")"
+# shellcheck disable=SC2046 # pin's words are meant to split
+start_profiling_daemon "$logs/daemon.log" $(pin "${TASKSET_DAEMON:-}")
+# shellcheck disable=SC2046
+echo "native: $(env LD_LIBRARY_PATH="$(dirname "$native_lib")" $(pin "${TASKSET_PROGRAM:-}") \
+    python3 "$bundle/torch_train.py" "$steps")"
 # The guest library and the worker log a session's profile as it closes:
 # the primary context, which PyTorch never releases (and holds several
 # times over), is reset at the end.
+# shellcheck disable=SC2046
 env RGPU_SOCKET="$socket" RGPU_PROFILE_CALLS=1 RGPU_LOG=info LD_LIBRARY_PATH="$work/rgpu-lib" \
-    python3 -c 'import ctypes, runpy, sys
+    $(pin "${TASKSET_PROGRAM:-}") python3 -c 'import ctypes, runpy, sys
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 print("primary context reset:", ctypes.CDLL("libcuda.so.1").cuDevicePrimaryCtxReset_v2(0))' \
