@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Where the launch rate and the synchronous round trip go (issue 9):
-# rgpu_bench's launch and sync rows, native and through rgpu, in ROUNDS
+# rgpu_bench's launch, sync and query rows, native and through rgpu, in ROUNDS
 # rounds, each against a fresh daemon whose sessions time every launch and
 # every cuCtxSynchronize (RGPU_PROFILE_LAUNCHES=1) and log, when they end,
 # how long reading it from the ring, executing it and the bookkeeping after
@@ -34,7 +34,7 @@ for round in $(seq "$rounds"); do
     env RGPU_SOCKET="$socket" RGPU_PROFILE_CALLS=1 RGPU_LOG=info $(pin "${TASKSET_PROGRAM:-}") \
         "$work/rgpu_bench" "${native[@]}" --rgpu "$work/rgpu-lib/libcuda.so.1" \
         --ptx "$bundle/reference_kernels.ptx" --sync-iters 20000 --launches 100000 --mib 1 \
-        --repeats 1 2>&1 | grep -E "sync round trip, median|launches|launch \+|call profile" \
+        --repeats 1 2>&1 | grep -E "sync round trip, median|sync, after|launches|launch \+|quer|behind queued|call profile" \
         | tee "$logs/bench-$round.txt"
     stop_profiling_daemon "$logs/daemon-$round.log"
 done

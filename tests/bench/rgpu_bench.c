@@ -11,7 +11,8 @@
  *
  * Measurements:
  *   - synchronous round trip: cuCtxSynchronize on an idle context (median and
- *     mean of --sync-iters calls after a warm-up);
+ *     mean of --sync-iters calls after a warm-up), first on a context that
+ *     has run nothing yet, again (median) after the launch rows;
  *   - launch throughput: --launches launches of rgpu_empty, then one
  *     cuCtxSynchronize, five times (the best run's rate), then five more
  *     runs of each side taken in turn, native first: the "worst run" row
@@ -29,7 +30,9 @@
  *   - host-to-device and device-to-host bandwidth: --mib MiB from
  *     cuMemAllocHost memory, best of --repeats;
  *   - queries (median of 200): cuEventRecord + cuEventQuery, and
- *     cuStreamQuery, on an idle queue and behind 200 queued empty launches.
+ *     cuStreamQuery, on an idle queue and behind 200 queued empty launches
+ *     (behind them also the 10th and 90th percentiles and how many
+ *     answered NOT_READY).
  * Targets (issue 9): sync within 0.5 us of native, launches >= 95% of
  * native in each run, graph replay >= 95% of native (issue 10), small
  * pageable copy <= 1.2x native, pinned bandwidth >= 99% of native,
@@ -96,11 +99,19 @@ struct api {
 /* CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: the bench has one thread. */
 #define CAPTURE_MODE_THREAD_LOCAL 1
 
+/* A query row's spread: percentiles (us) and NOT_READY answers. */
+struct spread {
+    double p10_us, p90_us;
+    int not_ready;
+};
+
 struct results {
     int valid;
     char device[256];
     double sync_median_us;
     double sync_mean_us;
+    /* The same once the context has launched kernels. */
+    double sync_used_median_us;
     double launches_per_s;
     double launch_runs[LAUNCH_RUNS];
     double launch_gpu_runs[LAUNCH_RUNS];
@@ -115,6 +126,9 @@ struct results {
     double event_queued_us;
     double stream_idle_us;
     double stream_queued_us;
+    /* Behind queued work: the 10th and 90th percentiles and how many of
+     * the samples answered NOT_READY (event, then stream). */
+    struct spread queued_spread[2];
 };
 
 struct config {
@@ -205,10 +219,12 @@ static int load_api(struct api *a, const char *label, const char *path) {
 
 /* Median time (us) of one query (an event record + query, or a stream
  * query) after `queued` empty launches, each sample after a synchronize.
- * A query may answer NOT_READY: only its time counts. -1 on an error. */
+ * A query may answer NOT_READY: only its time counts. With `spread`, its
+ * percentiles and NOT_READY count too. -1 on an error. */
 static double query_median(struct api *a, CUfunction empty, CUevent event, int use_event,
-                           int queued) {
+                           int queued, struct spread *spread) {
     double samples[QUERY_SAMPLES];
+    int not_ready = 0;
     for (int i = 0; i < QUERY_SAMPLES; i++) {
         if (a->ctx_synchronize() != CUDA_SUCCESS) return -1;
         for (int k = 0; k < queued; k++)
@@ -218,11 +234,35 @@ static double query_median(struct api *a, CUfunction empty, CUevent event, int u
         CUresult rc = use_event ? a->event_record(event, NULL) : CUDA_SUCCESS;
         if (rc == CUDA_SUCCESS) rc = use_event ? a->event_query(event) : a->stream_query(NULL);
         samples[i] = (now_s() - t0) * 1e6;
-        if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_NOT_READY) return -1;
+        if (rc == CUDA_ERROR_NOT_READY) not_ready++;
+        else if (rc != CUDA_SUCCESS) return -1;
     }
     if (a->ctx_synchronize() != CUDA_SUCCESS) return -1;
     qsort(samples, QUERY_SAMPLES, sizeof *samples, compare_doubles);
+    if (spread) {
+        spread->p10_us = samples[QUERY_SAMPLES / 10];
+        spread->p90_us = samples[QUERY_SAMPLES * 9 / 10];
+        spread->not_ready = not_ready;
+    }
     return samples[QUERY_SAMPLES / 2];
+}
+
+/* The median and mean (us) of `iters` idle synchronizations, after 1000
+ * untimed; `samples` holds `iters`. Nonzero on an error. */
+static int sync_median(struct api *a, long iters, double *samples, double *median, double *mean) {
+    for (int i = 0; i < 1000; i++)
+        if (a->ctx_synchronize() != CUDA_SUCCESS) return -1;
+    double sum = 0;
+    for (long i = 0; i < iters; i++) {
+        double t0 = now_s();
+        if (a->ctx_synchronize() != CUDA_SUCCESS) return -1;
+        samples[i] = (now_s() - t0) * 1e6;
+        sum += samples[i];
+    }
+    qsort(samples, (size_t)iters, sizeof *samples, compare_doubles);
+    *median = samples[iters / 2];
+    *mean = sum / (double)iters;
+    return 0;
 }
 
 static int measure(struct api *a, const struct config *c, const char *ptx, struct results *r) {
@@ -248,21 +288,12 @@ static int measure(struct api *a, const struct config *c, const char *ptx, struc
     CALL(a->primary_ctx_retain(&ctx, dev));
     CALL(a->ctx_set_current(ctx));
 
-    /* Synchronous round trip on an idle context. */
+    /* Synchronous round trip on an idle context, before it ran anything. */
     samples = malloc(sizeof *samples * (size_t)c->sync_iters);
     if (!samples) goto out;
-    for (int i = 0; i < 1000; i++) CALL(a->ctx_synchronize());
-    {
-        double sum = 0;
-        for (long i = 0; i < c->sync_iters; i++) {
-            double t0 = now_s();
-            CALL(a->ctx_synchronize());
-            samples[i] = (now_s() - t0) * 1e6;
-            sum += samples[i];
-        }
-        qsort(samples, (size_t)c->sync_iters, sizeof *samples, compare_doubles);
-        r->sync_median_us = samples[c->sync_iters / 2];
-        r->sync_mean_us = sum / (double)c->sync_iters;
+    if (sync_median(a, c->sync_iters, samples, &r->sync_median_us, &r->sync_mean_us)) {
+        fprintf(stderr, "%s: a synchronize failed\n", a->label);
+        goto out;
     }
 
     /* Empty-kernel launches, then one synchronize. */
@@ -343,12 +374,22 @@ static int measure(struct api *a, const struct config *c, const char *ptx, struc
         r->small_pageable_us = lat[LATENCY_SAMPLES / 2];
     }
 
+    /* The synchronous round trip again, now that the context has run
+     * kernels: the driver's own idle synchronize costs more from then on. */
+    {
+        double mean_unused;
+        if (sync_median(a, c->sync_iters, samples, &r->sync_used_median_us, &mean_unused)) {
+            fprintf(stderr, "%s: a synchronize failed\n", a->label);
+            goto out;
+        }
+    }
+
     /* Queries, idle and behind queued launches. */
     CALL(a->event_create(&event, 0x2 /* CU_EVENT_DISABLE_TIMING */));
-    r->event_idle_us = query_median(a, empty, event, 1, 0);
-    r->event_queued_us = query_median(a, empty, event, 1, QUEUED_LAUNCHES);
-    r->stream_idle_us = query_median(a, empty, event, 0, 0);
-    r->stream_queued_us = query_median(a, empty, event, 0, QUEUED_LAUNCHES);
+    r->event_idle_us = query_median(a, empty, event, 1, 0, NULL);
+    r->event_queued_us = query_median(a, empty, event, 1, QUEUED_LAUNCHES, &r->queued_spread[0]);
+    r->stream_idle_us = query_median(a, empty, event, 0, 0, NULL);
+    r->stream_queued_us = query_median(a, empty, event, 0, QUEUED_LAUNCHES, &r->queued_spread[1]);
     if (r->event_idle_us < 0 || r->event_queued_us < 0 || r->stream_idle_us < 0 ||
         r->stream_queued_us < 0) {
         fprintf(stderr, "%s: a query failed\n", a->label);
@@ -567,6 +608,8 @@ int main(int argc, char **argv) {
         DIFFERENCE, 0.5, "within 0.5 us of native");
     row("sync round trip, mean (us)", native.sync_mean_us, rgpu.sync_mean_us, &native, &rgpu,
         DIFFERENCE, 0.5, "within 0.5 us of native");
+    row("sync, after kernels ran, median (us)", native.sync_used_median_us,
+        rgpu.sync_used_median_us, &native, &rgpu, DIFFERENCE, 0.5, "within 0.5 us of native");
     row("empty-kernel launches, best (1/s)", native.launches_per_s, rgpu.launches_per_s, &native,
         &rgpu, HIGHER_RATIO, 0.95, ">= 95% of native");
     {
@@ -621,5 +664,18 @@ int main(int argc, char **argv) {
         LOWER_RATIO, 1.5, "<= 1.5x native");
     row("stream query, queued (us)", native.stream_queued_us, rgpu.stream_queued_us, &native,
         &rgpu, LOWER_RATIO, 1.5, "<= 1.5x native");
+    {
+        const struct results *sides[2] = {&native, &rgpu};
+        const char *names[2] = {"native", "rgpu"};
+        printf("  behind queued work, p10/p50/p90 us (NOT_READY of %d):", QUERY_SAMPLES);
+        for (int s = 0; s < 2; s++) {
+            if (!sides[s]->valid) continue;
+            const struct spread *e = &sides[s]->queued_spread[0], *q = &sides[s]->queued_spread[1];
+            printf(" %s event %.2f/%.2f/%.2f (%d), stream %.2f/%.2f/%.2f (%d);", names[s],
+                   e->p10_us, sides[s]->event_queued_us, e->p90_us, e->not_ready, q->p10_us,
+                   sides[s]->stream_queued_us, q->p90_us, q->not_ready);
+        }
+        printf("\n");
+    }
     return failed;
 }

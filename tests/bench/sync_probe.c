@@ -17,6 +17,11 @@
  * context again, with all of them).
  *
  *   sync_probe PTX [SAMPLES]
+ *   sync_probe PTX fresh      the same median in a fresh primary context as
+ *                             it is used step by step: untouched (rgpu_bench
+ *                             measures its sync row first thing), 64 MiB
+ *                             registered, a module loaded, one launch, 2000
+ *                             launches
  *   sync_probe PTX hold       holds a context with 1 MiB allocated until
  *                             killed: run the probe again meanwhile for its
  *                             figures beside another process's context (the
@@ -105,7 +110,8 @@ static void allow_all_seccomp(void) {
     }
 }
 
-static void load_empty(const char *path) {
+/* Loads the reference kernels' rgpu_empty into `empty`. */
+static void load_module(const char *path) {
     FILE *ptx_file = fopen(path, "rb");
     if (!ptx_file) {
         perror(path);
@@ -118,17 +124,36 @@ static void load_empty(const char *path) {
     CUmodule module;
     CHECK(cuModuleLoadData(&module, ptx));
     CHECK(cuModuleGetFunction(&empty, module, "rgpu_empty"));
-    for (int i = 0; i < 2000; i++) CHECK(cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+}
+
+static void launch_empty(int count) {
+    for (int i = 0; i < count; i++) CHECK(cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
     CHECK(cuCtxSynchronize());
+}
+
+static void load_empty(const char *path) {
+    load_module(path);
+    launch_empty(2000);
+}
+
+/* 64 MiB of host memory registered as the worker registers blobs. */
+static void register_host(void) {
+    size_t bytes = 64 << 20;
+    void *host = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (host == MAP_FAILED) exit(1);
+    memset(host, 1, bytes);
+    CHECK(cuMemHostRegister_v2(host, bytes, 0x01 | 0x02));
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: sync_probe PTX [SAMPLES]\n");
+        fprintf(stderr, "usage: sync_probe PTX [SAMPLES] | PTX fresh [SAMPLES] | PTX hold\n");
         return 2;
     }
     int hold = argc > 2 && strcmp(argv[2], "hold") == 0;
-    if (argc > 2 && !hold) samples = atol(argv[2]);
+    int fresh = argc > 2 && strcmp(argv[2], "fresh") == 0;
+    if (argc > 2 && !hold && !fresh) samples = atol(argv[2]);
+    if (fresh && argc > 3) samples = atol(argv[3]);
     if (samples < 1) samples = 1;
     CUdevice dev;
     CHECK(cuInit(0));
@@ -142,6 +167,18 @@ int main(int argc, char **argv) {
         fflush(stdout);
         for (;;) pause();
     }
+    if (fresh) {
+        printf("fresh        %.3f us\n", idle_sync_us());
+        register_host();
+        printf("registered   %.3f us\n", idle_sync_us());
+        load_module(argv[1]);
+        printf("module       %.3f us\n", idle_sync_us());
+        launch_empty(1);
+        printf("one launch   %.3f us\n", idle_sync_us());
+        launch_empty(2000);
+        printf("2000 launches %.3f us\n", idle_sync_us());
+        return 0;
+    }
     load_empty(argv[1]);
     printf("alone        %.3f us\n", idle_sync_us());
     printf("alone        %.3f us\n", idle_sync_us());
@@ -150,11 +187,7 @@ int main(int argc, char **argv) {
     struct timespec pause = {0, 100 * 1000 * 1000};
     nanosleep(&pause, NULL);
     printf("parked       %.3f us\n", idle_sync_us());
-    size_t bytes = 64 << 20;
-    void *host = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (host == MAP_FAILED) return 1;
-    memset(host, 1, bytes);
-    CHECK(cuMemHostRegister_v2(host, bytes, 0x01 | 0x02));
+    register_host();
     printf("registered   %.3f us\n", idle_sync_us());
     CUcontext own;
     CHECK(cuCtxCreate_v4(&own, NULL, CU_CTX_MAP_HOST, dev));

@@ -2,8 +2,9 @@
 seeded, for issue 9's benchmark (tests/bench/perf_bench.sh): run it natively
 and through rgpu and compare steps per second and the final loss.
 
-    torch_train.py [STEPS]      prints "steps_per_s S loss L" (S: the median
-                                of windows of 50 steps)
+    torch_train.py [STEPS]      prints "steps_per_s S loss L windows LOW-HIGH"
+                                (S: the median of windows of 50 steps, LOW
+                                and HIGH the slowest and fastest window)
 """
 
 import sys
@@ -81,4 +82,7 @@ for _ in range(max(1, steps // window)):
     rates.append(window / (time.perf_counter() - start))
 final = loss.item()
 rates.sort()
-print(f"steps_per_s {rates[len(rates) // 2]:.2f} loss {final:.6f}")
+print(
+    f"steps_per_s {rates[len(rates) // 2]:.2f} loss {final:.6f} "
+    f"windows {rates[0]:.1f}-{rates[-1]:.1f}"
+)
