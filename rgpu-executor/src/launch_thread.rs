@@ -40,13 +40,18 @@ const QUEUE_DEPTH: usize = 256;
 const INLINE_PARAMS: usize = 192;
 /// Polls of the fence before it yields the CPU between them.
 const FENCE_SPINS: u32 = 2_000;
+/// Launches left queued when a session that found the queue full queues
+/// again: it refills half the queue in one go instead of one slot per
+/// launch the driver takes, so it can sleep in between.
+const REFILL_BELOW: u64 = QUEUE_DEPTH as u64 / 2;
 /// Pauses between two looks at a full queue: each look takes the line the
 /// launch thread writes next, so the session looks a few times per launch
 /// rather than continually.
 const FULL_QUEUE_PAUSES: u32 = 64;
-/// How long a session whose queue stayed full for the spin time sleeps
-/// between looks: a full queue holds hundreds of microseconds of launches,
-/// so the thread never runs dry meanwhile.
+/// How long a session waiting for its queue to drain to [`REFILL_BELOW`]
+/// sleeps between looks once it has polled for the spin time: half a
+/// queue holds hundreds of microseconds of launches, so the thread never
+/// runs dry meanwhile.
 const FULL_QUEUE_NAP: Duration = Duration::from_micros(20);
 
 /// One kernel launch, as `cuLaunchKernel` takes it, but its parameters.
@@ -196,28 +201,29 @@ impl LaunchThread {
     /// thread is gone (the caller launches itself).
     ///
     /// A session that launches faster than the driver takes its launches
-    /// fills the queue (unless the scheduler's fences drain it first, as
-    /// on the H200 host, ARCHITECTURE 7a). It waits for room by polling the
-    /// thread's count of launches done for the spin time, then naps
-    /// between looks (the thread never wakes a waiting session: that would
-    /// be a system call on the thread that bounds the launch rate).
+    /// fills the queue. It then waits until the thread has taken half of
+    /// it ([`REFILL_BELOW`]), polling the thread's count of launches done
+    /// for the spin time, then napping between looks (the thread never
+    /// wakes a waiting session: that would be a system call on the thread
+    /// that bounds the launch rate). Waiting for one free slot kept the
+    /// session's CPU busy for as long as the burst lasted, one slot per
+    /// driver call, beside the guest's thread and the launch thread.
     pub fn queue(&mut self, launch: Launch, params: Vec<u8>) -> Result<(), (Launch, Vec<u8>)> {
-        let depth = QUEUE_DEPTH as u64;
-        let mut full_since: Option<Instant> = None;
-        while self.queued.saturating_sub(self.done_seen) >= depth {
+        if self.queued.saturating_sub(self.done_seen) >= QUEUE_DEPTH as u64 {
             self.done_seen = self.shared.done.0.load(Ordering::Acquire);
-            if self.queued.saturating_sub(self.done_seen) < depth {
-                break;
-            }
-            if !self.thread_alive() {
-                return Err((launch, params));
-            }
-            if full_since.get_or_insert_with(Instant::now).elapsed() < self.spin {
-                for _ in 0..FULL_QUEUE_PAUSES {
-                    std::hint::spin_loop();
+            let mut full_since: Option<Instant> = None;
+            while self.queued.saturating_sub(self.done_seen) > REFILL_BELOW {
+                if !self.thread_alive() {
+                    return Err((launch, params));
                 }
-            } else {
-                std::thread::sleep(FULL_QUEUE_NAP);
+                if full_since.get_or_insert_with(Instant::now).elapsed() < self.spin {
+                    for _ in 0..FULL_QUEUE_PAUSES {
+                        std::hint::spin_loop();
+                    }
+                } else {
+                    std::thread::sleep(FULL_QUEUE_NAP);
+                }
+                self.done_seen = self.shared.done.0.load(Ordering::Acquire);
             }
         }
         if !self.thread_alive() {
@@ -465,6 +471,15 @@ mod tests {
         let count = u32::try_from(QUEUE_DEPTH).unwrap_or(u32::MAX) + 40;
         for n in 0..count {
             assert!(launcher.queue(launch(5, n), params()).is_ok());
+            // The launch that found the queue full waited for half of it.
+            if n as usize == QUEUE_DEPTH {
+                let done = launcher.shared.done.0.load(Ordering::Acquire);
+                assert!(
+                    launcher.queued - done <= QUEUE_DEPTH as u64 / 2 + 1,
+                    "{} launches still queued",
+                    launcher.queued - done
+                );
+            }
         }
         launcher.fence();
         assert_eq!(seen_by(5), (0..count).collect::<Vec<_>>());
