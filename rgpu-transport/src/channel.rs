@@ -173,6 +173,18 @@ struct State {
     awaited: &'static str,
 }
 
+impl State {
+    /// Runs `wait`, timed in the call profile (if any) as a wait for `what`.
+    fn profiled_wait<T>(&mut self, what: &'static str, wait: impl FnOnce(&mut Self) -> T) -> T {
+        let began = self.calls.as_ref().map(|_| Instant::now());
+        let result = wait(self);
+        if let (Some(calls), Some(began)) = (&mut self.calls, began) {
+            calls.add_wait(what, began);
+        }
+        result
+    }
+}
+
 /// Where events and streams were last given work, for queries (a mutex of
 /// its own: a query must not wait for another thread's call). A position
 /// is the ring's (a ring channel) or the count of requests (a remote one).
@@ -524,12 +536,9 @@ impl Channel {
         if self.consumed(state)? >= until {
             return Ok(());
         }
-        let began = state.calls.as_ref().map(|_| Instant::now());
-        let waited = self.wait_consumed_spinning(state, until, expected);
-        if let (Some(calls), Some(began)) = (&mut state.calls, began) {
-            calls.add_wait("a copy's earlier pieces", began);
-        }
-        waited
+        state.profiled_wait("a copy's earlier pieces", |state| {
+            self.wait_consumed_spinning(state, until, expected)
+        })
     }
 
     /// [`Self::wait_consumed`] once the host is known to be behind.
@@ -682,12 +691,9 @@ impl Channel {
         if self.has_room(state, len) || self.look_for_room(state, len)? {
             return Ok(());
         }
-        let began = state.calls.as_ref().map(|_| Instant::now());
-        let waited = self.wait_space_spinning(state, len);
-        if let (Some(calls), Some(began)) = (&mut state.calls, began) {
-            calls.add_wait("room in the ring", began);
-        }
-        waited
+        state.profiled_wait("room in the ring", |state| {
+            self.wait_space_spinning(state, len)
+        })
     }
 
     /// [`Self::wait_space`] once the ring is known to be full.
@@ -978,12 +984,8 @@ impl Channel {
         seq: u64,
         spin: Duration,
     ) -> Result<Reply, CarrierError> {
-        let began = state.calls.as_ref().map(|_| Instant::now());
-        let reply = self.wait_reply_polling(state, seq, spin);
-        if let (Some(calls), Some(began)) = (&mut state.calls, began) {
-            calls.add_wait(state.awaited, began);
-        }
-        reply
+        let awaited = state.awaited;
+        state.profiled_wait(awaited, |state| self.wait_reply_polling(state, seq, spin))
     }
 
     /// [`Self::wait_reply_spinning`] without the profile.

@@ -48,10 +48,10 @@
 #define DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
 #define STREAM_CAPTURE_STATUS_NONE 0
 #define FUNC_CACHE_PREFER_SHARED 1
+#define FUNC_CACHE_PREFER_L1 2
 /* Rounds of PyTorch's set-then-read pattern (tests/tests/framework_queries.rs
  * relies on the count). */
 #define ATTRIBUTE_STEPS 20
-#define FUNC_CACHE_PREFER_L1 2
 typedef size_t (*BlockToDynamicSmem)(int block_size);
 
 CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr);
