@@ -545,6 +545,8 @@ pub struct CudaExecutor {
     /// Contexts launch kernels on a thread of their own, which polls its
     /// queue this long before it sleeps ([`CudaExecutor::with_launch_thread`]).
     launch_thread: Option<std::time::Duration>,
+    /// Launch threads log where their time went when they end.
+    profile_launches: bool,
 }
 
 // SAFETY: the primary context handle is only passed to the driver, which is
@@ -561,6 +563,13 @@ impl CudaExecutor {
     /// no launch thread).
     pub fn with_launch_thread(mut self, spin: Option<std::time::Duration>) -> Self {
         self.launch_thread = spin;
+        self
+    }
+
+    /// Whether each launch thread logs, when it ends, how long the driver
+    /// took and how long it waited for its session (`--profile-launches`).
+    pub fn with_launch_profile(mut self, profile: bool) -> Self {
+        self.profile_launches = profile;
         self
     }
 
@@ -719,6 +728,7 @@ impl CudaExecutor {
             entry,
             nvml,
             launch_thread: None,
+            profile_launches: false,
         })
     }
 }
@@ -768,7 +778,13 @@ impl Executor for CudaExecutor {
             (ctx, None)
         };
         let launcher = match self.launch_thread {
-            Some(spin) => match LaunchThread::start(ctx, make_current, launch_with_params, spin) {
+            Some(spin) => match LaunchThread::start(
+                ctx,
+                make_current,
+                launch_with_params,
+                spin,
+                self.profile_launches,
+            ) {
                 Ok(thread) => Some(thread),
                 Err(e) => {
                     warn!("cuda: no launch thread ({e}): the session launches itself");
@@ -1687,6 +1703,12 @@ impl ContextExecutor for CudaContext {
 
     fn stream_query(&mut self, stream: StreamRef) -> CuResult<()> {
         let stream = self.stream(stream);
+        // Asked unfenced (the session's completion looks): a launch still
+        // on the launch thread is work of the stream the driver has not
+        // seen yet.
+        if let Some(true) = self.launcher.as_ref().map(|l| l.has_queued_on(stream)) {
+            return Err(CUDA_ERROR_NOT_READY);
+        }
         // SAFETY: NULL, per-thread or a live stream.
         check("cuStreamQuery", unsafe { sys::cuStreamQuery(stream) })
     }

@@ -27,9 +27,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
-use log::warn;
+use log::{info, warn};
 
 use rgpu_proto::cuda_result::CUDA_SUCCESS;
+use rgpu_proto::stage_samples::StageSamples;
 
 use crate::CuResult;
 
@@ -53,6 +54,9 @@ const FULL_QUEUE_PAUSES: u32 = 64;
 /// queue holds hundreds of microseconds of launches, so the thread never
 /// runs dry meanwhile.
 const FULL_QUEUE_NAP: Duration = Duration::from_micros(20);
+/// A wait for the session between two launches that the thread's profile
+/// counts as one (shorter ones are the queue's own cost).
+const COUNTED_GAP: Duration = Duration::from_micros(1);
 
 /// One kernel launch, as `cuLaunchKernel` takes it, but its parameters.
 #[derive(Clone, Copy)]
@@ -137,6 +141,10 @@ pub(crate) struct LaunchThread {
     queued: u64,
     /// `done` as last read: room is known without reading it again.
     done_seen: u64,
+    /// The stream of each slot's launch, the session's own copy (the
+    /// thread never reads it): what [`LaunchThread::has_queued_on`] looks
+    /// at without touching the slots the thread reads.
+    streams: Box<[sys::CUstream]>,
     /// How long a full queue is polled before the session naps between
     /// looks.
     spin: Duration,
@@ -147,12 +155,14 @@ pub(crate) struct LaunchThread {
 impl LaunchThread {
     /// A thread that makes `ctx` current with `make_current`, then launches
     /// with `launch` (both call the driver; tests pass their own), polling
-    /// its queue for `spin` before it parks.
+    /// its queue for `spin` before it parks; with `profile`, it logs where
+    /// its time went when it ends ([`ThreadProfile`]).
     pub fn start(
         ctx: sys::CUcontext,
         make_current: fn(sys::CUcontext) -> CuResult<()>,
         launch: LaunchFn,
         spin: Duration,
+        profile: bool,
     ) -> std::io::Result<LaunchThread> {
         let null_launch = Launch {
             function: std::ptr::null_mut(),
@@ -183,10 +193,24 @@ impl LaunchThread {
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("rgpu-launch".into())
-            .spawn(move || run(&context, &thread_shared, make_current, launch, spin))?;
+            .spawn(move || {
+                let mut profile = profile.then(ThreadProfile::default);
+                run(
+                    &context,
+                    &thread_shared,
+                    make_current,
+                    launch,
+                    spin,
+                    profile.as_mut(),
+                );
+                if let Some(summary) = profile.and_then(|p| p.summary()) {
+                    info!("launch thread: {summary}");
+                }
+            })?;
         Ok(LaunchThread {
             queued: 0,
             done_seen: 0,
+            streams: vec![std::ptr::null_mut(); QUEUE_DEPTH].into_boxed_slice(),
             spin,
             shared,
             thread: Some(thread),
@@ -238,6 +262,12 @@ impl LaunchThread {
         // stored `done`; the thread reads it again only once `queued`
         // below is published.
         let slot = unsafe { &mut *cell.0.get() };
+        if let Some(stream) = self
+            .streams
+            .get_mut((self.queued % QUEUE_DEPTH as u64) as usize)
+        {
+            *stream = launch.stream;
+        }
         slot.launch = launch;
         slot.params_len = params.len();
         slot.spilled = match slot.inline.get_mut(..params.len()) {
@@ -276,6 +306,16 @@ impl LaunchThread {
         }
     }
 
+    /// Whether a launch on `stream` is queued and not yet handed to the
+    /// driver: the driver would call the stream idle without it, so a query
+    /// of the stream must not ask the driver then. Launches are queued on
+    /// the session's thread alone, the caller's: none can come meanwhile.
+    pub fn has_queued_on(&self, stream: sys::CUstream) -> bool {
+        let done = self.shared.done.0.load(Ordering::Acquire);
+        (done..self.queued)
+            .any(|launch| self.streams.get((launch % QUEUE_DEPTH as u64) as usize) == Some(&stream))
+    }
+
     /// The first error of a launch since the last call, if any.
     pub fn take_failure(&self) -> Option<u32> {
         // A load first: a swap would take the line from the thread's core
@@ -309,6 +349,7 @@ fn run(
     make_current: fn(sys::CUcontext) -> CuResult<()>,
     launch: LaunchFn,
     spin: Duration,
+    mut profile: Option<&mut ThreadProfile>,
 ) {
     let code = match make_current(context.0) {
         Ok(()) => CUDA_SUCCESS,
@@ -341,6 +382,9 @@ fn run(
             if shared.queued.0.load(Ordering::SeqCst) == done
                 && !shared.closed.load(Ordering::SeqCst)
             {
+                if let Some(profile) = profile.as_deref_mut() {
+                    profile.parked();
+                }
                 // Spurious returns are fine: the loop looks again.
                 std::thread::park();
             }
@@ -356,10 +400,14 @@ fn run(
         // past it (read with acquire), and writes it again only after
         // `done` passes it (below, after the last use).
         let slot = unsafe { &mut *cell.0.get() };
+        let called_at = profile.as_ref().map(|_| Instant::now());
         let result = match code {
             CUDA_SUCCESS => launch(&slot.launch, slot.params()),
             failed => Err(failed),
         };
+        if let (Some(profile), Some(called_at)) = (profile.as_deref_mut(), called_at) {
+            profile.launched(called_at, Instant::now());
+        }
         slot.spilled = None;
         if let Err(failed) = result {
             let _ = shared.failure.0.compare_exchange(
@@ -371,6 +419,73 @@ fn run(
         }
         done += 1;
         shared.done.0.store(done, Ordering::Release);
+    }
+}
+
+/// Where a launch thread's time went (`--profile-launches`, issue 9): the
+/// driver's calls, and the waits between two of them while the thread
+/// polled an empty queue (the session had not queued the next launch yet:
+/// reading the ring, or draining the queue for a call that must follow
+/// the launches). The rate a burst reaches is the driver's time alone only
+/// if those waits are nothing.
+#[derive(Debug, Default)]
+struct ThreadProfile {
+    launches: u64,
+    driver: Duration,
+    /// Waits between launches of [`COUNTED_GAP`] or more, not ended by
+    /// parking.
+    waits: u64,
+    waited: Duration,
+    /// All time between two launches the thread did not park in.
+    between: Duration,
+    parks: u64,
+    last_return: Option<Instant>,
+    /// Each launch's driver call and the gap before it (0 after a park).
+    samples: StageSamples<2>,
+}
+
+impl ThreadProfile {
+    fn launched(&mut self, called_at: Instant, returned_at: Instant) {
+        self.launches += 1;
+        let call = returned_at.saturating_duration_since(called_at);
+        self.driver += call;
+        let gap = self
+            .last_return
+            .map_or(Duration::ZERO, |t| called_at.saturating_duration_since(t));
+        self.between += gap;
+        if gap >= COUNTED_GAP {
+            self.waits += 1;
+            self.waited += gap;
+        }
+        self.samples.push([call, gap]);
+        self.last_return = Some(returned_at);
+    }
+
+    /// The thread parks: the next gap is not a wait within a burst.
+    fn parked(&mut self) {
+        self.parks += 1;
+        self.last_return = None;
+    }
+
+    fn summary(&self) -> Option<String> {
+        if self.launches == 0 {
+            return None;
+        }
+        let busy = self.driver + self.between;
+        Some(format!(
+            "{} launches, driver {} ns each (median {} ns); between launches {} ns each \
+             (median {} ns), {} waits of 1 us or more for {:.2} ms: {:.1}% of the time \
+             between parks; parked {} times",
+            self.launches,
+            self.driver.as_nanos() / u128::from(self.launches),
+            self.samples.median(0),
+            self.between.as_nanos() / u128::from(self.launches),
+            self.samples.median(1),
+            self.waits,
+            self.waited.as_secs_f64() * 1e3,
+            100.0 * self.waited.as_secs_f64() / busy.as_secs_f64().max(1e-9),
+            self.parks,
+        ))
     }
 }
 
@@ -435,7 +550,7 @@ mod tests {
     }
 
     fn thread() -> LaunchThread {
-        LaunchThread::start(std::ptr::null_mut(), made_current, fake_launch, SPIN)
+        LaunchThread::start(std::ptr::null_mut(), made_current, fake_launch, SPIN, false)
             .unwrap_or_else(|e| panic!("no thread: {e}"))
     }
 
@@ -546,11 +661,65 @@ mod tests {
         fn refused(_: sys::CUcontext) -> CuResult<()> {
             Err(CUDA_ERROR_INVALID_VALUE)
         }
-        let mut launcher = LaunchThread::start(std::ptr::null_mut(), refused, fake_launch, SPIN)
-            .unwrap_or_else(|e| panic!("no thread: {e}"));
+        let mut launcher =
+            LaunchThread::start(std::ptr::null_mut(), refused, fake_launch, SPIN, false)
+                .unwrap_or_else(|e| panic!("no thread: {e}"));
         assert!(launcher.queue(launch(4, 0), params()).is_ok());
         launcher.fence();
         assert_eq!(launcher.take_failure(), Some(CUDA_ERROR_INVALID_VALUE));
         assert!(seen_by(4).is_empty());
+    }
+
+    #[test]
+    fn the_profile_counts_waits_within_bursts_not_across_parks() {
+        let us = Duration::from_micros;
+        let t0 = Instant::now();
+        let mut profile = ThreadProfile::default();
+        assert_eq!(profile.summary(), None);
+        profile.launched(t0, t0 + us(3));
+        // Half a microsecond between: the queue's own cost, not a wait.
+        profile.launched(
+            t0 + Duration::from_nanos(3_500),
+            t0 + Duration::from_nanos(6_500),
+        );
+        profile.launched(t0 + us(10), t0 + us(13));
+        profile.parked();
+        profile.launched(t0 + us(500), t0 + us(503));
+        assert_eq!(profile.launches, 4);
+        assert_eq!(profile.driver, us(12));
+        assert_eq!(profile.waits, 1);
+        assert_eq!(profile.waited, Duration::from_nanos(3_500));
+        assert_eq!(profile.between, us(4));
+        assert_eq!(profile.parks, 1);
+        let summary = profile.summary().unwrap_or_default();
+        assert!(
+            summary.starts_with("4 launches, driver 3000 ns each (median 3000 ns)"),
+            "{summary}"
+        );
+        // 3.5 us waited of 12 us in the driver and 4 us between launches.
+        assert!(
+            summary.contains("1 waits of 1 us or more for 0.00 ms: 21.9%"),
+            "{summary}"
+        );
+    }
+
+    #[test]
+    fn a_stream_is_known_busy_while_a_launch_on_it_is_queued() {
+        let mut launcher = thread();
+        let (one, two) = (without_provenance_mut(0x10), without_provenance_mut(0x20));
+        assert!(!launcher.has_queued_on(one));
+        for n in 0..4 {
+            let on_one = Launch {
+                stream: one,
+                ..launch(8, n)
+            };
+            assert!(launcher.queue(on_one, params()).is_ok());
+        }
+        // Each fake launch takes 300 µs: the last is still queued.
+        assert!(launcher.has_queued_on(one));
+        assert!(!launcher.has_queued_on(two));
+        launcher.fence();
+        assert!(!launcher.has_queued_on(one));
+        assert_eq!(seen_by(8), vec![0, 1, 2, 3]);
     }
 }

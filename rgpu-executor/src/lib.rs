@@ -531,7 +531,9 @@ pub trait ContextExecutor {
     fn stream_create(&mut self, flags: u32, priority: i32) -> CuResult<u64>;
     fn stream_destroy(&mut self, stream: u64) -> CuResult<()>;
     fn stream_synchronize(&mut self, stream: StreamRef) -> CuResult<()>;
-    /// `Ok(())` when idle, `Err(CUDA_ERROR_NOT_READY)` when busy.
+    /// `Ok(())` when idle, `Err(CUDA_ERROR_NOT_READY)` when busy. May be
+    /// asked without a [`ContextExecutor::fence`] first: launches still
+    /// queued on the stream make it busy.
     fn stream_query(&mut self, stream: StreamRef) -> CuResult<()>;
     fn stream_wait_event(&mut self, stream: StreamRef, event: u64, flags: u32) -> CuResult<()>;
 

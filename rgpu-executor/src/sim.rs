@@ -2175,6 +2175,13 @@ impl ContextExecutor for SimContext {
             self.invalidated_captures.insert(stream_key(stream));
             return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
+        // Asked unfenced, as the cuda executor may be: a deferred launch on
+        // the stream is work the "driver" has not seen.
+        if let Some(deferred) = &self.deferred {
+            if deferred.iter().any(|launch| launch.stream == stream) {
+                return Err(CUDA_ERROR_NOT_READY);
+            }
+        }
         self.idle()
     }
 

@@ -60,8 +60,13 @@ pub trait ComputeGate: Send + Sync + std::fmt::Debug {
 /// How long a burst is fenced as if arbitrated (a few of the scheduler's
 /// steps).
 pub const PROBATION: Duration = Duration::from_micros(600);
-/// How often a fence is sampled while the tenant runs unarbitrated.
-pub const SAMPLE_EVERY: Duration = Duration::from_micros(200);
+/// How often a fence is sampled while the tenant runs unarbitrated. Each
+/// drains the launch queue and records an event on the session's thread
+/// while the launch thread waits (a few microseconds): at 200 µs that was
+/// a few percent of a launch burst, and a tenant alone needs no finer
+/// view (busy while anything is unfenced; the last fence goes in when the
+/// session idles).
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(1);
 /// How often pending fences are looked at between submissions.
 const POLL_EVERY: Duration = Duration::from_micros(50);
 /// Fences pending at most while the scheduler arbitrates.
@@ -165,10 +170,10 @@ impl Fences {
         Ok(())
     }
 
-    /// Drops the fences whose work completed; fences submissions that have
-    /// none once the rest completed (so [`Fences::busy`] turns false only
-    /// when everything is done). `force`: look now, not only every
-    /// `POLL_EVERY`.
+    /// Drops the fences whose work completed. `force` (the idle session):
+    /// looks now, not only every `POLL_EVERY`, and fences submissions that
+    /// have none once the rest completed, so [`Fences::busy`] turns false
+    /// only when everything is done.
     pub fn poll(&mut self, ctx: &mut dyn ContextExecutor, force: bool, now: Instant) {
         if !force
             && self
@@ -185,7 +190,10 @@ impl Fences {
             self.pending.pop_front();
             self.spare.push(event);
         }
-        if !self.unfenced.is_empty() && self.fence_unfenced(ctx).is_err() {
+        // Between submissions the next sample (`submitted`) fences them:
+        // a fence here too, every poll while the GPU kept up, drained the
+        // launch queue that often.
+        if force && !self.unfenced.is_empty() && self.fence_unfenced(ctx).is_err() {
             // No fence can be recorded (a faulted context): nothing runs.
             self.unfenced.clear();
         }

@@ -434,12 +434,17 @@ impl Worker {
     }
 
     /// Publishes the events and streams found complete, `position` being
-    /// the end of the last command run.
+    /// the end of the last command run. Between commands, so without a
+    /// fence: draining the launch queue here, every look while launches
+    /// keep coming, left the launch thread idle while this thread asked the
+    /// driver. What the queue still holds keeps its stream busy
+    /// (`ContextExecutor::stream_query`), and every event's record ran on
+    /// this thread, after a fence.
     fn look_at_completions(&mut self, position: u64) {
         if self.captures > 0 {
             return;
         }
-        if let (Some(ctx), Some(channel)) = (self.context.created(), &self.channel) {
+        if let (Some(ctx), Some(channel)) = (self.context.created_unfenced(), &self.channel) {
             self.completions.look(ctx, &self.handles, channel, position);
         }
     }

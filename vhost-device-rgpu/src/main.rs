@@ -269,8 +269,20 @@ enum Tool {
 
 /// The launch thread's poll before it sleeps (the session thread's), if
 /// contexts have one.
-fn launch_thread(args: &Args) -> Option<Duration> {
-    (args.launch_thread == Switch::On).then(|| Duration::from_micros(args.host_spin_us))
+/// How the cuda executor's contexts launch: the launch thread's spin time
+/// (`None`: no thread), and whether it profiles itself.
+#[derive(Debug, Clone, Copy)]
+struct Launching {
+    thread_spin: Option<Duration>,
+    profile: bool,
+}
+
+fn launching(args: &Args) -> Launching {
+    Launching {
+        thread_spin: (args.launch_thread == Switch::On)
+            .then(|| Duration::from_micros(args.host_spin_us)),
+        profile: args.profile_launches,
+    }
 }
 
 /// The executor; `announce` says once (in the connection process) that a
@@ -279,12 +291,17 @@ fn launch_thread(args: &Args) -> Option<Duration> {
 fn make_executor(
     kind: ExecutorKind,
     gpu: u32,
-    launch_thread: Option<Duration>,
+    launching: Launching,
     announce: bool,
 ) -> Result<Arc<dyn Executor>, String> {
     match kind {
         ExecutorKind::Cuda => rgpu_executor::cuda::CudaExecutor::new(gpu)
-            .map(|e| Arc::new(e.with_launch_thread(launch_thread)) as Arc<dyn Executor>)
+            .map(|e| {
+                Arc::new(
+                    e.with_launch_thread(launching.thread_spin)
+                        .with_launch_profile(launching.profile),
+                ) as Arc<dyn Executor>
+            })
             .map_err(|e| e.to_string()),
         #[cfg(feature = "sim")]
         ExecutorKind::Sim => {
@@ -556,7 +573,7 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
         WorkerLimits::default(),
     )
     .with_shareable_fd(args.shareable_fd);
-    let executor = match make_executor(args.executor, args.gpu, launch_thread(&args), true) {
+    let executor = match make_executor(args.executor, args.gpu, launching(&args), true) {
         Ok(executor) => executor,
         Err(e) => {
             return Err(match notifier.send(&Message::Failed(e.clone())) {
@@ -649,7 +666,7 @@ fn serve_worker(args: Args) -> Result<(), String> {
         ),
         None => Counters::default(),
     };
-    let executor = make_executor(args.executor, args.gpu, launch_thread(&args), false)?;
+    let executor = make_executor(args.executor, args.gpu, launching(&args), false)?;
     // From here on NVIDIA's driver is loaded and its devices are open.
     seccomp::install(args.worker_seccomp).map_err(|e| e.to_string())?;
     let kernel_timeout =
