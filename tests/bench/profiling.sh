@@ -12,7 +12,8 @@
 #       under WRAPPER (e.g. taskset -c 3), logging to LOG
 #   stop_profiling_daemon LOG
 #       stops it once its sessions had a moment to log their profiles,
-#       and prints those lines of LOG
+#       and prints those lines of LOG (each session's, and each launch
+#       thread's: its driver time and its waits for the session)
 #   pin CPUS
 #       prints "taskset -c CPUS" for a non-empty CPUS (a wrapper's words)
 # shellcheck shell=bash
@@ -49,7 +50,8 @@ stop_profiling_daemon() {
     sleep 1
     kill "$daemon_pid" && wait "$daemon_pid" 2>/dev/null
     daemon_pid=
-    grep -h "profile: " "$1" | sed 's/.*profile: /worker: /'
+    grep -h -E "profile: |launch thread: " "$1" | sed -e 's/.*profile: /worker: /' \
+        -e 's/.*launch thread: /launch thread: /'
 }
 
 pin() { [ -n "$1" ] && echo taskset -c "$1"; }
