@@ -7,7 +7,9 @@
 #   1. rgpu_bench: sync round trip, launch throughput (five runs), launch +
 #      synchronize, event and stream queries idle and behind 200 launches,
 #      a 4 KiB pageable copy, 256 MiB pinned and pageable both ways; and
-#      again with rgpu's blobs scattered (RGPU_LOCAL_SCATTER_BLOBS=1);
+#      again with rgpu's blobs scattered (RGPU_LOCAL_SCATTER_BLOBS=1); then
+#      the control: its sync, launch and query rows with NVIDIA's library
+#      on both sides, the host's own spread in this run (lines "control:");
 #   2. start-up: 1 and 8 short driver-API programs started at once (wall
 #      time until all are done);
 #   3. PyTorch: torch_train.py, three alternating native/rgpu pairs; the
@@ -61,6 +63,12 @@ elif [ -x "$bundle/tls_loopback_bench" ]; then
     echo "-- the yardstick of the copy rows over the network carrier"
     "$bundle/tls_loopback_bench" 256 | tee "$logs/tls_loopback.txt"
 fi
+
+echo "-- control: NVIDIA's library on both sides"
+"$work/rgpu_bench" --native "$native_lib" --rgpu "$native_lib" --ptx "$ptx" --sync-iters 20000 \
+    --launches 100000 --mib 1 --repeats 1 >"$logs/rgpu_bench-control.txt" 2>&1
+grep -E "sync round trip, median|sync, after|empty-kernel launches|runs in turn|, queued" \
+    "$logs/rgpu_bench-control.txt" | sed 's/^/control: /'
 
 echo "== 2. start-up: short programs started at once"
 run_at_once() { # side count
