@@ -22,6 +22,15 @@
  *                             measures its sync row first thing), 64 MiB
  *                             registered, a module loaded, one launch, 2000
  *                             launches
+ *   sync_probe PTX foreign    the same median once a module is loaded, after
+ *                             2000 launches made by another thread (which
+ *                             then blocks, as rgpu's launch thread parks;
+ *                             this thread synchronizes once before timing),
+ *                             after 2000 launches of this thread's own, and
+ *                             after another thread's again: whether the
+ *                             driver's idle synchronize costs more on a
+ *                             thread that did not submit the work, as the
+ *                             worker's session thread does not
  *   sync_probe PTX hold       holds a context with 1 MiB allocated until
  *                             killed: run the probe again meanwhile for its
  *                             figures beside another process's context (the
@@ -93,6 +102,41 @@ static void *launch_thread(void *arg) {
     return NULL;
 }
 
+/* A burst of `count` empty launches from a thread of its own, which then
+ * blocks until the end (rgpu's launch thread between bursts); returns once
+ * the launches are made, not run. */
+struct burst {
+    int count;
+    int made;
+};
+
+static void *foreign_burst(void *arg) {
+    struct burst *burst = arg;
+    CHECK(cuCtxSetCurrent(ctx));
+    for (int i = 0; i < burst->count; i++)
+        CHECK(cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    pthread_mutex_lock(&lock);
+    burst->made = 1;
+    pthread_cond_broadcast(&wake);
+    while (!released) pthread_cond_wait(&wake, &lock);
+    pthread_mutex_unlock(&lock);
+    return NULL;
+}
+
+static void launch_on_another_thread(int count) {
+    static struct burst bursts[4];
+    static int used;
+    if (used == 4) exit(1);
+    struct burst *burst = &bursts[used++];
+    burst->count = count;
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, foreign_burst, burst) != 0) exit(1);
+    pthread_mutex_lock(&lock);
+    while (!burst->made) pthread_cond_wait(&wake, &lock);
+    pthread_mutex_unlock(&lock);
+    CHECK(cuCtxSynchronize());
+}
+
 /* Allows every system call, after as many comparisons as the worker's
  * allow-list makes for one near its end. */
 static void allow_all_seccomp(void) {
@@ -147,13 +191,16 @@ static void register_host(void) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: sync_probe PTX [SAMPLES] | PTX fresh [SAMPLES] | PTX hold\n");
+        fprintf(stderr,
+                "usage: sync_probe PTX [SAMPLES] | PTX fresh [SAMPLES] | PTX foreign [SAMPLES] | "
+                "PTX hold\n");
         return 2;
     }
     int hold = argc > 2 && strcmp(argv[2], "hold") == 0;
     int fresh = argc > 2 && strcmp(argv[2], "fresh") == 0;
-    if (argc > 2 && !hold && !fresh) samples = atol(argv[2]);
-    if (fresh && argc > 3) samples = atol(argv[3]);
+    int foreign = argc > 2 && strcmp(argv[2], "foreign") == 0;
+    if (argc > 2 && !hold && !fresh && !foreign) samples = atol(argv[2]);
+    if ((fresh || foreign) && argc > 3) samples = atol(argv[3]);
     if (samples < 1) samples = 1;
     CUdevice dev;
     CHECK(cuInit(0));
@@ -177,6 +224,21 @@ int main(int argc, char **argv) {
         printf("one launch   %.3f us\n", idle_sync_us());
         launch_empty(2000);
         printf("2000 launches %.3f us\n", idle_sync_us());
+        return 0;
+    }
+    if (foreign) {
+        load_module(argv[1]);
+        printf("module                  %.3f us\n", idle_sync_us());
+        launch_on_another_thread(2000);
+        printf("another thread launched %.3f us\n", idle_sync_us());
+        launch_empty(2000);
+        printf("this thread launched    %.3f us\n", idle_sync_us());
+        launch_on_another_thread(2000);
+        printf("another thread again    %.3f us\n", idle_sync_us());
+        pthread_mutex_lock(&lock);
+        released = 1;
+        pthread_cond_broadcast(&wake);
+        pthread_mutex_unlock(&lock);
         return 0;
     }
     load_empty(argv[1]);
