@@ -510,9 +510,15 @@ mod tests {
 
     /// Slow, so that a fence has something to wait for; launch 3 of a
     /// function at address 2 fails.
+    /// Test 8's launches wait until this opens.
+    static GATE_OF_TEST_8: AtomicBool = AtomicBool::new(false);
+
     fn fake_launch(launch: &Launch, params: &[u8]) -> CuResult<()> {
         std::thread::sleep(Duration::from_micros(300));
         let test = launch.function as usize;
+        while test == 8 && !GATE_OF_TEST_8.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_micros(50));
+        }
         SEEN.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push((test, launch.grid[0], params.to_vec()));
@@ -715,9 +721,10 @@ mod tests {
             };
             assert!(launcher.queue(on_one, params()).is_ok());
         }
-        // Each fake launch takes 300 µs: the last is still queued.
+        // The first waits at the gate: none has reached the "driver".
         assert!(launcher.has_queued_on(one));
         assert!(!launcher.has_queued_on(two));
+        GATE_OF_TEST_8.store(true, Ordering::Release);
         launcher.fence();
         assert!(!launcher.has_queued_on(one));
         assert_eq!(seen_by(8), vec![0, 1, 2, 3]);

@@ -20,6 +20,12 @@
  *    operations (cuStreamBatchMemOp) writes and waits in order. Left out
  *    with --no-mapped-memory (the network carrier shares no memory with
  *    the host, so page-locked memory has no device address there).
+ * 4. Behind a launch alone, with no other command after it: a kernel of
+ *    50 ms on a stream of its own keeps it NOT_READY at every look over
+ *    the next 10 ms (through rgpu the host looks at the stream between
+ *    commands while the launch may still wait on its launch thread, or,
+ *    with RGPU_SIM_DEFER_LAUNCHES, be held back by the sim), then SUCCESS
+ *    after cuStreamSynchronize.
  *
  * Prints "MEASURED <what> <us>" lines and "query_test: N checks passed"
  * (exit 0) or every failed check (exit 1). */
@@ -239,6 +245,27 @@ int main(int argc, char **argv) {
         CHECK_CU(cuEventDestroy(past_wait));
         CHECK_CU(cuMemFreeHost((void *)word));
     }
+
+    /* 4. Behind a launch alone. A short kernel waited for first, then a
+     * moment idle (longer than the host's 50 us between looks, shorter
+     * than its 1 ms between the scheduler's fences, which drain what is
+     * queued): the host's first look at the new stream comes right after
+     * the launch, between commands, while the launch may still be queued. */
+    CUstream lone;
+    CHECK_CU(cuStreamCreate(&lone, 0));
+    CHECK_CU(launch_spin(1000, stream));
+    CHECK_CU(cuStreamSynchronize(stream));
+    struct timespec idle = {0, 200000};
+    nanosleep(&idle, NULL);
+    CHECK_CU(launch_spin(50000000, lone));
+    for (int look = 0; look < 5; look++) {
+        CHECK_RC(cuStreamQuery(lone), CUDA_ERROR_NOT_READY);
+        struct timespec later = {0, 2000000};
+        nanosleep(&later, NULL);
+    }
+    CHECK_CU(cuStreamSynchronize(lone));
+    CHECK_CU(cuStreamQuery(lone));
+    CHECK_CU(cuStreamDestroy(lone));
 
     CHECK_CU(cuEventDestroy(after));
     CHECK_CU(cuEventDestroy(never));
