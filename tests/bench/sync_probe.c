@@ -90,6 +90,17 @@ static double idle_sync_us(void) {
     return median;
 }
 
+/* Prints `label` and the median idle synchronize now. */
+static void report(const char *label) { printf("%-24s %.3f us\n", label, idle_sync_us()); }
+
+/* Lets every blocked launching thread end. */
+static void release_threads(void) {
+    pthread_mutex_lock(&lock);
+    released = 1;
+    pthread_cond_broadcast(&wake);
+    pthread_mutex_unlock(&lock);
+}
+
 /* rgpu's launch thread: the context current, a burst of launches, then
  * blocked until the end. */
 static void *launch_thread(void *arg) {
@@ -215,57 +226,51 @@ int main(int argc, char **argv) {
         for (;;) pause();
     }
     if (fresh) {
-        printf("fresh        %.3f us\n", idle_sync_us());
+        report("fresh");
         register_host();
-        printf("registered   %.3f us\n", idle_sync_us());
+        report("registered");
         load_module(argv[1]);
-        printf("module       %.3f us\n", idle_sync_us());
+        report("module");
         launch_empty(1);
-        printf("one launch   %.3f us\n", idle_sync_us());
+        report("one launch");
         launch_empty(2000);
-        printf("2000 launches %.3f us\n", idle_sync_us());
+        report("2000 launches");
         return 0;
     }
     if (foreign) {
         load_module(argv[1]);
-        printf("module                  %.3f us\n", idle_sync_us());
+        report("module");
         launch_on_another_thread(2000);
-        printf("another thread launched %.3f us\n", idle_sync_us());
+        report("another thread launched");
         launch_empty(2000);
-        printf("this thread launched    %.3f us\n", idle_sync_us());
+        report("this thread launched");
         launch_on_another_thread(2000);
-        printf("another thread again    %.3f us\n", idle_sync_us());
-        pthread_mutex_lock(&lock);
-        released = 1;
-        pthread_cond_broadcast(&wake);
-        pthread_mutex_unlock(&lock);
+        report("another thread again");
+        release_threads();
         return 0;
     }
     load_empty(argv[1]);
-    printf("alone        %.3f us\n", idle_sync_us());
-    printf("alone        %.3f us\n", idle_sync_us());
+    report("alone");
+    report("alone");
     pthread_t thread;
     if (pthread_create(&thread, NULL, launch_thread, NULL) != 0) return 1;
     struct timespec pause = {0, 100 * 1000 * 1000};
     nanosleep(&pause, NULL);
-    printf("parked       %.3f us\n", idle_sync_us());
+    report("parked");
     register_host();
-    printf("registered   %.3f us\n", idle_sync_us());
+    report("registered");
     CUcontext own;
     CHECK(cuCtxCreate_v4(&own, NULL, CU_CTX_MAP_HOST, dev));
-    printf("created      %.3f us\n", idle_sync_us());
+    report("created");
     load_empty(argv[1]);
-    printf("created, used %.3f us\n", idle_sync_us());
+    report("created, used");
     CHECK(cuCtxSetCurrent(ctx));
-    printf("primary again %.3f us\n", idle_sync_us());
+    report("primary again");
     allow_all_seccomp();
-    printf("seccomp      %.3f us\n", idle_sync_us());
+    report("seccomp");
     CHECK(cuCtxSetCurrent(own));
-    printf("seccomp, created %.3f us\n", idle_sync_us());
-    pthread_mutex_lock(&lock);
-    released = 1;
-    pthread_cond_signal(&wake);
-    pthread_mutex_unlock(&lock);
+    report("seccomp, created");
+    release_threads();
     pthread_join(thread, NULL);
     return 0;
 }
