@@ -1706,7 +1706,11 @@ impl ContextExecutor for CudaContext {
         // Asked unfenced (the session's completion looks): a launch still
         // on the launch thread is work of the stream the driver has not
         // seen yet.
-        if let Some(true) = self.launcher.as_ref().map(|l| l.has_queued_on(stream)) {
+        if self
+            .launcher
+            .as_ref()
+            .is_some_and(|l| l.has_queued_on(stream))
+        {
             return Err(CUDA_ERROR_NOT_READY);
         }
         // SAFETY: NULL, per-thread or a live stream.

@@ -120,8 +120,14 @@ struct Shared {
 
 impl Shared {
     fn slot(&self, launch: u64) -> Option<&SlotCell> {
-        self.slots.get((launch % QUEUE_DEPTH as u64) as usize)
+        self.slots.get(slot_index(launch))
     }
+}
+
+/// The slot (and the session's copy of its stream) of the `launch`-th
+/// launch queued.
+fn slot_index(launch: u64) -> usize {
+    (launch % QUEUE_DEPTH as u64) as usize
 }
 
 #[repr(align(64))]
@@ -262,10 +268,7 @@ impl LaunchThread {
         // stored `done`; the thread reads it again only once `queued`
         // below is published.
         let slot = unsafe { &mut *cell.0.get() };
-        if let Some(stream) = self
-            .streams
-            .get_mut((self.queued % QUEUE_DEPTH as u64) as usize)
-        {
+        if let Some(stream) = self.streams.get_mut(slot_index(self.queued)) {
             *stream = launch.stream;
         }
         slot.launch = launch;
@@ -312,8 +315,7 @@ impl LaunchThread {
     /// the session's thread alone, the caller's: none can come meanwhile.
     pub fn has_queued_on(&self, stream: sys::CUstream) -> bool {
         let done = self.shared.done.0.load(Ordering::Acquire);
-        (done..self.queued)
-            .any(|launch| self.streams.get((launch % QUEUE_DEPTH as u64) as usize) == Some(&stream))
+        (done..self.queued).any(|launch| self.streams.get(slot_index(launch)) == Some(&stream))
     }
 
     /// The first error of a launch since the last call, if any.
