@@ -101,18 +101,6 @@ static void release_threads(void) {
     pthread_mutex_unlock(&lock);
 }
 
-/* rgpu's launch thread: the context current, a burst of launches, then
- * blocked until the end. */
-static void *launch_thread(void *arg) {
-    (void)arg;
-    CHECK(cuCtxSetCurrent(ctx));
-    for (int i = 0; i < 1000; i++) CHECK(cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
-    pthread_mutex_lock(&lock);
-    while (!released) pthread_cond_wait(&wake, &lock);
-    pthread_mutex_unlock(&lock);
-    return NULL;
-}
-
 /* A burst of `count` empty launches from a thread of its own, which then
  * blocks until the end (rgpu's launch thread between bursts); returns once
  * the launches are made, not run. */
@@ -252,10 +240,7 @@ int main(int argc, char **argv) {
     load_empty(argv[1]);
     report("alone");
     report("alone");
-    pthread_t thread;
-    if (pthread_create(&thread, NULL, launch_thread, NULL) != 0) return 1;
-    struct timespec pause = {0, 100 * 1000 * 1000};
-    nanosleep(&pause, NULL);
+    launch_on_another_thread(1000);
     report("parked");
     register_host();
     report("registered");
@@ -271,6 +256,5 @@ int main(int argc, char **argv) {
     CHECK(cuCtxSetCurrent(own));
     report("seccomp, created");
     release_threads();
-    pthread_join(thread, NULL);
     return 0;
 }
