@@ -211,6 +211,7 @@ struct Observed {
     contexts_created: AtomicUsize,
     live_contexts: AtomicUsize,
     launches: AtomicUsize,
+    synchronizations: AtomicUsize,
     ipc_opens: AtomicUsize,
     /// The CUDA error the next context creations fail with; 0: none.
     fail_create: AtomicU32,
@@ -230,6 +231,11 @@ impl SimObserver {
     /// Kernels run (graph replays included).
     pub fn launches(&self) -> usize {
         self.0.launches.load(Ordering::SeqCst)
+    }
+
+    /// `cuCtxSynchronize` calls the sessions made.
+    pub fn synchronizations(&self) -> usize {
+        self.0.synchronizations.load(Ordering::SeqCst)
     }
 
     /// IPC opens of memory not closed yet (a context's end closes its own).
@@ -1675,6 +1681,10 @@ impl Drop for SimContext {
 
 impl ContextExecutor for SimContext {
     fn synchronize(&mut self) -> CuResult<()> {
+        self.observer
+            .0
+            .synchronizations
+            .fetch_add(1, Ordering::SeqCst);
         check_poisoned()?;
         self.wait_idle();
         self.print_device_output();

@@ -185,6 +185,12 @@ pub struct Worker {
     pending: Vec<(u64, Box<dyn Completion>)>,
     /// The first error of a command that asked for no reply.
     sticky: Option<u32>,
+    /// `command_errors` when the last command, a `CtxSynchronize`, found
+    /// the context idle without error: another synchronize answers without
+    /// the driver while nothing was submitted since and no error was
+    /// counted anywhere (the driver's idle synchronize costs more than the
+    /// round trip to the worker).
+    synchronized_at_errors: Option<u64>,
     /// Driver console output (device printf) not yet sent with a reply.
     console: Vec<u8>,
     /// A kernel was launched since the last synchronising command collected
@@ -274,6 +280,7 @@ impl Worker {
             channel: None,
             pending: Vec::new(),
             sticky: None,
+            synchronized_at_errors: None,
             console: Vec::new(),
             kernels_since_collect: false,
             look_at_produced: true,
@@ -755,6 +762,7 @@ impl Worker {
                                 );
                                 Err(rgpu_proto::cuda_result::CUDA_ERROR_OUT_OF_MEMORY)
                             }
+                            None if self.still_synchronized(&decoded.command) => Ok(Vec::new()),
                             None => {
                                 self.stream_ending(&decoded.command);
                                 self.execute(&mut decoded.command, decoded.reply_seq)
@@ -777,6 +785,12 @@ impl Worker {
                             Counters::add(&self.counters.command_errors, 1);
                             self.remember(code);
                         }
+                        self.synchronized_at_errors =
+                            (matches!(decoded.command, Command::CtxSynchronize)
+                                && result.is_ok()
+                                && self.sticky.is_none()
+                                && self.captures == 0)
+                                .then(|| Counters::get(&self.counters.command_errors));
                         let executed_at = execute_at.map(|_| Instant::now());
                         if may_wait {
                             self.usage.end_wait();
@@ -967,6 +981,15 @@ impl Worker {
         if copied > 0 {
             Counters::add(&self.counters.host_cpu_copy_bytes, copied as u64);
         }
+    }
+
+    /// Whether `command` is a `CtxSynchronize` the last one answers: it
+    /// found the context idle, nothing ran since, and no command failed
+    /// anywhere since (an error the driver keeps for the process's next
+    /// synchronize).
+    fn still_synchronized(&self, command: &Command) -> bool {
+        matches!(command, Command::CtxSynchronize)
+            && self.synchronized_at_errors == Some(Counters::get(&self.counters.command_errors))
     }
 
     /// Keeps the first asynchronous error for the next reply.

@@ -546,6 +546,38 @@ fn asynchronous_errors_are_sticky_until_reported() {
 }
 
 #[test]
+fn a_synchronize_right_after_one_answers_without_the_driver() {
+    let (mut guest, session, counters, executor) = setup();
+    let observer = executor.observer();
+    let synchronize = |guest: &mut Guest| {
+        let (result, _) = guest.call(&session, Command::CtxSynchronize);
+        assert_eq!(result, CUDA_SUCCESS);
+        observer.synchronizations()
+    };
+    assert_eq!(synchronize(&mut guest), 1);
+    assert_eq!(synchronize(&mut guest), 1, "nothing ran since the last");
+    assert_eq!(synchronize(&mut guest), 1);
+    // Any other command between, even a query, and the driver is asked.
+    let (result, _) = guest.call(&session, Command::MemGetInfo);
+    assert_eq!(result, CUDA_SUCCESS);
+    assert_eq!(synchronize(&mut guest), 2);
+    assert_eq!(synchronize(&mut guest), 2);
+    // A command that failed anywhere (another session's) may have left an
+    // error the driver reports at the next synchronize.
+    Counters::add(&counters.command_errors, 1);
+    assert_eq!(synchronize(&mut guest), 3);
+    assert_eq!(synchronize(&mut guest), 3);
+    // A failed synchronize arms nothing: the next one asks again.
+    guest.send(&session, Command::MemFree { device_ptr: 0xdead });
+    let (result, _) = guest.call(&session, Command::CtxSynchronize);
+    assert_eq!(result, CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(observer.synchronizations(), 4);
+    assert_eq!(synchronize(&mut guest), 5);
+    assert_eq!(synchronize(&mut guest), 5);
+    session.shutdown();
+}
+
+#[test]
 fn idle_host_needs_a_doorbell() {
     let (mut guest, session, _counters, _executor) = setup();
     let (result, _) = guest.call(&session, Command::CtxSynchronize);

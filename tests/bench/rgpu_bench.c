@@ -4,6 +4,7 @@
  *              --rgpu /path/to/guest-lib/libcuda.so.1 \
  *              --ptx tests/programs/reference_kernels.ptx
  *              [--sync-iters N] [--launches N] [--mib N] [--repeats N]
+ *              [--launch-blocks N]
  *
  * Each library is dlopen'ed on its own (RTLD_LOCAL) and driven through
  * function pointers with the same code. The rgpu side needs RGPU_SOCKET set
@@ -15,9 +16,13 @@
  *     has run nothing yet, again (median) after the launch rows;
  *   - launch throughput: --launches launches of rgpu_empty, then one
  *     cuCtxSynchronize, five times (the best run's rate), then five more
- *     runs of each side taken in turn, native first: the "worst run" row
- *     is the worst of those five ratios, each rgpu run against the
- *     native run just before it (the GPU's own rate from events too);
+ *     runs of each side taken in turn: the "worst run" row is the worst
+ *     of those five ratios. A run in turn is --launch-blocks (default
+ *     10) blocks of each side, each block its share of the launches and
+ *     a cuCtxSynchronize, the sides alternating block by block (native
+ *     first in even blocks, rgpu first in odd ones), so that both sides
+ *     of a ratio sample the same second of the host's drifting launch
+ *     rate (the GPU's own rate from events too);
  *   - graph replay: 100 rgpu_empty launches captured on a stream into a
  *     graph, the instantiated graph launched 1000 times, then one
  *     cuStreamSynchronize (kernels per second);
@@ -139,6 +144,7 @@ struct config {
     long launches;
     long mib;
     long repeats;
+    long launch_blocks;
 };
 
 static double now_s(void) {
@@ -450,10 +456,11 @@ out:
     return status;
 }
 
-/* Launch runs of both sides taken in turn (native, rgpu, native, ...), so
- * that each pair is seconds apart: in measure() a side's five runs come a
- * minute after the other's, and the host's own launch rate drifts by 15%
- * in that time. */
+/* Launch runs of both sides taken in turn, interleaved block by block: in
+ * measure() a side's five runs come a minute after the other's, and the
+ * host's own launch rate drifts by 15% in that time; runs of 100000
+ * launches taken one after the other still differed by up to 10% between
+ * two runs of the driver itself. */
 static int launches_in_turn(struct api *sides[2], const struct config *c, const char *ptx,
                             double runs[2][LAUNCH_RUNS]) {
     CUdevice dev[2] = {0, 0};
@@ -475,14 +482,22 @@ static int launches_in_turn(struct api *sides[2], const struct config *c, const 
         CALL(a->ctx_synchronize());
     }
     for (int run = 0; run < LAUNCH_RUNS; run++) {
-        for (int s = 0; s < 2; s++) {
-            a = sides[s];
-            double t0 = now_s();
-            for (long i = 0; i < c->launches; i++)
-                CALL(a->launch_kernel(empty[s], 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
-            CALL(a->ctx_synchronize());
-            runs[s][run] = (double)c->launches / (now_s() - t0);
+        double seconds[2] = {0, 0};
+        for (long block = 0; block < c->launch_blocks; block++) {
+            /* The last block takes what the division leaves. */
+            long count = c->launches / c->launch_blocks;
+            if (block == c->launch_blocks - 1) count = c->launches - count * block;
+            for (int turn = 0; turn < 2; turn++) {
+                int s = block % 2 == 0 ? turn : 1 - turn;
+                a = sides[s];
+                double t0 = now_s();
+                for (long i = 0; i < count; i++)
+                    CALL(a->launch_kernel(empty[s], 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+                CALL(a->ctx_synchronize());
+                seconds[s] += now_s() - t0;
+            }
         }
+        for (int s = 0; s < 2; s++) runs[s][run] = (double)c->launches / seconds[s];
     }
     status = 0;
 out:
@@ -548,7 +563,7 @@ static int parse_long(const char *text, long *out) {
 }
 
 int main(int argc, char **argv) {
-    struct config c = {NULL, NULL, NULL, 10000, 100000, 256, 5};
+    struct config c = {NULL, NULL, NULL, 10000, 100000, 256, 5, 10};
     struct api native_api, rgpu_api;
     struct results native = {0}, rgpu = {0};
     char *ptx;
@@ -563,16 +578,22 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--launches")) bad = parse_long(v, &c.launches);
         else if (!strcmp(k, "--mib")) bad = parse_long(v, &c.mib);
         else if (!strcmp(k, "--repeats")) bad = parse_long(v, &c.repeats);
+        else if (!strcmp(k, "--launch-blocks")) bad = parse_long(v, &c.launch_blocks);
         else bad = 1;
         if (bad) {
             fprintf(stderr, "rgpu_bench: bad option %s %s\n", k, v);
             return 2;
         }
     }
+    if (c.launch_blocks > c.launches) {
+        fprintf(stderr, "rgpu_bench: --launch-blocks %ld is more than --launches %ld\n",
+                c.launch_blocks, c.launches);
+        return 2;
+    }
     if (argc % 2 == 0 || !c.ptx_path || (!c.native_path && !c.rgpu_path)) {
         fprintf(stderr,
                 "usage: %s [--native LIBCUDA] [--rgpu LIBCUDA] --ptx reference_kernels.ptx "
-                "[--sync-iters N] [--launches N] [--mib N] [--repeats N]\n",
+                "[--sync-iters N] [--launches N] [--mib N] [--repeats N] [--launch-blocks N]\n",
                 argv[0]);
         return 2;
     }
@@ -614,7 +635,7 @@ int main(int argc, char **argv) {
         &rgpu, HIGHER_RATIO, 0.95, ">= 95% of native");
     {
         /* The worst of five runs taken in turn, each against the native
-         * run just before it. */
+         * run interleaved with it. */
         double worst = 0, worst_native = 0, worst_rgpu = 0;
         for (int i = 0; i < LAUNCH_RUNS && have_in_turn; i++) {
             double ratio = in_turn[1][i] / in_turn[0][i];

@@ -26,6 +26,11 @@
  *    commands while the launch may still wait on its launch thread, or,
  *    with RGPU_SIM_DEFER_LAUNCHES, be held back by the sim), then SUCCESS
  *    after cuStreamSynchronize.
+ * 5. A synchronize after synchronizes (the host answers one that follows
+ *    another without asking the driver, nothing having run between) still
+ *    waits for what came after them: a 50 ms kernel launched after two
+ *    cuCtxSynchronize calls is done when the third returns, which took
+ *    the kernel's time.
  *
  * Prints "MEASURED <what> <us>" lines and "query_test: N checks passed"
  * (exit 0) or every failed check (exit 1). */
@@ -266,6 +271,17 @@ int main(int argc, char **argv) {
     CHECK_CU(cuStreamSynchronize(lone));
     CHECK_CU(cuStreamQuery(lone));
     CHECK_CU(cuStreamDestroy(lone));
+
+    /* 5. A synchronize after synchronizes. */
+    CHECK_CU(cuCtxSynchronize());
+    CHECK_CU(cuCtxSynchronize());
+    CHECK_CU(launch_spin(50000000, stream));
+    double synchronize_start = now_us();
+    CHECK_CU(cuCtxSynchronize());
+    double synchronize_took = now_us() - synchronize_start;
+    CHECK_CU(cuStreamQuery(stream));
+    printf("MEASURED synchronize behind a 50 ms kernel after two synchronizes %.0f\n", synchronize_took);
+    CHECK_TRUE(synchronize_took >= 40000.0);
 
     CHECK_CU(cuEventDestroy(after));
     CHECK_CU(cuEventDestroy(never));
