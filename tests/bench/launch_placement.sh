@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Whether thread placement explains the run-to-run spread of the launch
-# rate (issue 9), on the GPU host:
+# Whether thread placement or a daemon option explains the run-to-run
+# spread of the launch rate (issue 9), on the GPU host:
 #
-#   launch_placement.sh BUNDLE [LABEL:APP_CPUS:DAEMON_CPUS ...]
+#   launch_placement.sh BUNDLE [LABEL:APP_CPUS:DAEMON_CPUS[:DAEMON_ARGS] ...]
 #
-# For each layout (default: nothing pinned; the benchmark on CPU 0 and
-# the daemon on 2-3; on 0 and 2-9; on 2 and 8-9) it starts a daemon under
-# `taskset` and runs rgpu_bench three times, printing the five launch runs
-# in turn (native/rgpu, 1/s) and the sync round trip (native, rgpu,
-# difference). BUNDLE is a folder from tests/gpu/make-bundle.sh; logs go
+# Starts one daemon per layout (default: nothing pinned; the benchmark on
+# CPU 0 and the daemon on 2-3; on 0 and 2-9; on 2 and 8-9), under
+# `taskset` when CPUs are given and with DAEMON_ARGS, then runs rgpu_bench
+# against each layout's daemon in turn, ROUNDS times (default 3), printing
+# the five launch runs in turn (native/rgpu, 1/s), their worst and mean
+# ratio, and the sync round trip (native, rgpu, difference). BUNDLE is a
+# folder from tests/gpu/make-bundle.sh; ROUNDS comes from $ROUNDS; logs go
 # to $OUT when set.
 set -uo pipefail
 bundle=$(cd "${1:?usage: launch_placement.sh BUNDLE [LABEL:APP_CPUS:DAEMON_CPUS ...]}" && pwd)
@@ -19,9 +21,9 @@ native_lib=${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
 native_dir=$(dirname "$native_lib")
 work=$(mktemp -d /tmp/rgpu-placement.XXXXXX)
 logs=${OUT:-$work}
-daemon_pid=
+daemons=()
 cleanup() {
-    [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+    for pid in "${daemons[@]}"; do kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -30,24 +32,29 @@ ln -s "$bundle/libcuda.so" "$work/lib/libcuda.so.1"
 gcc -O2 -std=c11 -I "$bundle" -o "$work/rgpu_bench" "$bundle/rgpu_bench.c" -ldl || exit 1
 lscpu | grep -E "^(CPU\(s\)|Thread|Core|Socket|NUMA node\(s\))"
 for layout in "${layouts[@]}"; do
-    IFS=: read -r label app_cpus daemon_cpus <<<"$layout"
-    app=() daemon=()
-    [ -n "$app_cpus" ] && app=(taskset -c "$app_cpus")
+    IFS=: read -r label _ daemon_cpus daemon_args <<<"$layout"
+    daemon=()
     [ -n "$daemon_cpus" ] && daemon=(taskset -c "$daemon_cpus")
     socket=$work/$label.sock
+    # shellcheck disable=SC2086 # the options are words
     env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" "${daemon[@]}" "$bundle/vhost-device-rgpu" \
-        --executor cuda --socket-path "$socket" >"$logs/daemon-$label.log" 2>&1 &
-    daemon_pid=$!
+        --executor cuda --socket-path "$socket" $daemon_args >"$logs/daemon-$label.log" 2>&1 &
+    daemons+=($!)
     for _ in $(seq 200); do [ -S "$socket" ] && break; sleep 0.05; done
-    for rep in 1 2 3; do
+done
+for rep in $(seq "${ROUNDS:-3}"); do
+    for layout in "${layouts[@]}"; do
+        IFS=: read -r label app_cpus _ _ <<<"$layout"
+        app=()
+        [ -n "$app_cpus" ] && app=(taskset -c "$app_cpus")
         out=$logs/bench-$label-$rep.txt
-        RGPU_SOCKET=$socket "${app[@]}" "$work/rgpu_bench" --native "$native_lib" \
+        RGPU_SOCKET=$work/$label.sock "${app[@]}" "$work/rgpu_bench" --native "$native_lib" \
             --rgpu "$work/lib/libcuda.so.1" --ptx "$bundle/reference_kernels.ptx" \
             --sync-iters 2000 --launches 100000 --mib 1 --repeats 1 >"$out" 2>&1
-        echo "$label rep $rep: $(grep 'runs in turn' "$out" | sed 's/.*1\/s)://') | sync" \
+        runs=$(grep 'runs in turn' "$out" | sed 's/.*1\/s)://')
+        ratios=$(tr ' ' '\n' <<<"$runs" | awk -F/ 'NF == 2 { r = $2 / $1; s += r; n++
+            if (n == 1 || r < w) w = r } END { if (n) printf "worst %.3f mean %.3f", w, s / n }')
+        echo "$label rep $rep: $runs | $ratios | sync" \
             "$(grep 'sync round trip, median' "$out" | awk '{print $6, $7, $8}')"
     done
-    kill "$daemon_pid"
-    wait "$daemon_pid" 2>/dev/null
-    daemon_pid=
 done
