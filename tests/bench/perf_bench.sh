@@ -9,7 +9,9 @@
 #      a 4 KiB pageable copy, 256 MiB pinned and pageable both ways; and
 #      again with rgpu's blobs scattered (RGPU_LOCAL_SCATTER_BLOBS=1); then
 #      the control: its sync, launch and query rows with NVIDIA's library
-#      on both sides, the host's own spread in this run (lines "control:");
+#      on both sides, the host's own spread in this run (lines "control:"),
+#      and its launch runs in turn again with the second side launching
+#      from a thread of its own (the spread between two vCPUs);
 #   2. start-up: 1 and 8 short driver-API programs started at once (wall
 #      time until all are done);
 #   3. PyTorch: torch_train.py, three alternating native/rgpu pairs; the
@@ -69,6 +71,12 @@ echo "-- control: NVIDIA's library on both sides"
     --launches 100000 --mib 1 --repeats 1 >"$logs/rgpu_bench-control.txt" 2>&1
 grep -E "sync round trip, median|sync, after|empty-kernel launches|runs in turn|, queued" \
     "$logs/rgpu_bench-control.txt" | sed 's/^/control: /'
+# The same library's second side launching from a thread of its own, as
+# rgpu's launch thread does: another vCPU's share of the host's spread.
+"$work/rgpu_bench" --native "$native_lib" --rgpu "$native_lib" --ptx "$ptx" --sync-iters 1000 \
+    --launches 100000 --mib 1 --repeats 1 --rgpu-side-launcher thread \
+    >"$logs/rgpu_bench-control-thread.txt" 2>&1
+grep -E "worst run|runs in turn" "$logs/rgpu_bench-control-thread.txt" | sed 's/^/control: /'
 
 echo "== 2. start-up: short programs started at once"
 run_at_once() { # side count

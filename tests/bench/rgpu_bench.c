@@ -4,7 +4,7 @@
  *              --rgpu /path/to/guest-lib/libcuda.so.1 \
  *              --ptx tests/programs/reference_kernels.ptx
  *              [--sync-iters N] [--launches N] [--mib N] [--repeats N]
- *              [--launch-blocks N]
+ *              [--launch-blocks N] [--rgpu-side-launcher caller|thread]
  *
  * Each library is dlopen'ed on its own (RTLD_LOCAL) and driven through
  * function pointers with the same code. The rgpu side needs RGPU_SOCKET set
@@ -22,7 +22,12 @@
  *     a cuCtxSynchronize, the sides alternating block by block (native
  *     first in even blocks, rgpu first in odd ones), so that both sides
  *     of a ratio sample the same second of the host's drifting launch
- *     rate (the GPU's own rate from events too);
+ *     rate (the GPU's own rate from events too). With
+ *     --rgpu-side-launcher thread, the rgpu side's blocks in turn are
+ *     launched from a second thread of the process: a control (NVIDIA's
+ *     library on both sides) of what running the driver on another vCPU
+ *     than the native side's alone does to the ratio, as rgpu's launch
+ *     thread does;
  *   - graph replay: 100 rgpu_empty launches captured on a stream into a
  *     graph, the instantiated graph launched 1000 times, then one
  *     cuStreamSynchronize (kernels per second);
@@ -45,6 +50,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,6 +151,8 @@ struct config {
     long mib;
     long repeats;
     long launch_blocks;
+    /* The rgpu side's blocks in turn come from a second thread. */
+    int rgpu_side_thread;
 };
 
 static double now_s(void) {
@@ -456,6 +464,78 @@ out:
     return status;
 }
 
+/* `count` launches of `f` and a synchronize, timed (seconds). */
+static int launch_block(struct api *a, CUfunction f, long count, double *seconds) {
+    double t0 = now_s();
+    for (long i = 0; i < count; i++)
+        if (a->launch_kernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS) return -1;
+    if (a->ctx_synchronize() != CUDA_SUCCESS) return -1;
+    *seconds = now_s() - t0;
+    return 0;
+}
+
+/* A second thread that runs one side's blocks when asked
+ * (--rgpu-side-launcher thread). */
+enum helper_state { HELPER_IDLE, HELPER_POSTED, HELPER_DONE, HELPER_QUIT };
+struct helper {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    enum helper_state state;
+    struct api *a;
+    CUcontext ctx;
+    CUfunction f;
+    long count;
+    double seconds;
+    int status;
+};
+
+static void *helper_main(void *arg) {
+    struct helper *h = arg;
+    int current = 0;
+    pthread_mutex_lock(&h->lock);
+    for (;;) {
+        while (h->state == HELPER_IDLE || h->state == HELPER_DONE)
+            pthread_cond_wait(&h->changed, &h->lock);
+        if (h->state == HELPER_QUIT) break;
+        pthread_mutex_unlock(&h->lock);
+        double seconds = 0;
+        if (!current) current = h->a->ctx_set_current(h->ctx) == CUDA_SUCCESS;
+        int status = current ? launch_block(h->a, h->f, h->count, &seconds) : -1;
+        pthread_mutex_lock(&h->lock);
+        h->status = status;
+        h->seconds = seconds;
+        h->state = HELPER_DONE;
+        pthread_cond_broadcast(&h->changed);
+    }
+    pthread_mutex_unlock(&h->lock);
+    return NULL;
+}
+
+/* One block on the helper thread; its own timing. */
+static int helper_block(struct helper *h, long count, double *seconds) {
+    pthread_mutex_lock(&h->lock);
+    h->count = count;
+    h->state = HELPER_POSTED;
+    pthread_cond_broadcast(&h->changed);
+    while (h->state != HELPER_DONE) pthread_cond_wait(&h->changed, &h->lock);
+    h->state = HELPER_IDLE;
+    int status = h->status;
+    *seconds = h->seconds;
+    pthread_mutex_unlock(&h->lock);
+    return status;
+}
+
+static void helper_stop(struct helper *h) {
+    pthread_mutex_lock(&h->lock);
+    h->state = HELPER_QUIT;
+    pthread_cond_broadcast(&h->changed);
+    pthread_mutex_unlock(&h->lock);
+    pthread_join(h->thread, NULL);
+    pthread_cond_destroy(&h->changed);
+    pthread_mutex_destroy(&h->lock);
+}
+
 /* Launch runs of both sides taken in turn, interleaved block by block: in
  * measure() a side's five runs come a minute after the other's, and the
  * host's own launch rate drifts by 15% in that time; runs of 100000
@@ -469,6 +549,8 @@ static int launches_in_turn(struct api *sides[2], const struct config *c, const 
     CUfunction empty[2] = {NULL, NULL};
     struct api *a = sides[0];
     int status = -1;
+    struct helper helper = {.state = HELPER_IDLE};
+    int helper_started = 0;
     for (int s = 0; s < 2; s++) {
         a = sides[s];
         CALL(a->init(0));
@@ -481,6 +563,15 @@ static int launches_in_turn(struct api *sides[2], const struct config *c, const 
             CALL(a->launch_kernel(empty[s], 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
         CALL(a->ctx_synchronize());
     }
+    helper.a = sides[1];
+    helper.ctx = ctx[1];
+    helper.f = empty[1];
+    if (c->rgpu_side_thread) {
+        pthread_mutex_init(&helper.lock, NULL);
+        pthread_cond_init(&helper.changed, NULL);
+        if (pthread_create(&helper.thread, NULL, helper_main, &helper)) goto out;
+        helper_started = 1;
+    }
     for (int run = 0; run < LAUNCH_RUNS; run++) {
         double seconds[2] = {0, 0};
         for (long block = 0; block < c->launch_blocks; block++) {
@@ -489,18 +580,21 @@ static int launches_in_turn(struct api *sides[2], const struct config *c, const 
             if (block == c->launch_blocks - 1) count = c->launches - count * block;
             for (int turn = 0; turn < 2; turn++) {
                 int s = block % 2 == 0 ? turn : 1 - turn;
-                a = sides[s];
-                double t0 = now_s();
-                for (long i = 0; i < count; i++)
-                    CALL(a->launch_kernel(empty[s], 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
-                CALL(a->ctx_synchronize());
-                seconds[s] += now_s() - t0;
+                double took = 0;
+                int failed = s == 1 && helper_started ? helper_block(&helper, count, &took)
+                                                      : launch_block(sides[s], empty[s], count, &took);
+                if (failed) {
+                    fprintf(stderr, "%s: a block of launches failed\n", sides[s]->label);
+                    goto out;
+                }
+                seconds[s] += took;
             }
         }
         for (int s = 0; s < 2; s++) runs[s][run] = (double)c->launches / seconds[s];
     }
     status = 0;
 out:
+    if (helper_started) helper_stop(&helper);
     for (int s = 0; s < 2; s++) {
         if (module[s]) sides[s]->module_unload(module[s]);
         if (ctx[s]) sides[s]->primary_ctx_release(dev[s]);
@@ -563,7 +657,7 @@ static int parse_long(const char *text, long *out) {
 }
 
 int main(int argc, char **argv) {
-    struct config c = {NULL, NULL, NULL, 10000, 100000, 256, 5, 10};
+    struct config c = {NULL, NULL, NULL, 10000, 100000, 256, 5, 10, 0};
     struct api native_api, rgpu_api;
     struct results native = {0}, rgpu = {0};
     char *ptx;
@@ -579,6 +673,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--mib")) bad = parse_long(v, &c.mib);
         else if (!strcmp(k, "--repeats")) bad = parse_long(v, &c.repeats);
         else if (!strcmp(k, "--launch-blocks")) bad = parse_long(v, &c.launch_blocks);
+        else if (!strcmp(k, "--rgpu-side-launcher")) {
+            c.rgpu_side_thread = !strcmp(v, "thread");
+            bad = !c.rgpu_side_thread && strcmp(v, "caller");
+        }
         else bad = 1;
         if (bad) {
             fprintf(stderr, "rgpu_bench: bad option %s %s\n", k, v);
@@ -593,7 +691,8 @@ int main(int argc, char **argv) {
     if (argc % 2 == 0 || !c.ptx_path || (!c.native_path && !c.rgpu_path)) {
         fprintf(stderr,
                 "usage: %s [--native LIBCUDA] [--rgpu LIBCUDA] --ptx reference_kernels.ptx "
-                "[--sync-iters N] [--launches N] [--mib N] [--repeats N] [--launch-blocks N]\n",
+                "[--sync-iters N] [--launches N] [--mib N] [--repeats N] [--launch-blocks N]\n"
+                "       [--rgpu-side-launcher caller|thread]\n",
                 argv[0]);
         return 2;
     }
@@ -648,7 +747,7 @@ int main(int argc, char **argv) {
         row("empty-kernel launches, worst run", worst_native, worst_rgpu, &native, &rgpu,
             HIGHER_RATIO, 0.95, ">= 95% of native, each run");
         if (have_in_turn) {
-            printf("  runs in turn (native/rgpu, 1/s):");
+            printf("  runs in turn (native/rgpu%s, 1/s):", c.rgpu_side_thread ? " from a second thread" : "");
             for (int i = 0; i < LAUNCH_RUNS; i++) printf(" %.0f/%.0f", in_turn[0][i], in_turn[1][i]);
             printf("\n");
         }
