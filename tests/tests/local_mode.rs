@@ -105,7 +105,8 @@ fn killed_program_leaves_the_others_running_and_its_session_freed() {
 /// The benchmark program works through rgpu (tiny counts: on CI it only
 /// proves the program runs; figures are taken on the GPU host). rgpu's
 /// library stands in for the native one too, so that the runs taken in
-/// turn run.
+/// turn run, the second side's from the calling thread and from a thread
+/// of its own.
 #[test]
 fn benchmark_runs_through_sim() {
     let f = DriverApiFixture::new(&[]);
@@ -113,34 +114,44 @@ fn benchmark_runs_through_sim() {
         &rgpu_tests::workspace_root().join("tests/bench/rgpu_bench.c"),
         &["-ldl"],
     );
-    let mut command = f.guest.command(&bench, &f.daemon);
-    command
-        .arg("--native")
-        .arg(f.guest.lib_dir().join("libcuda.so.1"))
-        .arg("--rgpu")
-        .arg(f.guest.lib_dir().join("libcuda.so.1"))
-        .arg("--ptx")
-        .arg(reference_ptx())
-        .args([
-            "--sync-iters",
-            "200",
-            "--launches",
-            "2000",
-            "--mib",
-            "4",
-            "--repeats",
-            "2",
-        ]);
-    let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
-    assert!(
-        outcome.status.success()
-            && outcome.stdout.contains("HtoD from pinned (GB/s)")
-            && outcome.stdout.contains("runs in turn (native/rgpu, 1/s):"),
-        "rgpu_bench failed ({}):\n{}\n{}",
-        outcome.status,
-        outcome.stdout,
-        outcome.stderr
-    );
+    for (launcher, in_turn) in [
+        ("caller", "runs in turn (native/rgpu, 1/s):"),
+        (
+            "thread",
+            "runs in turn (native/rgpu from a second thread, 1/s):",
+        ),
+    ] {
+        let mut command = f.guest.command(&bench, &f.daemon);
+        command
+            .arg("--native")
+            .arg(f.guest.lib_dir().join("libcuda.so.1"))
+            .arg("--rgpu")
+            .arg(f.guest.lib_dir().join("libcuda.so.1"))
+            .arg("--ptx")
+            .arg(reference_ptx())
+            .args([
+                "--sync-iters",
+                "200",
+                "--launches",
+                "2000",
+                "--mib",
+                "4",
+                "--repeats",
+                "2",
+                "--rgpu-side-launcher",
+                launcher,
+            ]);
+        let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
+        assert!(
+            outcome.status.success()
+                && outcome.stdout.contains("HtoD from pinned (GB/s)")
+                && outcome.stdout.contains(in_turn),
+            "rgpu_bench --rgpu-side-launcher {launcher} failed ({}):\n{}\n{}",
+            outcome.status,
+            outcome.stdout,
+            outcome.stderr
+        );
+    }
 }
 
 /// Blobs made of short page runs in shuffled order, as a VM that has run
