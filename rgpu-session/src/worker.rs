@@ -187,9 +187,10 @@ pub struct Worker {
     sticky: Option<u32>,
     /// `command_errors` when the last command, a `CtxSynchronize`, found
     /// the context idle without error: another synchronize answers without
-    /// the driver while nothing was submitted since and no error was
-    /// counted anywhere (the driver's idle synchronize costs more than the
-    /// round trip to the worker).
+    /// the driver while nothing was submitted since and the counters this
+    /// session shares with the process's other contexts counted no error
+    /// (the driver's idle synchronize costs more than the round trip to
+    /// the worker).
     synchronized_at_errors: Option<u64>,
     /// Driver console output (device printf) not yet sent with a reply.
     console: Vec<u8>,
@@ -984,9 +985,9 @@ impl Worker {
     }
 
     /// Whether `command` is a `CtxSynchronize` the last one answers: it
-    /// found the context idle, nothing ran since, and no command failed
-    /// anywhere since (an error the driver keeps for the process's next
-    /// synchronize).
+    /// found the context idle, nothing ran since, and no command of the
+    /// process's contexts failed since (the driver may keep such an error
+    /// for the process's next synchronize).
     fn still_synchronized(&self, command: &Command) -> bool {
         matches!(command, Command::CtxSynchronize)
             && self.synchronized_at_errors == Some(Counters::get(&self.counters.command_errors))
