@@ -510,11 +510,11 @@ mod tests {
         Ok(())
     }
 
-    /// Slow, so that a fence has something to wait for; launch 3 of a
-    /// function at address 2 fails.
     /// Test 8's launches wait until this opens.
     static GATE_OF_TEST_8: AtomicBool = AtomicBool::new(false);
 
+    /// Slow, so that a fence has something to wait for; launch 3 of a
+    /// function at address 2 fails.
     fn fake_launch(launch: &Launch, params: &[u8]) -> CuResult<()> {
         std::thread::sleep(Duration::from_micros(300));
         let test = launch.function as usize;

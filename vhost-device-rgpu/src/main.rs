@@ -267,8 +267,6 @@ enum Tool {
     Top(top::TopArgs),
 }
 
-/// The launch thread's poll before it sleeps (the session thread's), if
-/// contexts have one.
 /// How the cuda executor's contexts launch: the launch thread's spin time
 /// (`None`: no thread), and whether it profiles itself.
 #[derive(Debug, Clone, Copy)]
