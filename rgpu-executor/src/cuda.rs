@@ -31,8 +31,9 @@ use rgpu_proto::cuda_result::*;
 use rgpu_proto::reply::{FunctionInfo, ParamSlot};
 use rgpu_proto::MAX_KERNEL_PARAMS;
 
+use crate::cpu_list::CpuList;
 use crate::image::{classify, ImageKind};
-use crate::launch_thread::{Launch, LaunchThread};
+use crate::launch_thread::{Launch, LaunchThread, LaunchThreadOptions};
 use crate::nvml::HostNvml;
 use crate::{
     ptx, ContextExecutor, Copy3D, CuResult, DeviceStatus, DriverNodes, ExecUpdate, Executor,
@@ -547,6 +548,8 @@ pub struct CudaExecutor {
     launch_thread: Option<std::time::Duration>,
     /// Launch threads log where their time went when they end.
     profile_launches: bool,
+    /// The CPUs launch threads run on (`None`: the scheduler's choice).
+    launch_cpus: Option<CpuList>,
 }
 
 // SAFETY: the primary context handle is only passed to the driver, which is
@@ -570,6 +573,13 @@ impl CudaExecutor {
     /// took and how long it waited for its session (`--profile-launches`).
     pub fn with_launch_profile(mut self, profile: bool) -> Self {
         self.profile_launches = profile;
+        self
+    }
+
+    /// The CPUs each launch thread is confined to (`--launch-cpus`): the
+    /// driver's launch rate depends on the CPU that calls it.
+    pub fn with_launch_cpus(mut self, cpus: Option<CpuList>) -> Self {
+        self.launch_cpus = cpus;
         self
     }
 
@@ -729,6 +739,7 @@ impl CudaExecutor {
             nvml,
             launch_thread: None,
             profile_launches: false,
+            launch_cpus: None,
         })
     }
 }
@@ -782,8 +793,11 @@ impl Executor for CudaExecutor {
                 ctx,
                 make_current,
                 launch_with_params,
-                spin,
-                self.profile_launches,
+                &LaunchThreadOptions {
+                    spin,
+                    profile: self.profile_launches,
+                    cpus: self.launch_cpus.clone(),
+                },
             ) {
                 Ok(thread) => Some(thread),
                 Err(e) => {

@@ -7,7 +7,8 @@
 //! [`ptx`] reads kernel layouts and module variables from PTX text (the sim
 //! executor's only source of them); [`image`] classifies module images and
 //! checks their headers against their length before a driver reads them;
-//! [`nvml`] loads the host's NVML for the live values NVML guests ask for.
+//! [`nvml`] loads the host's NVML for the live values NVML guests ask for;
+//! [`cpu_list`] reads the CPU lists that launch threads are pinned to.
 //!
 //! An [`Executor`] is shared by the whole daemon. A [`ContextExecutor`] is one
 //! session's device context; it is created, used and dropped on that
@@ -16,6 +17,7 @@
 //!
 //! CUDA results travel as plain `u32` codes (`rgpu_proto::cuda_result`).
 
+pub mod cpu_list;
 pub mod cuda;
 pub mod image;
 mod launch_thread;

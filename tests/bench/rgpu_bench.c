@@ -5,6 +5,7 @@
  *              --ptx tests/programs/reference_kernels.ptx
  *              [--sync-iters N] [--launches N] [--mib N] [--repeats N]
  *              [--launch-blocks N] [--rgpu-side-launcher caller|thread]
+ *              [--driver-cpu K --caller-cpu M]
  *
  * Each library is dlopen'ed on its own (RTLD_LOCAL) and driven through
  * function pointers with the same code. The rgpu side needs RGPU_SOCKET set
@@ -27,7 +28,12 @@
  *     launched from a second thread of the process: a control (NVIDIA's
  *     library on both sides) of what running the driver on another vCPU
  *     than the native side's alone does to the ratio, as rgpu's launch
- *     thread does;
+ *     thread does. With --driver-cpu K and --caller-cpu M, the runs in
+ *     turn call the driver from CPU K alone: the native side's blocks
+ *     (and the second thread's) run pinned to K, the rgpu side's caller
+ *     to M, for a daemon started with --launch-cpus K (the driver's
+ *     launch rate differs between CPUs and rgpu's launch thread calls it
+ *     from a CPU of its own);
  *   - graph replay: 100 rgpu_empty launches captured on a stream into a
  *     graph, the instantiated graph launched 1000 times, then one
  *     cuStreamSynchronize (kernels per second);
@@ -47,10 +53,11 @@
  * native in each run, graph replay >= 95% of native (issue 10), small
  * pageable copy <= 1.2x native, pinned bandwidth >= 99% of native,
  * pageable bandwidth >= native, queries <= 1.5x native. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,7 +160,22 @@ struct config {
     long launch_blocks;
     /* The rgpu side's blocks in turn come from a second thread. */
     int rgpu_side_thread;
+    /* CPUs for the runs in turn: the driver's calls, the rgpu side's
+     * caller (-1: unpinned). */
+    int driver_cpu;
+    int caller_cpu;
 };
+
+/* Confines the calling thread to `cpu` (-1: leaves it be). */
+static int pin_to(int cpu) {
+    if (cpu < 0) return 0;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) == 0) return 0;
+    perror("rgpu_bench: sched_setaffinity");
+    return -1;
+}
 
 static double now_s(void) {
     struct timespec t;
@@ -485,6 +507,8 @@ struct helper {
     struct api *a;
     CUcontext ctx;
     CUfunction f;
+    /* The CPU it runs on (-1: any). */
+    int cpu;
     long count;
     double seconds;
     int status;
@@ -493,6 +517,7 @@ struct helper {
 static void *helper_main(void *arg) {
     struct helper *h = arg;
     int current = 0;
+    int pinned = pin_to(h->cpu) == 0;
     pthread_mutex_lock(&h->lock);
     for (;;) {
         while (h->state == HELPER_IDLE || h->state == HELPER_DONE)
@@ -501,7 +526,7 @@ static void *helper_main(void *arg) {
         pthread_mutex_unlock(&h->lock);
         double seconds = 0;
         if (!current) current = h->a->ctx_set_current(h->ctx) == CUDA_SUCCESS;
-        int status = current ? launch_block(h->a, h->f, h->count, &seconds) : -1;
+        int status = current && pinned ? launch_block(h->a, h->f, h->count, &seconds) : -1;
         pthread_mutex_lock(&h->lock);
         h->status = status;
         h->seconds = seconds;
@@ -551,6 +576,9 @@ static int launches_in_turn(struct api *sides[2], const struct config *c, const 
     int status = -1;
     struct helper helper = {.state = HELPER_IDLE};
     int helper_started = 0;
+    /* The thread's CPUs before the runs pinned it, given back after. */
+    cpu_set_t unpinned;
+    int restore = 0;
     for (int s = 0; s < 2; s++) {
         a = sides[s];
         CALL(a->init(0));
@@ -566,6 +594,8 @@ static int launches_in_turn(struct api *sides[2], const struct config *c, const 
     helper.a = sides[1];
     helper.ctx = ctx[1];
     helper.f = empty[1];
+    helper.cpu = c->driver_cpu;
+    restore = c->driver_cpu >= 0 && sched_getaffinity(0, sizeof unpinned, &unpinned) == 0;
     if (c->rgpu_side_thread) {
         pthread_mutex_init(&helper.lock, NULL);
         pthread_cond_init(&helper.changed, NULL);
@@ -581,6 +611,7 @@ static int launches_in_turn(struct api *sides[2], const struct config *c, const 
             for (int turn = 0; turn < 2; turn++) {
                 int s = block % 2 == 0 ? turn : 1 - turn;
                 double took = 0;
+                if (pin_to(s == 0 ? c->driver_cpu : c->caller_cpu)) goto out;
                 int failed = s == 1 && helper_started ? helper_block(&helper, count, &took)
                                                       : launch_block(sides[s], empty[s], count, &took);
                 if (failed) {
@@ -594,6 +625,7 @@ static int launches_in_turn(struct api *sides[2], const struct config *c, const 
     }
     status = 0;
 out:
+    if (restore) sched_setaffinity(0, sizeof unpinned, &unpinned);
     if (helper_started) helper_stop(&helper);
     for (int s = 0; s < 2; s++) {
         if (module[s]) sides[s]->module_unload(module[s]);
@@ -648,6 +680,14 @@ static void row(const char *metric, double native, double rgpu, const struct res
     }
 }
 
+static int parse_cpu(const char *text, int *out) {
+    char *end = NULL;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end != '\0' || v < 0 || v >= CPU_SETSIZE) return -1;
+    *out = (int)v;
+    return 0;
+}
+
 static int parse_long(const char *text, long *out) {
     char *end = NULL;
     long v = strtol(text, &end, 10);
@@ -657,7 +697,7 @@ static int parse_long(const char *text, long *out) {
 }
 
 int main(int argc, char **argv) {
-    struct config c = {NULL, NULL, NULL, 10000, 100000, 256, 5, 10, 0};
+    struct config c = {NULL, NULL, NULL, 10000, 100000, 256, 5, 10, 0, -1, -1};
     struct api native_api, rgpu_api;
     struct results native = {0}, rgpu = {0};
     char *ptx;
@@ -673,6 +713,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--mib")) bad = parse_long(v, &c.mib);
         else if (!strcmp(k, "--repeats")) bad = parse_long(v, &c.repeats);
         else if (!strcmp(k, "--launch-blocks")) bad = parse_long(v, &c.launch_blocks);
+        else if (!strcmp(k, "--driver-cpu")) bad = parse_cpu(v, &c.driver_cpu);
+        else if (!strcmp(k, "--caller-cpu")) bad = parse_cpu(v, &c.caller_cpu);
         else if (!strcmp(k, "--rgpu-side-launcher")) {
             c.rgpu_side_thread = !strcmp(v, "thread");
             bad = !c.rgpu_side_thread && strcmp(v, "caller");
@@ -683,6 +725,10 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    if ((c.driver_cpu < 0) != (c.caller_cpu < 0) || (c.driver_cpu >= 0 && c.driver_cpu == c.caller_cpu)) {
+        fprintf(stderr, "rgpu_bench: --driver-cpu and --caller-cpu go together, two CPUs\n");
+        return 2;
+    }
     if (c.launch_blocks > c.launches) {
         fprintf(stderr, "rgpu_bench: --launch-blocks %ld is more than --launches %ld\n",
                 c.launch_blocks, c.launches);
@@ -692,7 +738,7 @@ int main(int argc, char **argv) {
         fprintf(stderr,
                 "usage: %s [--native LIBCUDA] [--rgpu LIBCUDA] --ptx reference_kernels.ptx "
                 "[--sync-iters N] [--launches N] [--mib N] [--repeats N] [--launch-blocks N]\n"
-                "       [--rgpu-side-launcher caller|thread]\n",
+                "       [--rgpu-side-launcher caller|thread] [--driver-cpu K --caller-cpu M]\n",
                 argv[0]);
         return 2;
     }
@@ -747,7 +793,10 @@ int main(int argc, char **argv) {
         row("empty-kernel launches, worst run", worst_native, worst_rgpu, &native, &rgpu,
             HIGHER_RATIO, 0.95, ">= 95% of native, each run");
         if (have_in_turn) {
-            printf("  runs in turn (native/rgpu%s, 1/s):", c.rgpu_side_thread ? " from a second thread" : "");
+            printf("  runs in turn (native/rgpu%s", c.rgpu_side_thread ? " from a second thread" : "");
+            if (c.driver_cpu >= 0)
+                printf(", driver on CPU %d, rgpu caller on %d", c.driver_cpu, c.caller_cpu);
+            printf(", 1/s):");
             for (int i = 0; i < LAUNCH_RUNS; i++) printf(" %.0f/%.0f", in_turn[0][i], in_turn[1][i]);
             printf("\n");
         }

@@ -102,11 +102,26 @@ fn killed_program_leaves_the_others_running_and_its_session_freed() {
     assert!(f.daemon.is_alive());
 }
 
+/// The first two CPUs this process may run on.
+fn two_allowed_cpus() -> Option<(usize, usize)> {
+    // SAFETY: an all-zero cpu_set_t is the empty set (plain data).
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is this thread; `set` is valid for writes of its size.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) } != 0 {
+        return None;
+    }
+    // SAFETY: reads bits of the set, below CPU_SETSIZE.
+    let mut allowed =
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
+    Some((allowed.next()?, allowed.next()?))
+}
+
 /// The benchmark program works through rgpu (tiny counts: on CI it only
 /// proves the program runs; figures are taken on the GPU host). rgpu's
 /// library stands in for the native one too, so that the runs taken in
 /// turn run, the second side's from the calling thread and from a thread
-/// of its own.
+/// of its own, and (on a machine of two CPUs or more) with the driver's
+/// side pinned to one CPU and rgpu's caller to another.
 #[test]
 fn benchmark_runs_through_sim() {
     let f = DriverApiFixture::new(&[]);
@@ -114,13 +129,30 @@ fn benchmark_runs_through_sim() {
         &rgpu_tests::workspace_root().join("tests/bench/rgpu_bench.c"),
         &["-ldl"],
     );
-    for (launcher, in_turn) in [
-        ("caller", "runs in turn (native/rgpu, 1/s):"),
+    let mut runs: Vec<(&str, Vec<String>, String)> = vec![
+        ("caller", vec![], "runs in turn (native/rgpu, 1/s):".into()),
         (
             "thread",
-            "runs in turn (native/rgpu from a second thread, 1/s):",
+            vec![],
+            "runs in turn (native/rgpu from a second thread, 1/s):".into(),
         ),
-    ] {
+    ];
+    if let Some((driver, caller)) = two_allowed_cpus() {
+        runs.push((
+            "thread",
+            vec![
+                "--driver-cpu".into(),
+                driver.to_string(),
+                "--caller-cpu".into(),
+                caller.to_string(),
+            ],
+            format!(
+                "runs in turn (native/rgpu from a second thread, driver on CPU {driver}, \
+                 rgpu caller on {caller}, 1/s):"
+            ),
+        ));
+    }
+    for (launcher, pinning, in_turn) in runs {
         let mut command = f.guest.command(&bench, &f.daemon);
         command
             .arg("--native")
@@ -140,12 +172,13 @@ fn benchmark_runs_through_sim() {
                 "2",
                 "--rgpu-side-launcher",
                 launcher,
-            ]);
+            ])
+            .args(&pinning);
         let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
         assert!(
             outcome.status.success()
                 && outcome.stdout.contains("HtoD from pinned (GB/s)")
-                && outcome.stdout.contains(in_turn),
+                && outcome.stdout.contains(&in_turn),
             "rgpu_bench --rgpu-side-launcher {launcher} failed ({}):\n{}\n{}",
             outcome.status,
             outcome.stdout,

@@ -401,3 +401,30 @@ fn limits_below_one_are_refused() {
         assert!(stderr.contains(option), "{option}: {stderr}");
     }
 }
+
+#[test]
+fn launch_cpus_that_are_not_a_list_of_this_machines_cpus_are_refused() {
+    for (list, said) in [
+        ("4096", "CPU 4096 is not on this machine"),
+        ("3-1", "the range `3-1` ends before it starts"),
+        ("0,x", "`x` is not a CPU number"),
+    ] {
+        let out = std::process::Command::new(Daemon::binary())
+            .args([
+                "--executor",
+                "sim",
+                "--socket-path",
+                "/nonexistent/rgpu.sock",
+                "--launch-cpus",
+                list,
+            ])
+            .output()
+            .expect("run the daemon");
+        assert!(
+            !out.status.success(),
+            "--launch-cpus {list} accepted: {out:?}"
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(said), "--launch-cpus {list}: {stderr}");
+    }
+}

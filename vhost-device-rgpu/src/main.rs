@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use log::{error, info, warn};
+use rgpu_executor::cpu_list::CpuList;
 use rgpu_executor::Executor;
 use rgpu_session::{
     ComputeGate, Counters, IpcRegistry, MemoryBudget, SessionSettings, ShareableRegistry, Tenant,
@@ -231,6 +232,12 @@ struct Args {
     /// as the session's (--host-spin-us).
     #[arg(long, value_enum, env = "RGPU_LAUNCH_THREAD", default_value_t = Switch::On)]
     launch_thread: Switch,
+    /// The CPUs each launch thread runs on, as `taskset -c` lists them
+    /// (`2`, `0,4-7`); by default the scheduler's choice. The driver's
+    /// launch rate depends on the CPU that calls it, so a thread the
+    /// scheduler moves launches at a rate that moves with it.
+    #[arg(long, value_name = "LIST", env = "RGPU_LAUNCH_CPUS")]
+    launch_cpus: Option<CpuList>,
     /// Print the backend's capabilities as JSON and exit (other options are
     /// ignored).
     #[arg(long)]
@@ -268,11 +275,12 @@ enum Tool {
 }
 
 /// How the cuda executor's contexts launch: the launch thread's spin time
-/// (`None`: no thread), and whether it profiles itself.
-#[derive(Debug, Clone, Copy)]
+/// (`None`: no thread), whether it profiles itself, and its CPUs.
+#[derive(Debug, Clone)]
 struct Launching {
     thread_spin: Option<Duration>,
     profile: bool,
+    cpus: Option<CpuList>,
 }
 
 fn launching(args: &Args) -> Launching {
@@ -280,6 +288,7 @@ fn launching(args: &Args) -> Launching {
         thread_spin: (args.launch_thread == Switch::On)
             .then(|| Duration::from_micros(args.host_spin_us)),
         profile: args.profile_launches,
+        cpus: args.launch_cpus.clone(),
     }
 }
 
@@ -297,7 +306,8 @@ fn make_executor(
             .map(|e| {
                 Arc::new(
                     e.with_launch_thread(launching.thread_spin)
-                        .with_launch_profile(launching.profile),
+                        .with_launch_profile(launching.profile)
+                        .with_launch_cpus(launching.cpus),
                 ) as Arc<dyn Executor>
             })
             .map_err(|e| e.to_string()),
@@ -418,6 +428,10 @@ fn remote_listeners(
 fn run(args: Args) -> Result<(), String> {
     signals::block_termination().map_err(|e| format!("cannot block signals: {e}"))?;
     let (daemon_settings, specs) = what_to_serve(&args)?;
+    if let Some(cpus) = &args.launch_cpus {
+        cpus.check_usable()
+            .map_err(|e| format!("--launch-cpus {cpus}: cannot run a thread there: {e}"))?;
+    }
     let created = CreatedFiles::default();
     let tenants = Arc::new(Tenants::new(
         TenantLaunch {
@@ -641,6 +655,10 @@ fn session_args(args: &Args) -> Vec<OsString> {
     }
     if args.profile_launches {
         out.push("--profile-launches".into());
+    }
+    if let Some(cpus) = &args.launch_cpus {
+        out.push("--launch-cpus".into());
+        out.push(cpus.to_string().into());
     }
     if let Some(runs) = args.max_mapped_runs {
         out.push("--max-mapped-runs".into());
