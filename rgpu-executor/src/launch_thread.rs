@@ -37,6 +37,13 @@ use crate::CuResult;
 
 /// Launches queued at most; a session that gets further ahead waits.
 const QUEUE_DEPTH: usize = 256;
+/// Launches between two stores of the thread's count while it has more
+/// queued (it stores it too whenever it catches up with the session).
+/// Each store after the session read the count takes its line back from
+/// the session's core, and the driver's next locked instruction waits for
+/// that: once per launch while the session polls a full queue or looks at
+/// a stream's completion, when the count was stored after each launch.
+const DONE_STORED_EVERY: u64 = 16;
 /// Parameter bytes a slot carries inline; a larger block (rare: most
 /// kernels take a few pointers and sizes) travels in its own allocation.
 const INLINE_PARAMS: usize = 192;
@@ -76,8 +83,11 @@ unsafe impl Send for Launch {}
 
 /// A queued launch and its parameter block, in this order: the thread
 /// reads the launch, the length and a small block from the slot's first
-/// line or two ([`prefetch`] fetches those), and `spilled`, at its end,
-/// only for a block that did not fit inline.
+/// line or two, and `spilled`, at its end, only for a block that did not
+/// fit inline. It writes none of it for an inline block: a line the
+/// session wrote last that the thread wrote too would go back and forth
+/// between their cores (377-419 ns a transfer between two vCPUs of the
+/// H200 host).
 #[repr(C)]
 struct Slot {
     launch: Launch,
@@ -101,33 +111,6 @@ impl Slot {
     }
 }
 
-/// Lines of a slot [`prefetch`] asks for: the launch, the length and
-/// parameter blocks of up to 72 bytes (most kernels' few pointers).
-const PREFETCHED_LINES: usize = 2;
-
-/// Asks the processor to bring a published slot's first lines to this
-/// core while the driver works on the launch before it: the session's
-/// core wrote them, and reading them after the driver returned cost a
-/// transfer between cores per launch (part of the 73-101 ns the thread
-/// spent between two driver calls on the H200 host).
-#[inline]
-fn prefetch(cell: &SlotCell) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let slot = cell.0.get().cast::<i8>().cast_const();
-        for line in 0..PREFETCHED_LINES {
-            // SAFETY: SSE, which the intrinsic needs, is part of x86_64; a
-            // prefetch is a hint that reads nothing the program sees and
-            // cannot fault, and the addresses lie within the slot (five
-            // lines long).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(slot.wrapping_add(64 * line)) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = cell;
-}
-
 /// A slot on cache lines of its own.
 #[repr(align(64))]
 struct SlotCell(UnsafeCell<Slot>);
@@ -138,13 +121,16 @@ struct SlotCell(UnsafeCell<Slot>);
 unsafe impl Sync for SlotCell {}
 
 /// The ring and its counters, each counter on a cache line of its own:
-/// the session writes `queued` per launch, the thread `done`, and the
-/// session reads `failure` after every command.
+/// the session writes `queued` per launch, the thread `done` every
+/// [`DONE_STORED_EVERY`] launches and when it catches up, and the session
+/// reads `failure` after every command.
 struct Shared {
     slots: Box<[SlotCell]>,
     /// Launches the session queued.
     queued: CacheLine<AtomicU64>,
-    /// Launches the driver has had.
+    /// Launches the driver has had, as the thread last stored it (behind by
+    /// fewer than [`DONE_STORED_EVERY`] while it has more queued; exact once
+    /// it caught up).
     done: CacheLine<AtomicU64>,
     /// The first error a launch met since the session last asked (0: none).
     failure: CacheLine<AtomicU32>,
@@ -418,13 +404,19 @@ fn run(
         }
     };
     let mut idle_since: Option<Instant> = None;
-    // This thread alone counts: a store, not a locked add, per launch.
+    // This thread alone counts: a store, not a locked add.
     let mut done = 0u64;
+    let mut stored = 0u64;
     // The session's count as last read: launches below it are read without
     // loading it again.
     let mut queued = 0u64;
     loop {
         if done == queued {
+            // Caught up with what it saw: a fence may wait for this count.
+            if stored != done {
+                shared.done.0.store(done, Ordering::Release);
+                stored = done;
+            }
             queued = shared.queued.0.load(Ordering::Acquire);
         }
         if done == queued {
@@ -459,11 +451,6 @@ fn run(
         // past it (read with acquire), and writes it again only after
         // `done` passes it (below, after the last use).
         let slot = unsafe { &mut *cell.0.get() };
-        if done + 1 < queued {
-            if let Some(next) = shared.slot(done + 1) {
-                prefetch(next);
-            }
-        }
         let called_at = profile.as_ref().map(|_| Instant::now());
         let result = match code {
             CUDA_SUCCESS => launch(&slot.launch, slot.params()),
@@ -486,7 +473,10 @@ fn run(
             );
         }
         done += 1;
-        shared.done.0.store(done, Ordering::Release);
+        if done.is_multiple_of(DONE_STORED_EVERY) {
+            shared.done.0.store(done, Ordering::Release);
+            stored = done;
+        }
     }
 }
 
@@ -783,6 +773,51 @@ mod tests {
             summary.contains("1 waits of 1 us or more for 0.00 ms: 21.9%"),
             "{summary}"
         );
+    }
+
+    /// Test 10's launches wait until this opens.
+    static GATE_OF_TEST_10: AtomicBool = AtomicBool::new(false);
+
+    fn gated_launch(_: &Launch, _: &[u8]) -> CuResult<()> {
+        while !GATE_OF_TEST_10.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        std::thread::sleep(Duration::from_micros(20));
+        Ok(())
+    }
+
+    #[test]
+    fn the_count_of_launches_done_is_stored_in_steps_and_exactly_when_caught_up() {
+        let mut launcher =
+            LaunchThread::start(std::ptr::null_mut(), made_current, gated_launch, &options())
+                .unwrap_or_else(|e| panic!("no thread: {e}"));
+        let count = 2 * DONE_STORED_EVERY + 5;
+        for n in 0..count {
+            assert!(launcher.queue(launch(10, n as u32), params()).is_ok());
+        }
+        GATE_OF_TEST_10.store(true, Ordering::Release);
+        let mut seen = vec![];
+        loop {
+            let done = launcher.shared.done.0.load(Ordering::Acquire);
+            if seen.last() != Some(&done) {
+                seen.push(done);
+            }
+            if done == count {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        // Never a count between two steps but the last, which a fence
+        // waits for; never one going back.
+        assert!(
+            seen.iter()
+                .all(|&done| done.is_multiple_of(DONE_STORED_EVERY) || done == count),
+            "{seen:?}"
+        );
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+        assert!(seen.contains(&DONE_STORED_EVERY), "{seen:?}");
+        launcher.fence();
+        assert!(!launcher.has_queued_on(std::ptr::null_mut()));
     }
 
     /// The CPUs test 9's launches ran on.

@@ -11,7 +11,11 @@
 #      the control: its sync, launch and query rows with NVIDIA's library
 #      on both sides, the host's own spread in this run (lines "control:"),
 #      and its launch runs in turn again with the second side launching
-#      from a thread of its own (the spread between two vCPUs);
+#      from a thread of its own (the spread between two vCPUs); then the
+#      launch runs in turn with the driver called from one CPU on both
+#      sides (lines "pinned:"): a second daemon with --launch-cpus K, the
+#      benchmark's native blocks on K and its rgpu caller on M
+#      (PINNED_CPUS=K,M, default 2,0), and the control so pinned;
 #   2. start-up: 1 and 8 short driver-API programs started at once (wall
 #      time until all are done);
 #   3. PyTorch: torch_train.py, three alternating native/rgpu pairs; the
@@ -28,9 +32,9 @@ native_dir=$(dirname "$native_lib")
 logs=${OUT:-$(mktemp -d /tmp/rgpu-perf.XXXXXX)}
 mkdir -p "$logs"
 work=$(mktemp -d /tmp/rgpu-perf-work.XXXXXX)
-daemon_pid=
+daemon_pid= pinned_pid=
 cleanup() {
-    [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+    for pid in $daemon_pid $pinned_pid; do kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -77,6 +81,29 @@ grep -E "sync round trip, median|sync, after|empty-kernel launches|runs in turn|
     --launches 100000 --mib 1 --repeats 1 --rgpu-side-launcher thread \
     >"$logs/rgpu_bench-control-thread.txt" 2>&1
 grep -E "worst run|runs in turn" "$logs/rgpu_bench-control-thread.txt" | sed 's/^/control: /'
+# The driver's launch rate differs between CPUs: rgpu's launch thread and
+# the native side pinned to the same one, the daemon's other threads and
+# rgpu's caller elsewhere.
+IFS=, read -r driver_cpu caller_cpu <<<"${PINNED_CPUS:-2,0}"
+if [ -z "${RGPU_SERVER:-}" ] && [ "$(nproc)" -ge 4 ]; then
+    others=$(seq 0 $(($(nproc) - 1)) | grep -vxE "$driver_cpu|$caller_cpu" | paste -sd,)
+    pinned_socket=$work/pinned.sock
+    env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" taskset -c "$others" "$bundle/vhost-device-rgpu" \
+        --executor cuda --socket-path "$pinned_socket" --launch-cpus "$driver_cpu" ${RGPU_DAEMON_ARGS:-} \
+        >"$logs/daemon-pinned.log" 2>&1 &
+    pinned_pid=$!
+    for _ in $(seq 600); do [ -S "$pinned_socket" ] && break; sleep 0.05; done
+    pinning=(--sync-iters 1000 --launches 100000 --mib 1 --repeats 1 --driver-cpu "$driver_cpu"
+        --caller-cpu "$caller_cpu")
+    env RGPU_SOCKET="$pinned_socket" "$work/rgpu_bench" --native "$native_lib" \
+        --rgpu "$work/rgpu-lib/libcuda.so.1" --ptx "$ptx" "${pinning[@]}" >"$logs/rgpu_bench-pinned.txt" 2>&1
+    grep -E "worst run|runs in turn" "$logs/rgpu_bench-pinned.txt" | sed 's/^/pinned: /'
+    "$work/rgpu_bench" --native "$native_lib" --rgpu "$native_lib" --ptx "$ptx" "${pinning[@]}" \
+        --rgpu-side-launcher thread >"$logs/rgpu_bench-pinned-control.txt" 2>&1
+    grep -E "worst run|runs in turn" "$logs/rgpu_bench-pinned-control.txt" | sed 's/^/pinned: control: /'
+    kill "$pinned_pid" 2>/dev/null && wait "$pinned_pid" 2>/dev/null
+    pinned_pid=
+fi
 
 echo "== 2. start-up: short programs started at once"
 run_at_once() { # side count

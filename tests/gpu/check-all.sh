@@ -78,7 +78,7 @@ case $part in
     step compat 540 '^\||FAIL|compat' env RGPU_BUNDLE="$bundle" bash tests/compat/run-compat.sh
     ;;
 3)
-    step perf 540 '^(==|--|control|[0-9] at once|pair|median|  runs in turn)|^[a-zA-Z0-9 +,()/-]+ +[-0-9.]+ +[-0-9.]+ ' \
+    step perf 540 '^(==|--|control|pinned|[0-9] at once|pair|median|  runs in turn)|^[a-zA-Z0-9 +,()/-]+ +[-0-9.]+ +[-0-9.]+ ' \
         bash tests/bench/perf_bench.sh "$bundle"
     # Hand-written, malformed and stale commands against the cuda executor
     # (the test binary finds the daemon and guest-lib beside its deps/).
@@ -107,7 +107,7 @@ case $part in
             RGPU_TEST_PREBUILT=1 RGPU_TEST_EXECUTOR=cuda RGPU_TEST_PROGRAMS_DIR="$PWD/tests/programs" \
             RGPU_TEST_DRIVER_DIR="$(dirname "${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}")" \
             "$rust/deps/remote" --test-threads 1 --skip the_certificate_names_the_tenant
-        step remote-perf 300 '^(==|--|control|[0-9] at once|pair|median|tls loopback|  runs in turn)|^[a-zA-Z0-9 +,()/-]+ +[-0-9.]+ +[-0-9.]+ ' \
+        step remote-perf 300 '^(==|--|control|pinned|[0-9] at once|pair|median|tls loopback|  runs in turn)|^[a-zA-Z0-9 +,()/-]+ +[-0-9.]+ +[-0-9.]+ ' \
             bash tests/bench/perf_bench.sh "$bundle"
     else
         step remote-compat 540 '^\||FAIL|compat' env RGPU_BUNDLE="$bundle" bash tests/compat/run-compat.sh
