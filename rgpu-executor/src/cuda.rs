@@ -1636,9 +1636,15 @@ impl ContextExecutor for CudaContext {
     }
 
     fn fence(&mut self) {
-        if let Some(launcher) = &self.launcher {
+        if let Some(launcher) = &mut self.launcher {
             launcher.fence();
         }
+    }
+
+    fn launches_queued(&self) -> bool {
+        self.launcher
+            .as_ref()
+            .is_some_and(LaunchThread::may_have_queued)
     }
 
     fn take_launch_failure(&mut self) -> Option<u32> {

@@ -337,9 +337,13 @@ impl LaunchThread {
     }
 
     /// Returns once the driver has had every queued launch.
-    pub fn fence(&self) {
+    pub fn fence(&mut self) {
         let mut spins = 0u32;
-        while self.shared.done.0.load(Ordering::Acquire) < self.queued {
+        loop {
+            self.done_seen = self.shared.done.0.load(Ordering::Acquire);
+            if self.done_seen >= self.queued {
+                break;
+            }
             if spins < FENCE_SPINS {
                 spins += 1;
                 std::hint::spin_loop();
@@ -350,6 +354,14 @@ impl LaunchThread {
                 break;
             }
         }
+    }
+
+    /// Whether launches may be queued that the driver has not had, by the
+    /// thread's count as last read (at a fence, or when the queue looked
+    /// full): `false` is exact, as the count only grows; reading it anew
+    /// here would take its line from the thread's core.
+    pub fn may_have_queued(&self) -> bool {
+        self.done_seen < self.queued
     }
 
     /// Whether a launch on `stream` is queued and not yet handed to the
@@ -635,6 +647,19 @@ mod tests {
         launcher.fence();
         assert_eq!(seen_by(1), (0..20).collect::<Vec<_>>());
         assert_eq!(launcher.take_failure(), None);
+    }
+
+    #[test]
+    fn queued_launches_are_known_without_asking_the_thread_until_a_fence() {
+        let mut launcher = thread();
+        assert!(!launcher.may_have_queued());
+        assert!(launcher.queue(launch(11, 0), params()).is_ok());
+        assert!(launcher.may_have_queued());
+        // Done by now, but not looked at: still "maybe".
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(launcher.may_have_queued());
+        launcher.fence();
+        assert!(!launcher.may_have_queued());
     }
 
     #[test]

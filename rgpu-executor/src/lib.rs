@@ -433,6 +433,14 @@ pub trait ContextExecutor {
     /// own has reached the driver: what comes next is ordered after them.
     fn fence(&mut self) {}
 
+    /// Whether launches this context queued on a thread of its own may
+    /// still be short of the driver, what [`ContextExecutor::fence`] would
+    /// wait for: `false` is exact, `true` may be stale (cheap to ask: no
+    /// look at the thread's progress).
+    fn launches_queued(&self) -> bool {
+        false
+    }
+
     /// The first error a queued launch met since the last call.
     fn take_launch_failure(&mut self) -> Option<u32> {
         None

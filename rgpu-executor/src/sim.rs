@@ -212,6 +212,8 @@ struct Observed {
     live_contexts: AtomicUsize,
     launches: AtomicUsize,
     synchronizations: AtomicUsize,
+    /// How many held-back launches each fence that ran some ran.
+    deferred_batches: std::sync::Mutex<Vec<usize>>,
     ipc_opens: AtomicUsize,
     /// The CUDA error the next context creations fail with; 0: none.
     fail_create: AtomicU32,
@@ -236,6 +238,16 @@ impl SimObserver {
     /// `cuCtxSynchronize` calls the sessions made.
     pub fn synchronizations(&self) -> usize {
         self.0.synchronizations.load(Ordering::SeqCst)
+    }
+
+    /// How many launches held back (`deferring_launches`) each fence that
+    /// found some ran, in order.
+    pub fn deferred_batches(&self) -> Vec<usize> {
+        self.0
+            .deferred_batches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// IPC opens of memory not closed yet (a context's end closes its own).
@@ -275,6 +287,9 @@ pub struct SimExecutor {
     observer: SimObserver,
     /// This executor among the process's, in its IPC handles.
     id: u32,
+    /// Contexts hold launches back until a fence (`RGPU_SIM_DEFER_LAUNCHES`
+    /// or [`SimExecutor::deferring_launches`]).
+    defer_launches: bool,
 }
 
 impl SimExecutor {
@@ -296,7 +311,15 @@ impl SimExecutor {
             reachable: SharedReachable::default(),
             observer: SimObserver::default(),
             id: NEXT_EXECUTOR_ID.fetch_add(1, Ordering::Relaxed),
+            defer_launches: std::env::var_os("RGPU_SIM_DEFER_LAUNCHES").is_some_and(|v| v == "1"),
         }
+    }
+
+    /// Contexts hold launches back until a fence, as the cuda executor's
+    /// launch thread may (`RGPU_SIM_DEFER_LAUNCHES=1` for a whole process).
+    pub fn deferring_launches(mut self) -> SimExecutor {
+        self.defer_launches = true;
+        self
     }
 
     /// What tests observe of this executor's contexts.
@@ -362,6 +385,7 @@ impl Executor for SimExecutor {
             self.reachable.clone(),
             self.observer.clone(),
             self.id,
+            self.defer_launches,
         );
         observed.contexts_created.fetch_add(1, Ordering::SeqCst);
         observed.live_contexts.fetch_add(1, Ordering::SeqCst);
@@ -891,6 +915,7 @@ impl SimContext {
         reachable: SharedReachable,
         observer: SimObserver,
         executor_id: u32,
+        defer_launches: bool,
     ) -> Self {
         let overhead = context_overhead();
         used.fetch_add(overhead, Ordering::SeqCst);
@@ -924,9 +949,7 @@ impl SimContext {
             node_attributes: AttributeStore::default(),
             stream_attributes: AttributeStore::default(),
             graph_allocations: HashMap::new(),
-            deferred: std::env::var_os("RGPU_SIM_DEFER_LAUNCHES")
-                .is_some_and(|v| v == "1")
-                .then(Vec::new),
+            deferred: defer_launches.then(Vec::new),
             deferred_failure: None,
             launch_here: false,
         }
@@ -1013,6 +1036,14 @@ impl SimContext {
         let Some(pending) = self.deferred.as_mut().map(std::mem::take) else {
             return;
         };
+        if !pending.is_empty() {
+            self.observer
+                .0
+                .deferred_batches
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(pending.len());
+        }
         for l in pending {
             let result = self.launch_kernel_now(
                 l.function,
@@ -2146,6 +2177,10 @@ impl ContextExecutor for SimContext {
 
     fn fence(&mut self) {
         self.run_deferred();
+    }
+
+    fn launches_queued(&self) -> bool {
+        self.deferred.as_ref().is_some_and(|held| !held.is_empty())
     }
 
     fn take_launch_failure(&mut self) -> Option<u32> {

@@ -8,9 +8,10 @@
 //! handle table), which [`Fences`] keeps in order.
 //!
 //! - When the tenant has the GPU to itself ([`Admission::Free`]) a fence is
-//!   sampled (one per [`SAMPLE_EVERY`] of submissions, plus one behind the
-//!   last), which is enough to tell the scheduler when the tenant is busy at
-//!   the cost of one event record per sample.
+//!   sampled (one per [`SAMPLE_EVERY`] of submissions, once no launch is
+//!   left on the context's launch thread, plus one behind the last), which
+//!   is enough to tell the scheduler when the tenant is busy at the cost of
+//!   one event record per sample.
 //! - When the scheduler arbitrates ([`Admission::Fenced`]) every submission
 //!   gets a fence and at most [`FENCES_AHEAD`] may be pending, so a tenant
 //!   whose turn ends drains in a few kernels, not in a queue of hundreds.
@@ -60,12 +61,15 @@ pub trait ComputeGate: Send + Sync + std::fmt::Debug {
 /// How long a burst is fenced as if arbitrated (a few of the scheduler's
 /// steps).
 pub const PROBATION: Duration = Duration::from_micros(600);
-/// How often a fence is sampled while the tenant runs unarbitrated. Each
-/// drains the launch queue and records an event on the session's thread
-/// while the launch thread waits (a few microseconds): at 200 µs that was
-/// a few percent of a launch burst, and a tenant alone needs no finer
-/// view (busy while anything is unfenced; the last fence goes in when the
-/// session idles).
+/// How often a fence is sampled while the tenant runs unarbitrated. A
+/// sample waits until the context's launch queue is empty: one that
+/// drained the queue and recorded an event on the session's thread while
+/// the launch thread waited cost a few percent of a launch burst at
+/// 200 µs, and about one wait of 11-14 µs per millisecond at 1 ms (the
+/// launch thread's profile on the H200: 1.1-1.8% of a burst, whether the
+/// session napped or spun meanwhile). A tenant alone needs no finer view:
+/// it is busy while anything is unfenced, and the last fence goes in when
+/// the session idles or at the next command that fences anyway.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(1);
 /// How often pending fences are looked at between submissions.
 const POLL_EVERY: Duration = Duration::from_micros(50);
@@ -115,9 +119,11 @@ impl Fences {
         }
         let due = match admission {
             Admission::Fenced => true,
-            Admission::Free => self
-                .last_fence
-                .is_none_or(|t| now.saturating_duration_since(t) >= SAMPLE_EVERY),
+            Admission::Free => {
+                self.last_fence
+                    .is_none_or(|t| now.saturating_duration_since(t) >= SAMPLE_EVERY)
+                    && !ctx.launches_queued()
+            }
         };
         if due {
             self.fence_unfenced(ctx)?;

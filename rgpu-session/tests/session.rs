@@ -577,6 +577,102 @@ fn a_synchronize_right_after_one_answers_without_the_driver() {
     session.shutdown();
 }
 
+/// A scheduler that never arbitrates: the tenant has the GPU to itself.
+#[derive(Debug)]
+struct AlwaysFree;
+
+impl rgpu_session::ComputeGate for AlwaysFree {
+    fn admission(&self) -> Option<rgpu_session::Admission> {
+        Some(rgpu_session::Admission::Free)
+    }
+    fn wait_for_grant(&self, _: Duration) -> Option<rgpu_session::Admission> {
+        Some(rgpu_session::Admission::Free)
+    }
+    fn submitting(&self, _: Instant) -> bool {
+        false
+    }
+    fn set_busy(&self, _: bool) {}
+    fn set_waiting(&self, _: bool) {}
+}
+
+/// The scheduler's fence samples of an unarbitrated tenant (one per
+/// millisecond of submissions, the first at once) wait until no launch is
+/// left queued for the driver: a sample that fenced drained the launch
+/// queue while the launch thread sat idle, once a millisecond through a
+/// whole burst. The sim holds launches back until a fence, as a launch
+/// thread may; a burst the session finds whole in its ring (written while
+/// it slept, then one doorbell) must reach the driver in one batch, at
+/// the fence of what follows it, not in a first batch of one at the
+/// burst's first sample.
+#[test]
+fn an_unarbitrated_burst_of_launches_is_not_drained_for_fence_samples() {
+    let guest_side = Guest::new();
+    let executor = Arc::new(SimExecutor::new().deferring_launches());
+    let observer = executor.observer();
+    let tenant = rgpu_session::Tenant::with_shares(
+        None,
+        Some(Arc::new(AlwaysFree)),
+        None,
+        None,
+        None,
+        rgpu_session::SessionSettings::default(),
+    );
+    let session = guest_side.start_in(executor.clone(), Arc::new(Counters::default()), tenant);
+    let mut guest = guest_side;
+    let image = REFERENCE_KERNELS.as_bytes();
+    guest.data.write(4096, image).unwrap();
+    let (result, _) = guest.call(
+        &session,
+        Command::ModuleLoad {
+            module: 1,
+            image: Guest::data_range(4096, image.len() as u64),
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    let (result, _) = guest.call(
+        &session,
+        Command::ModuleGetFunction {
+            module: 1,
+            function: 10,
+            name: b"rgpu_empty".to_vec(),
+        },
+    );
+    assert_eq!(result, CUDA_SUCCESS);
+    let deadline = Instant::now() + WAIT;
+    while guest.counter(OFFSET_HOST_IDLE) != 1 {
+        assert!(Instant::now() < deadline, "host never went idle");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let empty = Command::LaunchKernel {
+        launch: Launch {
+            function: 10,
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+            ..Launch::default()
+        },
+    };
+    let launches = 40;
+    for _ in 0..launches {
+        guest.push(&session, &empty, 0);
+    }
+    guest.push(&session, &Command::CtxSynchronize, 900);
+    guest.publish();
+    guest.kick(&session);
+    let deadline = Instant::now() + WAIT;
+    while guest.reply().0 != 900 {
+        assert!(Instant::now() < deadline, "the burst never finished");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(guest.reply().1, CUDA_SUCCESS);
+    assert_eq!(observer.launches(), launches);
+    assert_eq!(
+        observer.deferred_batches(),
+        vec![launches],
+        "a fence sample drained the launch queue during the burst"
+    );
+    session.shutdown();
+}
+
 #[test]
 fn idle_host_needs_a_doorbell() {
     let (mut guest, session, _counters, _executor) = setup();
