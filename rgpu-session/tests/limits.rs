@@ -294,14 +294,7 @@ fn a_module_image_over_the_limit_is_refused_without_allocating_it() {
 
     // An image inside the limit still loads.
     let image = TINY_PTX.as_bytes();
-    guest.data.write(0, image).expect("write the image");
-    let (result, _) = guest.call(
-        &session,
-        Command::ModuleLoad {
-            module: 1,
-            image: Guest::data_range(0, image.len() as u64),
-        },
-    );
+    let result = guest.load_module(&session, 1, 0, image);
     assert_eq!(result, CUDA_SUCCESS);
     session.shutdown();
 }

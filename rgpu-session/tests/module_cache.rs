@@ -113,14 +113,7 @@ fn plain_module_load_fills_the_cache_too() {
     let mut guest = Guest::new();
     let counters = Arc::new(Counters::default());
     let session = guest.start(Arc::new(SimExecutor::new()), counters.clone());
-    guest.data.write(0, &image).unwrap();
-    let (result, _) = guest.call(
-        &session,
-        Command::ModuleLoad {
-            module: 1,
-            image: Guest::data_range(0, image.len() as u64),
-        },
-    );
+    let result = guest.load_module(&session, 1, 0, &image);
     assert_eq!(result, CUDA_SUCCESS);
     let (result, _) = guest.call(
         &session,

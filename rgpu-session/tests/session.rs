@@ -247,14 +247,7 @@ fn modules_functions_launches_and_events() {
     let (mut guest, session, _counters, executor) = setup();
     // Starts with a comment: bytes from its second on are no image.
     let image = REFERENCE_KERNELS.as_bytes();
-    guest.data.write(4096, image).unwrap();
-    let (result, _) = guest.call(
-        &session,
-        Command::ModuleLoad {
-            module: 1,
-            image: Guest::data_range(4096, image.len() as u64),
-        },
-    );
+    let result = guest.load_module(&session, 1, 4096, image);
     assert_eq!(result, CUDA_SUCCESS);
     let (result, _) = guest.call(
         &session,
@@ -620,14 +613,7 @@ fn an_unarbitrated_burst_of_launches_is_not_drained_for_fence_samples() {
     let session = guest_side.start_in(executor.clone(), Arc::new(Counters::default()), tenant);
     let mut guest = guest_side;
     let image = REFERENCE_KERNELS.as_bytes();
-    guest.data.write(4096, image).unwrap();
-    let (result, _) = guest.call(
-        &session,
-        Command::ModuleLoad {
-            module: 1,
-            image: Guest::data_range(4096, image.len() as u64),
-        },
-    );
+    let result = guest.load_module(&session, 1, 4096, image);
     assert_eq!(result, CUDA_SUCCESS);
     let (result, _) = guest.call(
         &session,

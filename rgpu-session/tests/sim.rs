@@ -57,14 +57,7 @@ fn float_bytes(values: &[f32]) -> Vec<u8> {
 
 /// Loads the reference module and looks up both kernels.
 fn load(guest: &mut Guest, session: &rgpu_session::Session) -> (FunctionInfo, FunctionInfo) {
-    guest.data.write(0, PTX.as_bytes()).unwrap();
-    let (result, _) = guest.call(
-        session,
-        Command::ModuleLoad {
-            module: MODULE,
-            image: Guest::data_range(0, PTX.len() as u64),
-        },
-    );
+    let result = guest.load_module(session, MODULE, 0, PTX.as_bytes());
     assert_eq!(result, CUDA_SUCCESS);
     let mut get = |function, name: &str| {
         let (result, payload) = guest.call(
@@ -205,14 +198,7 @@ fn module_globals_may_be_copied_until_their_module_is_unloaded() {
     let mut guest = Guest::new();
     let counters = Arc::new(Counters::default());
     let session = guest.start(Arc::new(SimExecutor::new()), counters.clone());
-    guest.data.write(0, GLOBALS_PTX.as_bytes()).unwrap();
-    let (result, _) = guest.call(
-        &session,
-        Command::ModuleLoad {
-            module: MODULE,
-            image: Guest::data_range(0, GLOBALS_PTX.len() as u64),
-        },
-    );
+    let result = guest.load_module(&session, MODULE, 0, GLOBALS_PTX.as_bytes());
     assert_eq!(result, CUDA_SUCCESS);
     let mut global = |name: &str| {
         let (result, payload) = guest.call(
@@ -278,14 +264,7 @@ fn a_detach_is_answered_after_the_queued_work() {
     let mut guest = Guest::new();
     let counters = Arc::new(Counters::default());
     let session = guest.start(Arc::new(SimExecutor::new()), counters);
-    guest.data.write(0, SPIN_PTX.as_bytes()).unwrap();
-    let (result, _) = guest.call(
-        &session,
-        Command::ModuleLoad {
-            module: MODULE,
-            image: Guest::data_range(0, SPIN_PTX.len() as u64),
-        },
-    );
+    let result = guest.load_module(&session, MODULE, 0, SPIN_PTX.as_bytes());
     assert_eq!(result, CUDA_SUCCESS);
     let (result, _) = guest.call(
         &session,

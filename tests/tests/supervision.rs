@@ -383,21 +383,27 @@ fn a_negotiating_frontend_outlives_the_handshake_timeout() {
     assert_eq!(daemon.log().matches(HANDSHAKE_TIMEOUT_LOG).count(), 1);
 }
 
+/// What a sim daemon started with `options` printed when it refused
+/// them (it must refuse them).
+fn refusal(options: &[&str]) -> String {
+    let out = std::process::Command::new(Daemon::binary())
+        .args([
+            "--executor",
+            "sim",
+            "--socket-path",
+            "/nonexistent/rgpu.sock",
+        ])
+        .args(options)
+        .output()
+        .expect("run the daemon");
+    assert!(!out.status.success(), "{options:?} accepted: {out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn limits_below_one_are_refused() {
     for option in ["--max-connections", "--handshake-timeout-s"] {
-        let out = std::process::Command::new(Daemon::binary())
-            .args([
-                "--executor",
-                "sim",
-                "--socket-path",
-                "/nonexistent/rgpu.sock",
-            ])
-            .args([option, "0"])
-            .output()
-            .expect("run the daemon");
-        assert!(!out.status.success(), "{option} 0 accepted: {out:?}");
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = refusal(&[option, "0"]);
         assert!(stderr.contains(option), "{option}: {stderr}");
     }
 }
@@ -409,22 +415,7 @@ fn launch_cpus_that_are_not_a_list_of_this_machines_cpus_are_refused() {
         ("3-1", "the range `3-1` ends before it starts"),
         ("0,x", "`x` is not a CPU number"),
     ] {
-        let out = std::process::Command::new(Daemon::binary())
-            .args([
-                "--executor",
-                "sim",
-                "--socket-path",
-                "/nonexistent/rgpu.sock",
-                "--launch-cpus",
-                list,
-            ])
-            .output()
-            .expect("run the daemon");
-        assert!(
-            !out.status.success(),
-            "--launch-cpus {list} accepted: {out:?}"
-        );
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = refusal(&["--launch-cpus", list]);
         assert!(stderr.contains(said), "--launch-cpus {list}: {stderr}");
     }
 }

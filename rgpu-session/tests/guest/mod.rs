@@ -342,6 +342,20 @@ impl Guest {
         (result, payload)
     }
 
+    /// Writes `image` into the data blob at `offset` and loads it as
+    /// module `module`: the command's result.
+    pub fn load_module(
+        &mut self,
+        session: &Session,
+        module: u32,
+        offset: u64,
+        image: &[u8],
+    ) -> u32 {
+        self.data.write(offset, image).unwrap();
+        let image = Guest::data_range(offset, image.len() as u64);
+        self.call(session, Command::ModuleLoad { module, image }).0
+    }
+
     pub fn call(&mut self, session: &Session, command: Command) -> (u32, Vec<u8>) {
         let seq = self.next_seq;
         self.next_seq += 1;
