@@ -4,7 +4,7 @@
 //! Why: the driver's launch rate on the H200 host depends on the CPU that
 //! calls it (225k-294k launches/s between the vCPUs of one machine), so a
 //! launch thread that the scheduler moves between CPUs launches at a rate
-//! that moves with it (docs/ARCHITECTURE.md 7b).
+//! that moves with it (docs/ARCHITECTURE.md 7a).
 
 use std::fmt;
 use std::str::FromStr;
@@ -124,7 +124,7 @@ impl FromStr for CpuList {
 }
 
 impl fmt::Display for CpuList {
-    /// Ranges where the CPUs run on (`0,2-5`), as parsed.
+    /// Runs of consecutive CPUs as ranges (`0,2-5`), as taskset writes them.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut rest = self.cpus();
         let mut first = true;
