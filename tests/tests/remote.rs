@@ -306,6 +306,21 @@ fn daemon_command() -> Command {
     command
 }
 
+/// The private socket directories of daemon `pid` (for a tenant that only
+/// remote clients use) in the temp dir.
+fn private_dirs_of(pid: u32) -> Vec<PathBuf> {
+    let name = format!("rgpu-remote-{pid}");
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n == name || n.starts_with(&format!("{name}-")))
+        })
+        .collect()
+}
+
 /// A daemon started by hand (the harness always gives --socket-path), with
 /// its log in a temp dir; killed on drop.
 struct BareDaemon {
@@ -384,16 +399,28 @@ fn listen_alone_serves_plaintext_only_where_allowed_and_tls_clients_are_told() {
         "{outcome:?}"
     );
 
-    // Plaintext on a non-loopback address is refused at start.
-    let output = daemon_command()
+    // The tenant's private socket directory goes with the daemon: one
+    // left behind kept a later daemon given the same pid from starting.
+    let served_pid = daemon.child.id();
+    assert_eq!(private_dirs_of(served_pid).len(), 1);
+    drop(daemon);
+    assert_eq!(private_dirs_of(served_pid), Vec::<PathBuf>::new());
+
+    // Plaintext on a non-loopback address is refused at start, leaving no
+    // private directory either.
+    let refused = daemon_command()
         .args(["--listen", "0.0.0.0:0", "--allow-plaintext"])
-        .output()
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let refused_pid = refused.id();
+    let output = refused.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&output.stderr);
     assert!(
         !output.status.success() && text.contains("plaintext is for loopback tests only"),
         "{text}"
     );
+    assert_eq!(private_dirs_of(refused_pid), Vec::<PathBuf>::new());
     // And --listen without TLS files or --allow-plaintext.
     let output = daemon_command()
         .args(["--listen", "127.0.0.1:0"])

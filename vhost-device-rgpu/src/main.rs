@@ -323,7 +323,10 @@ fn make_executor(
 
 /// What the parent serves: the tenants of --config with its daemon
 /// settings, or the one tenant "default" of --socket-path or --fd.
-fn what_to_serve(args: &Args) -> Result<(DaemonSettings, Vec<TenantSpec>), String> {
+fn what_to_serve(
+    args: &Args,
+    created: &CreatedFiles,
+) -> Result<(DaemonSettings, Vec<TenantSpec>), String> {
     if let Some(path) = &args.config {
         let config = Config::load(path).map_err(|e| e.to_string())?;
         let specs = config.tenants.into_iter().map(TenantSpec::from).collect();
@@ -334,7 +337,7 @@ fn what_to_serve(args: &Args) -> Result<(DaemonSettings, Vec<TenantSpec>), Strin
         (None, Some(fd), None) => Endpoint::InheritedFd(fd),
         // Remote clients only: the tenant's socket (where the gateway
         // connects for them) is private.
-        (None, None, Some(_)) => Endpoint::Socket(private_socket()?),
+        (None, None, Some(_)) => Endpoint::Socket(private_socket(created)?),
         _ => return Err("give exactly one of --socket-path, --fd and --config".into()),
     };
     let default = TenantSpec {
@@ -350,16 +353,33 @@ fn what_to_serve(args: &Args) -> Result<(DaemonSettings, Vec<TenantSpec>), Strin
     Ok((DaemonSettings::default(), vec![default]))
 }
 
-/// A socket path in a directory of the daemon's own (mode 0700), for a
-/// tenant that only remote clients use.
-fn private_socket() -> Result<PathBuf, String> {
+/// A socket path in a directory of the daemon's own (mode 0700, in
+/// `created`), for a tenant that only remote clients use. A directory of
+/// that name that exists already is someone else's, or what a daemon that
+/// had this pid before left when it was killed: the next name is tried.
+fn private_socket(created: &CreatedFiles) -> Result<PathBuf, String> {
     use std::os::unix::fs::DirBuilderExt;
-    let dir = std::env::temp_dir().join(format!("rgpu-remote-{}", std::process::id()));
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    Ok(dir.join("tenant.sock"))
+    const NAMES_TRIED: u32 = 100;
+    let pid = std::process::id();
+    for attempt in 0..NAMES_TRIED {
+        let name = match attempt {
+            0 => format!("rgpu-remote-{pid}"),
+            n => format!("rgpu-remote-{pid}-{n}"),
+        };
+        let dir = std::env::temp_dir().join(name);
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {
+                created.add(dir.clone());
+                return Ok(dir.join("tenant.sock"));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+        }
+    }
+    Err(format!(
+        "cannot create a private socket directory in {}: {NAMES_TRIED} names for pid {pid} exist",
+        std::env::temp_dir().display()
+    ))
 }
 
 /// The remote listeners of `--listen` and of tenants' `listen`, with the
@@ -427,12 +447,15 @@ fn remote_listeners(
 /// the GPU.
 fn run(args: Args) -> Result<(), String> {
     signals::block_termination().map_err(|e| format!("cannot block signals: {e}"))?;
-    let (daemon_settings, specs) = what_to_serve(&args)?;
-    if let Some(cpus) = &args.launch_cpus {
-        cpus.check_usable()
-            .map_err(|e| format!("--launch-cpus {cpus}: cannot run a thread there: {e}"))?;
-    }
     let created = CreatedFiles::default();
+    let served = what_to_serve(&args, &created).and_then(|served| match &args.launch_cpus {
+        Some(cpus) => cpus
+            .check_usable()
+            .map(|()| served)
+            .map_err(|e| format!("--launch-cpus {cpus}: cannot run a thread there: {e}")),
+        None => Ok(served),
+    });
+    let (daemon_settings, specs) = served.inspect_err(|_| created.remove_all())?;
     let tenants = Arc::new(Tenants::new(
         TenantLaunch {
             executor: args.executor.name(),
@@ -461,8 +484,12 @@ fn run(args: Args) -> Result<(), String> {
     ));
     // Before anything is created: a signal during start-up cleans up too.
     let terminating = Arc::clone(&tenants);
-    signals::exit_on_termination(created.clone(), move || terminating.terminate_all())
-        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+    signals::exit_on_termination(created.clone(), move || terminating.terminate_all()).map_err(
+        |e| {
+            created.remove_all();
+            format!("cannot start the signal thread: {e}")
+        },
+    )?;
     match start_serving(&args, &daemon_settings, specs, &tenants, &created) {
         Ok(_metrics_server) => {
             // Each tenant is served from a thread of its own until SIGTERM

@@ -51,7 +51,8 @@ impl CreatedFiles {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// `path` was created: remove it at exit.
+    /// `path` (a file, or a directory that only holds such paths added
+    /// after it) was created: remove it at exit.
     pub fn add(&self, path: PathBuf) {
         self.lock().push(path);
     }
@@ -65,10 +66,13 @@ impl CreatedFiles {
         }
     }
 
-    /// Removes every file created.
+    /// Removes every path created, the last first (a directory after what
+    /// it holds).
     pub fn remove_all(&self) {
-        for path in self.lock().drain(..) {
-            let _ = std::fs::remove_file(path);
+        for path in self.lock().drain(..).rev() {
+            if std::fs::remove_file(&path).is_err() {
+                let _ = std::fs::remove_dir(&path);
+            }
         }
     }
 }
