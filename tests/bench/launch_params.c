@@ -21,7 +21,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "rgpu_cuda.h"
+#include "cuda_check.h"
 
 #define BLOCK 20000
 #define BLOCKS 10
@@ -34,15 +34,6 @@ static double now_s(void) {
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
-
-#define CHECK(call)                                                                \
-    do {                                                                           \
-        CUresult rc_ = (call);                                                     \
-        if (rc_ != CUDA_SUCCESS) {                                                 \
-            fprintf(stderr, "launch_params: %s failed: %d\n", #call, (int)rc_);   \
-            return 1;                                                              \
-        }                                                                          \
-    } while (0)
 
 static void *sym(void *lib, const char *name) {
     void *p = dlsym(lib, name);
@@ -64,15 +55,7 @@ int main(int argc, char **argv) {
         perror("sched_setaffinity");
         return 1;
     }
-    FILE *f = fopen(argv[2], "rb");
-    if (!f) {
-        perror(argv[2]);
-        return 1;
-    }
-    static char ptx[1 << 20];
-    size_t len = fread(ptx, 1, sizeof ptx - 1, f);
-    fclose(f);
-    ptx[len] = '\0';
+    const char *ptx = read_ptx(argv[2]);
 
     void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
     if (!lib) {

@@ -230,16 +230,7 @@ int main(int argc, char **argv) {
     CHECK(cuDeviceGet(&dev, 0));
     CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK(cuCtxSetCurrent(ctx));
-    FILE *ptx_file = fopen(argv[1], "rb");
-    if (!ptx_file) {
-        perror(argv[1]);
-        return 1;
-    }
-    static char ptx[1 << 20];
-    size_t ptx_len = fread(ptx, 1, sizeof ptx - 1, ptx_file);
-    fclose(ptx_file);
-    ptx[ptx_len] = 0;
-    CHECK(cuModuleLoadData(&module, ptx));
+    CHECK(cuModuleLoadData(&module, read_ptx(argv[1])));
     CHECK(cuModuleGetFunction(&empty, module, "rgpu_empty"));
     for (int i = 0; i < 2000; i++) launch_one();
     CHECK(cuCtxSynchronize());

@@ -155,17 +155,8 @@ static void allow_all_seccomp(void) {
 
 /* Loads the reference kernels' rgpu_empty into `empty`. */
 static void load_module(const char *path) {
-    FILE *ptx_file = fopen(path, "rb");
-    if (!ptx_file) {
-        perror(path);
-        exit(1);
-    }
-    static char ptx[1 << 20];
-    size_t ptx_len = fread(ptx, 1, sizeof ptx - 1, ptx_file);
-    fclose(ptx_file);
-    ptx[ptx_len] = 0;
     CUmodule module;
-    CHECK(cuModuleLoadData(&module, ptx));
+    CHECK(cuModuleLoadData(&module, read_ptx(path)));
     CHECK(cuModuleGetFunction(&empty, module, "rgpu_empty"));
 }
 
