@@ -3,7 +3,7 @@
 # through rgpu (issue 9: some rgpu runs of torch_train.py reached 0.7-0.85
 # of the native run beside them, others matched it), on the GPU host:
 #
-#   torch_options.sh BUNDLE [ROUNDS] [LABEL:APP_CPUS:DAEMON_CPUS:DAEMON_ARGS ...]
+#   torch_options.sh BUNDLE [ROUNDS] [LABEL:APP_CPUS:DAEMON_CPUS:DAEMON_ARGS[:native] ...]
 #
 # Starts one daemon per layout (under `taskset -c DAEMON_CPUS` when given,
 # with DAEMON_ARGS), then ROUNDS times (default 3) runs, for each layout in
@@ -39,7 +39,8 @@ ln -s "$bundle/libnvidia_ml.so" "$work/lib/libnvidia-ml.so.1"
 pinned() { [ -n "$1" ] && printf '%s\n' taskset -c "$1"; }
 
 for layout in "${layouts[@]}"; do
-    IFS=: read -r label _ daemon_cpus daemon_args <<<"$layout"
+    IFS=: read -r label _ daemon_cpus daemon_args build <<<"$layout"
+    [ "$build" = native ] && continue
     # shellcheck disable=SC2046,SC2086 # taskset's and the options' words
     env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" $(pinned "$daemon_cpus") \
         "$bundle/vhost-device-rgpu" --executor "${RGPU_EXECUTOR:-cuda}" --socket-path "$work/$label.sock" \
@@ -48,6 +49,7 @@ for layout in "${layouts[@]}"; do
 done
 for layout in "${layouts[@]}"; do
     label=${layout%%:*}
+    [ "${layout##*:}" = native ] && continue
     for _ in $(seq 600); do [ -S "$work/$label.sock" ] && continue 2; sleep 0.05; done
     echo "FAIL daemon $label (see $logs/daemon-$label.log)"
     exit 1
@@ -56,17 +58,19 @@ done
 declare -A ratios
 for round in $(seq "$rounds"); do
     for layout in "${layouts[@]}"; do
-        IFS=: read -r label app_cpus _ <<<"$layout"
+        IFS=: read -r label app_cpus _ _ build <<<"$layout"
+        second_lib=$work/lib
+        [ "$build" = native ] && second_lib=$native_dir
         # shellcheck disable=SC2046
         n=$(env LD_LIBRARY_PATH="$native_dir" $(pinned "$app_cpus") python3 "$bundle/torch_train.py" \
             2>>"$logs/torch-native.err")
         # shellcheck disable=SC2046
-        r=$(env RGPU_SOCKET="$work/$label.sock" LD_LIBRARY_PATH="$work/lib" $(pinned "$app_cpus") \
+        r=$(env RGPU_SOCKET="$work/$label.sock" LD_LIBRARY_PATH="$second_lib" $(pinned "$app_cpus") \
             python3 "$bundle/torch_train.py" 2>>"$logs/torch-$label.err")
         ratio=$(awk -v n="$n" -v r="$r" 'BEGIN { split(n, a, " "); split(r, b, " ");
             if (a[2] > 0) printf "%.3f", b[2] / a[2]; else printf "-" }')
         ratios[$label]="${ratios[$label]:-} $ratio"
-        echo "round $round $label: native ${n#steps_per_s } | rgpu ${r#steps_per_s } | ratio $ratio"
+        echo "round $round $label: native ${n#steps_per_s } | second ${r#steps_per_s } | ratio $ratio"
     done
 done
 for layout in "${layouts[@]}"; do

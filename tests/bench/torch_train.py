@@ -5,8 +5,14 @@ and through rgpu and compare steps per second and the final loss.
     torch_train.py [STEPS]      prints "steps_per_s S loss L windows LOW-HIGH"
                                 (S: the median of windows of 50 steps, LOW
                                 and HIGH the slowest and fastest window)
+
+With TORCH_TRAIN_CPU=K the training loop's thread runs on CPU K alone once
+warmed up (threads started before stay where they were): the GPU host's
+vCPUs differ in speed by up to a quarter, so whole runs landed on a slow or a
+fast one.
 """
 
+import os
 import sys
 import time
 
@@ -69,6 +75,9 @@ def step():
 for _ in range(10):
     step()
 torch.cuda.synchronize()
+if "TORCH_TRAIN_CPU" in os.environ:
+    # Linux: pid 0 is the calling thread.
+    os.sched_setaffinity(0, {int(os.environ["TORCH_TRAIN_CPU"])})
 # Timed in windows, the median window's rate reported: the GPU host's CPU
 # (a VM) has moments of interference that moved whole-run rates by 20%
 # between back-to-back native runs.
