@@ -19,7 +19,9 @@
 #   2. start-up: 1 and 8 short driver-API programs started at once (wall
 #      time until all are done);
 #   3. PyTorch: torch_train.py, three alternating native/rgpu pairs; the
-#      median ratio of steps per second, and the losses.
+#      median ratio of steps per second, and the losses; again against the
+#      pinned daemon with the training loop's thread on M on both sides
+#      (lines "pinned:").
 # Environment: NATIVE_LIBCUDA, OUT (logs), RGPU_DAEMON_ARGS (more daemon
 # options); with RGPU_SERVER set (and --listen among those options) every
 # rgpu run goes through the network carrier, and the scattered-blob rows
@@ -101,8 +103,6 @@ if [ -z "${RGPU_SERVER:-}" ] && [ "$(nproc)" -ge 4 ]; then
     "$work/rgpu_bench" --native "$native_lib" --rgpu "$native_lib" --ptx "$ptx" "${pinning[@]}" \
         --rgpu-side-launcher thread >"$logs/rgpu_bench-pinned-control.txt" 2>&1
     grep -E "worst run|runs in turn" "$logs/rgpu_bench-pinned-control.txt" | sed 's/^/pinned: control: /'
-    kill "$pinned_pid" 2>/dev/null && wait "$pinned_pid" 2>/dev/null
-    pinned_pid=
 fi
 
 echo "== 2. start-up: short programs started at once"
@@ -126,14 +126,27 @@ for count in 1 8; do
     echo "$count at once: native $n s, rgpu $r s, ratio $(awk -v n="$n" -v r="$r" 'BEGIN { printf "%.2f", r / n }') (target <= 1.2 for 8)"
 done
 
+# torch_pairs SOCKET LABEL [ENV...]: three alternating native/rgpu pairs of
+# torch_train.py (ENV for both runs), their median ratio of steps per second.
+torch_pairs() {
+    local socket=$1 label=$2 ratios=() pair n r
+    shift 2
+    for pair in 1 2 3; do
+        n=$(env "$@" LD_LIBRARY_PATH="$native_dir" python3 "$bundle/torch_train.py" \
+            2>"$logs/torch-$label-native-$pair.err")
+        r=$(env "$@" RGPU_SOCKET="$socket" LD_LIBRARY_PATH="$work/rgpu-lib" python3 "$bundle/torch_train.py" \
+            2>"$logs/torch-$label-rgpu-$pair.err")
+        echo "${label:+$label: }pair $pair: native $n | rgpu $r"
+        ratios+=("$(awk -v n="${n#steps_per_s }" -v r="${r#steps_per_s }" 'BEGIN { split(n, a, " "); split(r, b, " "); if (a[1] > 0) printf "%.3f", b[1] / a[1] }')")
+    done
+    printf '%s\n' "${ratios[@]}" | sort -n | sed -n 2p \
+        | awk -v label="${label:+$label: }" '{ print label "median steps/s ratio " $1 " (target >= 0.98, identical loss)" }'
+}
 echo "== 3. PyTorch training, three alternating pairs"
-ratios=()
-for pair in 1 2 3; do
-    n=$(env LD_LIBRARY_PATH="$native_dir" python3 "$bundle/torch_train.py" 2>"$logs/torch-native-$pair.err")
-    r=$(env RGPU_SOCKET="$socket" LD_LIBRARY_PATH="$work/rgpu-lib" python3 "$bundle/torch_train.py" \
-        2>"$logs/torch-rgpu-$pair.err")
-    echo "pair $pair: native $n | rgpu $r"
-    ratios+=("$(awk -v n="${n#steps_per_s }" -v r="${r#steps_per_s }" 'BEGIN { split(n, a, " "); split(r, b, " "); if (a[1] > 0) printf "%.3f", b[1] / a[1] }')")
-done
-printf '%s\n' "${ratios[@]}" | sort -n | sed -n 2p | awk '{ print "median steps/s ratio " $1 " (target >= 0.98, identical loss)" }'
+torch_pairs "$socket" ""
+# The vCPUs differ in speed: the training loop's thread on the caller's
+# CPU on both sides, rgpu's launch thread on the driver's.
+if [ -n "$pinned_pid" ]; then
+    torch_pairs "$pinned_socket" pinned TORCH_TRAIN_CPU="$caller_cpu"
+fi
 echo "logs in $logs"
