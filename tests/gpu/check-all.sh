@@ -23,10 +23,21 @@
 #                                       one (BUNDLE/ab-old, make-bundle.sh
 #                                       with RGPU_AB_OLD), taken in turn with
 #                                       native (tests/bench/ab_run.sh)
+#   tests/gpu/check-all.sh BUNDLE 7     issue 9 pinned: the launch runs in
+#                                       turn with the driver called from CPU
+#                                       K on both sides (PINNED_CPUS=K,M,
+#                                       default 2,0), the bundle's build,
+#                                       BUNDLE/ab-old's and NVIDIA's library
+#                                       against itself, three rounds
+#                                       (launch_placement.sh); then PyTorch
+#                                       pairs with the training thread on M,
+#                                       rgpu's and the native control's
+#                                       (torch_options.sh)
 #
 # CHECK_STEPS (a regex of step names: sharing, suite, isolation, compat,
 # perf, malformed-tests, remote-suite, remote-tests, remote-perf,
-# remote-compat, ab) runs only those steps of a part.
+# remote-compat, ab, placement, torch-control) runs only those steps of a
+# part.
 #
 # BUNDLE is a folder from tests/gpu/make-bundle.sh. Each step prints its
 # summary lines and its time. Logs go to a temp folder; with $OUT set, one
@@ -35,8 +46,8 @@
 # step with a FAIL line is copied beside it too, as FAIL-<step>.log (at
 # most 4 steps).
 set -uo pipefail
-bundle=$(cd "${1:?usage: check-all.sh BUNDLE 1|2|3|4|5|6}" && pwd)
-part=${2:?usage: check-all.sh BUNDLE 1|2|3|4|5|6}
+bundle=$(cd "${1:?usage: check-all.sh BUNDLE 1|2|3|4|5|6|7}" && pwd)
+part=${2:?usage: check-all.sh BUNDLE 1|2|3|4|5|6|7}
 cd "$(dirname "$0")/../.." || exit 1
 out=$(mktemp -d /tmp/rgpu-check.XXXXXX)
 keep=${OUT:-}
@@ -128,8 +139,21 @@ case $part in
         bash "$bundle/ab_run.sh" "$bundle/ab-old" "$ab/new" "${AB_ROUNDS:-4}"
     rm -rf "$ab"
     ;;
+7)
+    [ -d "$bundle/ab-old" ] || { echo "check-all.sh: no $bundle/ab-old (make-bundle.sh with RGPU_AB_OLD)" >&2; exit 2; }
+    IFS=, read -r driver_cpu caller_cpu <<<"${PINNED_CPUS:-2,0}"
+    others=$(seq 0 $(($(nproc) - 1)) | grep -vxE "$driver_cpu|$caller_cpu" | paste -sd,)
+    pinning="--driver-cpu $driver_cpu --caller-cpu $caller_cpu"
+    echo "old: $(cat "$bundle/ab-old/REF" 2>/dev/null)"
+    step placement 200 ' rep [0-9]+: ' env ROUNDS="${PLACEMENT_ROUNDS:-3}" bash tests/bench/launch_placement.sh \
+        "$bundle" "new-pinned::$others:--launch-cpus $driver_cpu:$pinning" \
+        "old-pinned::$others:--launch-cpus $driver_cpu:$pinning:ab-old" \
+        "control-pinned::::--rgpu-side-launcher thread $pinning:native"
+    step torch-control 240 '^round |: median ' env TORCH_TRAIN_CPU="$caller_cpu" bash tests/bench/torch_options.sh \
+        "$bundle" 3 "pinned::$others:--launch-cpus $driver_cpu" "control::::native"
+    ;;
 *)
-    echo "check-all.sh: part 1 to 6" >&2
+    echo "check-all.sh: part 1 to 7" >&2
     exit 2
     ;;
 esac
