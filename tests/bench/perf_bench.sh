@@ -133,9 +133,9 @@ torch_pairs() {
     shift 2
     for pair in 1 2 3; do
         n=$(env "$@" LD_LIBRARY_PATH="$native_dir" python3 "$bundle/torch_train.py" \
-            2>"$logs/torch-$label-native-$pair.err")
+            2>"$logs/torch-${label:-plain}-native-$pair.err")
         r=$(env "$@" RGPU_SOCKET="$socket" LD_LIBRARY_PATH="$work/rgpu-lib" python3 "$bundle/torch_train.py" \
-            2>"$logs/torch-$label-rgpu-$pair.err")
+            2>"$logs/torch-${label:-plain}-rgpu-$pair.err")
         echo "${label:+$label: }pair $pair: native $n | rgpu $r"
         ratios+=("$(awk -v n="${n#steps_per_s }" -v r="${r#steps_per_s }" 'BEGIN { split(n, a, " "); split(r, b, " "); if (a[1] > 0) printf "%.3f", b[1] / a[1] }')")
     done
