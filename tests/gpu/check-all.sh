@@ -77,6 +77,12 @@ step() {
     echo "   ($name: exit $rc, $(($(date +%s) - start)) s)"
 }
 
+# Parts 6 and 7 compare the bundle's build with BUNDLE/ab-old's.
+need_ab_old() {
+    [ -d "$bundle/ab-old" ] || { echo "check-all.sh: no $bundle/ab-old (make-bundle.sh with RGPU_AB_OLD)" >&2; exit 2; }
+    echo "old: $(cat "$bundle/ab-old/REF" 2>/dev/null)"
+}
+
 case $part in
 1)
     step sharing 170 '^(native|rgpu|w3|GPU|alone)|^  (alone|busy): (samples|slow sample [0-9]+ at)|^\||memory_limit_torch' \
@@ -125,14 +131,13 @@ case $part in
     fi
     ;;
 6)
-    [ -d "$bundle/ab-old" ] || { echo "check-all.sh: no $bundle/ab-old (make-bundle.sh with RGPU_AB_OLD)" >&2; exit 2; }
+    need_ab_old
     native_lib=${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
     ab=$(mktemp -d /tmp/rgpu-ab.XXXXXX)
     gcc -O2 -std=c11 -I "$bundle" -o "$ab/rgpu_bench" "$bundle/rgpu_bench.c" -ldl || exit 1
     mkdir -p "$ab/new"
     ln -s "$bundle/vhost-device-rgpu" "$ab/new/vhost-device-rgpu"
     ln -s "$bundle/libcuda.so" "$ab/new/libcuda.so.1"
-    echo "old: $(cat "$bundle/ab-old/REF" 2>/dev/null)"
     step ab 540 '^(round|[0-9]+ +(old|new)) ' env AB_EXECUTOR=cuda AB_NATIVE="$native_lib" \
         AB_BENCH="$ab/rgpu_bench" AB_PTX="$bundle/reference_kernels.ptx" AB_LOGS="$out/ab-logs" \
         AB_ARGS="${AB_ARGS:---sync-iters 10000 --launches 100000 --mib 1 --repeats 3}" \
@@ -140,11 +145,10 @@ case $part in
     rm -rf "$ab"
     ;;
 7)
-    [ -d "$bundle/ab-old" ] || { echo "check-all.sh: no $bundle/ab-old (make-bundle.sh with RGPU_AB_OLD)" >&2; exit 2; }
+    need_ab_old
     IFS=, read -r driver_cpu caller_cpu <<<"${PINNED_CPUS:-2,0}"
     others=$(seq 0 $(($(nproc) - 1)) | grep -vxE "$driver_cpu|$caller_cpu" | paste -sd,)
     pinning="--driver-cpu $driver_cpu --caller-cpu $caller_cpu"
-    echo "old: $(cat "$bundle/ab-old/REF" 2>/dev/null)"
     step placement 200 ' rep [0-9]+: ' env ROUNDS="${PLACEMENT_ROUNDS:-3}" bash tests/bench/launch_placement.sh \
         "$bundle" "new-pinned::$others:--launch-cpus $driver_cpu:$pinning" \
         "old-pinned::$others:--launch-cpus $driver_cpu:$pinning:ab-old" \

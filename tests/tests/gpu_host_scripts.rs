@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rgpu_tests::workspace_root;
+use rgpu_tests::{workspace_root, TempDir};
 
 /// Whether `bash -n` accepts `script`.
 fn parses(script: &Path) -> bool {
@@ -56,11 +56,8 @@ fn every_gpu_host_script_parses() {
 
 #[test]
 fn the_check_rejects_a_script_that_does_not_parse() {
-    let dir = std::env::temp_dir().join(format!("rgpu-script-check-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("rgpu-script-check").unwrap();
     let script = dir.join("unclosed.sh");
     std::fs::write(&script, "if true; then\n    echo never closed\n").unwrap();
-    let parsed = parses(&script);
-    std::fs::remove_dir_all(&dir).unwrap();
-    assert!(!parsed);
+    assert!(!parses(&script));
 }
