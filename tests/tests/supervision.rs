@@ -419,3 +419,26 @@ fn launch_cpus_that_are_not_a_list_of_this_machines_cpus_are_refused() {
         assert!(stderr.contains(said), "--launch-cpus {list}: {stderr}");
     }
 }
+
+/// `--profile-launches`: a client killed while it holds its context still
+/// gets its profile logged. At the connection's end the workers are given
+/// a moment to end their sessions (and log) before they are killed;
+/// without that, a program that exits without releasing its contexts (as
+/// PyTorch does) was never profiled.
+#[test]
+fn a_killed_clients_profile_is_logged() {
+    let f = DriverApiFixture::new(&["--profile-launches"]);
+    let stop_file = f.daemon.dir().join("stop");
+    let mut client = f.spawn_until_stopped(&stop_file);
+    client.wait_for_line("running", RUN_TIMEOUT);
+    client.kill();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f.daemon.log().contains(": profile: ") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = f.daemon.log();
+    assert!(
+        log.contains(": profile: "),
+        "no profile logged for the killed client:\n{log}"
+    );
+}

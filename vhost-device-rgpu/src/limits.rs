@@ -16,3 +16,7 @@ pub const MAX_PENDING_FENCES: usize = 4096;
 /// How long a worker whose last context ended may take to end its sessions
 /// before it is killed (an endless kernel must not keep it forever).
 pub const RETIRE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+/// Under `--profile-launches`, how long the workers of a connection that
+/// ended (or was reset) may take to end their sessions, which log their
+/// profiles as they end, before they are killed.
+pub const PROFILE_END_GRACE: std::time::Duration = std::time::Duration::from_secs(2);

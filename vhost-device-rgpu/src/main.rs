@@ -30,8 +30,8 @@ use vhost_device_rgpu::worker_process::link::Link;
 use vhost_device_rgpu::worker_process::seccomp::{self, SeccompMode};
 use vhost_device_rgpu::worker_process::{Accounting, WorkerLauncher};
 use vhost_device_rgpu::{
-    control, ctl, daemon, handoff, metrics, scheduler, shared_counters, signals, socket, stats,
-    top, worker_process,
+    control, ctl, daemon, handoff, limits, metrics, scheduler, shared_counters, signals, socket,
+    stats, top, worker_process,
 };
 
 /// What QEMU's vhost-user.rst "Backend program conventions" ask
@@ -611,7 +611,12 @@ fn serve_one_connection(args: Args, conn: u64) -> Result<(), ChildError> {
         tenant,
         WorkerLimits::default(),
     )
-    .with_shareable_fd(args.shareable_fd);
+    .with_shareable_fd(args.shareable_fd)
+    .with_end_grace(if args.profile_launches {
+        limits::PROFILE_END_GRACE
+    } else {
+        Duration::ZERO
+    });
     let executor = match make_executor(args.executor, args.gpu, launching(&args), true) {
         Ok(executor) => executor,
         Err(e) => {

@@ -286,7 +286,11 @@ impl GpuDevice {
                 self.resources.len()
             );
         }
-        handle::kill_all(workers, std::mem::take(&mut self.retiring));
+        handle::kill_all(
+            workers,
+            std::mem::take(&mut self.retiring),
+            self.shared.launcher.end_grace(),
+        );
         self.contexts.clear();
         self.resources.clear();
         self.guest_ranges.clear();

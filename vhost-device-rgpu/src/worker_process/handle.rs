@@ -178,6 +178,22 @@ impl WorkerHandle {
         self.stop(discard);
     }
 
+    /// Lets the worker end on its own (it sees the end of its link), its
+    /// answers from now on dropped, as a kill's would be.
+    fn end_unanswered(&self) {
+        {
+            let mut pending = self.shared.lock();
+            pending.discard = true;
+            pending.killed = true;
+        }
+        self.link.shutdown_write();
+    }
+
+    /// Whether the worker has been reaped.
+    fn has_ended(&self) -> bool {
+        self.reader.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
     /// Sends SIGKILL unless the worker was reaped already.
     fn signal_kill(&self, discard: bool) {
         signal_kill(self.pid, &self.shared, discard);
@@ -261,11 +277,26 @@ fn signal_kill(pid: u32, shared: &Shared, discard: bool) {
     }
 }
 
-/// Kills every worker, running or retiring, at once, then waits until each
-/// is reaped and accounted (a reset, or the connection's end: what waited
-/// for them is dropped).
-pub fn kill_all(workers: impl IntoIterator<Item = WorkerHandle>, retiring: Vec<Retiring>) {
+/// Ends every worker, running or retiring, then waits until each is
+/// reaped and accounted (a reset, or the connection's end: what waited for
+/// them is dropped). With a `grace`, the running ones first get that long
+/// to end their sessions on their own (which log their profiles as they
+/// end); then, or at once, every one still there is killed.
+pub fn kill_all(
+    workers: impl IntoIterator<Item = WorkerHandle>,
+    retiring: Vec<Retiring>,
+    grace: Duration,
+) {
     let workers: Vec<WorkerHandle> = workers.into_iter().collect();
+    if !grace.is_zero() {
+        for worker in &workers {
+            worker.end_unanswered();
+        }
+        let deadline = Instant::now() + grace;
+        while workers.iter().any(|w| !w.has_ended()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
     for worker in &workers {
         worker.signal_kill(true);
     }
@@ -290,10 +321,14 @@ fn read_until_end(id: u64, mut child: Child, link: &Link, shared: &Shared) {
                 match buf.get(..len).map(FromWorker::decode) {
                     Some(Ok(FromWorker::Done { token })) => {
                         // Completed under the lock so that a reset (which
-                        // takes it) never races a response into a reset queue.
+                        // takes it) never races a response into a reset
+                        // queue; once it has, a worker still answering
+                        // (killed, or ending on its own) answers no one.
                         let mut pending = shared.lock();
                         if let Some(completion) = pending.waiting.remove(&token) {
-                            completion.complete();
+                            if !pending.discard {
+                                completion.complete();
+                            }
                         }
                     }
                     _ => {

@@ -9,8 +9,8 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, OnceLock};
+use std::time::Duration;
 
 use super::accounting::Accounting;
 use super::containment::{self, WorkerLimits};
@@ -18,15 +18,33 @@ use super::link::{self, Link};
 use crate::shared_counters::SharedCounters;
 use crate::tenant_page::TenantPage;
 
+/// A started worker: the process, this side's link, the page it counts
+/// into.
+pub type Started = (Child, Link, SharedCounters);
+
+/// A request to the spawner thread, and where its answer goes.
+type SpawnRequest = (u64, mpsc::SyncSender<io::Result<Started>>);
+
 /// What every worker of a connection is started with.
 pub struct WorkerLauncher {
+    settings: SpawnSettings,
+    /// Sums what the workers count, each into a page of its own.
+    accounting: Arc<Accounting>,
+    /// How long workers may take to end their sessions on their own when
+    /// the connection ends, before they are killed (zero: killed at once).
+    end_grace: Duration,
+    /// The thread that starts every worker, from its first start on.
+    spawner: OnceLock<mpsc::Sender<SpawnRequest>>,
+}
+
+/// What a worker process is started with.
+#[derive(Clone)]
+struct SpawnSettings {
     executable: PathBuf,
     /// The connection's number, for the workers' log lines.
     conn: u64,
     /// `--executor`, `--gpu`.
     executor_args: Vec<OsString>,
-    /// Sums what the workers count, each into a page of its own.
-    accounting: Arc<Accounting>,
     /// The tenant's memory budget, which the workers take from.
     tenant: Option<Arc<TenantPage>>,
     limits: WorkerLimits,
@@ -48,28 +66,44 @@ impl WorkerLauncher {
         limits: WorkerLimits,
     ) -> Self {
         Self {
-            executable,
-            conn,
-            executor_args,
+            settings: SpawnSettings {
+                executable,
+                conn,
+                executor_args,
+                tenant,
+                limits,
+                log_filter: None,
+                shareable_fd: None,
+            },
             accounting,
-            tenant,
-            limits,
-            log_filter: None,
-            shareable_fd: None,
+            end_grace: Duration::ZERO,
+            spawner: OnceLock::new(),
         }
     }
 
     /// Workers reach the tenant's registry of shareable handles through
     /// `fd` (this process's inherited end; it stays open while it lives).
     pub fn with_shareable_fd(mut self, fd: Option<RawFd>) -> Self {
-        self.shareable_fd = fd;
+        self.settings.shareable_fd = fd;
         self
     }
 
     /// Workers log with `RGPU_LOG=filter` (tests keep their output quiet).
     pub fn with_log_filter(mut self, filter: &str) -> Self {
-        self.log_filter = Some(filter.to_owned());
+        self.settings.log_filter = Some(filter.to_owned());
         self
+    }
+
+    /// At the connection's end (or a reset) workers get `grace` to end
+    /// their sessions before they are killed: `--profile-launches`, whose
+    /// profiles a session logs as it ends.
+    pub fn with_end_grace(mut self, grace: Duration) -> Self {
+        self.end_grace = grace;
+        self
+    }
+
+    pub fn end_grace(&self) -> Duration {
+        self.end_grace
     }
 
     pub fn accounting(&self) -> &Arc<Accounting> {
@@ -78,7 +112,38 @@ impl WorkerLauncher {
 
     /// Starts worker number `worker`; returns it, this side's link and the
     /// page it counts into.
-    pub fn spawn(&self, worker: u64) -> io::Result<(Child, Link, SharedCounters)> {
+    ///
+    /// Every worker is started from one thread that lives as long as this
+    /// process: a worker's parent-death signal comes when the thread that
+    /// started it exits, and the threads that ask (vhost-user's, the
+    /// queues') end with the connection, before its teardown has let the
+    /// workers end their sessions.
+    pub fn spawn(&self, worker: u64) -> io::Result<Started> {
+        let gone = || io::Error::other("the worker spawner thread is gone");
+        let spawner = match self.spawner.get() {
+            Some(spawner) => spawner,
+            None => {
+                let (requests, incoming) = mpsc::channel::<SpawnRequest>();
+                let settings = self.settings.clone();
+                std::thread::Builder::new()
+                    .name("rgpu-spawner".into())
+                    .spawn(move || {
+                        for (worker, reply) in incoming {
+                            let _ = reply.send(settings.start(worker));
+                        }
+                    })?;
+                self.spawner.get_or_init(|| requests)
+            }
+        };
+        let (reply, answer) = mpsc::sync_channel(1);
+        spawner.send((worker, reply)).map_err(|_| gone())?;
+        answer.recv().map_err(|_| gone())?
+    }
+}
+
+impl SpawnSettings {
+    /// Starts worker number `worker`, on the spawner thread.
+    fn start(&self, worker: u64) -> io::Result<Started> {
         let (link, theirs) = link::pair()?;
         let (counters, counters_fd) = SharedCounters::create(c"rgpu-worker-counters")?;
         let tenant_fd = self.tenant.as_ref().map(|t| t.fd());
@@ -121,7 +186,9 @@ impl WorkerLauncher {
                         return Err(io::Error::last_os_error());
                     }
                 }
-                // A worker never outlives its connection process.
+                // A worker never outlives its connection process (nor the
+                // thread that started it: the signal comes when that
+                // thread exits).
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
                     return Err(io::Error::last_os_error());
                 }
