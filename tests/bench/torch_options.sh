@@ -11,7 +11,8 @@
 # under `taskset -c APP_CPUS` when given. Prints every pair (steps per
 # second, loss, slowest and fastest window) and, per layout, the ratios and
 # their median. Default layouts: nothing pinned; trainer on CPUs 0-7 and
-# daemon on 8-15; --host-spin-us 10; --launch-thread off. BUNDLE is a
+# daemon on 8-15; --host-spin-us 10; --launch-thread off. A daemon given
+# --profile-launches has its profile lines printed at the end. BUNDLE is a
 # folder from tests/gpu/make-bundle.sh; logs go to $OUT when set;
 # RGPU_EXECUTOR picks the daemons' executor (default cuda).
 set -uo pipefail
@@ -78,4 +79,11 @@ for layout in "${layouts[@]}"; do
     # shellcheck disable=SC2086 # the ratios are words
     printf '%s\n' ${ratios[$label]} | sort -n | awk -v label="$label" '{ r[NR] = $1; all = all " " $1 }
         END { printf "%s: median %s (ratios%s)\n", label, r[int((NR + 1) / 2)], all }'
+done
+# A daemon started with --profile-launches logs, as each run's process
+# ends, where its sessions' and launch threads' time went.
+for layout in "${layouts[@]}"; do
+    label=${layout%%:*}
+    [ -f "$logs/daemon-$label.log" ] || continue
+    grep -oE '(ctx [0-9]+: profile|launch thread): .*' "$logs/daemon-$label.log" | sed "s/^/profile $label: /"
 done

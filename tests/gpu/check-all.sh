@@ -32,7 +32,10 @@
 #                                       (launch_placement.sh); then PyTorch
 #                                       pairs with the training thread on M,
 #                                       rgpu's and the native control's
-#                                       (torch_options.sh)
+#                                       (torch_options.sh), and a third
+#                                       layout as pinned under
+#                                       --profile-launches: where PyTorch's
+#                                       launches' time goes
 #
 # CHECK_STEPS (a regex of step names: sharing, suite, isolation, compat,
 # perf, malformed-tests, remote-suite, remote-tests, remote-perf,
@@ -153,8 +156,9 @@ case $part in
         "$bundle" "new-pinned::$others:--launch-cpus $driver_cpu:$pinning" \
         "old-pinned::$others:--launch-cpus $driver_cpu:$pinning:ab-old" \
         "control-pinned::::--rgpu-side-launcher thread $pinning:native"
-    step torch-control 240 '^round |: median ' env TORCH_TRAIN_CPU="$caller_cpu" bash tests/bench/torch_options.sh \
-        "$bundle" 3 "pinned::$others:--launch-cpus $driver_cpu" "control::::native"
+    step torch-control 330 '^round |: median |^profile ' env TORCH_TRAIN_CPU="$caller_cpu" \
+        bash tests/bench/torch_options.sh "$bundle" 3 "pinned::$others:--launch-cpus $driver_cpu" \
+        "control::::native" "profiled::$others:--launch-cpus $driver_cpu --profile-launches"
     ;;
 *)
     echo "check-all.sh: part 1 to 7" >&2
