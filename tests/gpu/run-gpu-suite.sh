@@ -435,7 +435,10 @@ if [ -e "$bundle/libnvidia_ml.so" ]; then
         build "nvml_test-$side" gcc -O2 -std=c11 -Wall -o "$work/nvml_test-$side" \
             "$bundle/nvml_test.c" -L "$work/$side-lib" -lnvidia-ml
     done
-    "${native[@]}" "$work/nvml_test-native" >"$logs/nvml-native.log" 2>&1
+    # Line-buffered: what it printed survives if NVIDIA's library crashes
+    # on a later check.
+    "${native[@]}" NVML_TEST_NATIVE=1 stdbuf -oL "$work/nvml_test-native" >"$logs/nvml-native.log" 2>&1 ||
+        echo "note: nvml_test against NVIDIA's library ended with rc $? (see $logs/nvml-native.log)"
     step "nvml_test through rgpu" "checks passed" \
         "${through_rgpu[@]}" "$work/nvml_test-rgpu"
     for key in count cuda_driver_version driver_version name uuid compute_capability; do
