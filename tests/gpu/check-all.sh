@@ -35,12 +35,16 @@
 #                                       (torch_options.sh), and a third
 #                                       layout as pinned under
 #                                       --profile-launches: where PyTorch's
-#                                       launches' time goes
+#                                       launches' time goes; then each
+#                                       thread's CPU time in the pinned
+#                                       launch runs, the worker's seccomp
+#                                       filter on and off
+#                                       (thread_cpu_time.sh)
 #
 # CHECK_STEPS (a regex of step names: sharing, suite, isolation, compat,
 # perf, malformed-tests, remote-suite, remote-tests, remote-perf,
-# remote-compat, ab, placement, torch-control) runs only those steps of a
-# part.
+# remote-compat, ab, placement, torch-control, thread-time) runs only those
+# steps of a part.
 #
 # BUNDLE is a folder from tests/gpu/make-bundle.sh. Each step prints its
 # summary lines and its time. Logs go to a temp folder; with $OUT set, one
@@ -159,6 +163,8 @@ case $part in
     step torch-control 330 '^round |: median |^profile ' env TORCH_TRAIN_CPU="$caller_cpu" \
         bash tests/bench/torch_options.sh "$bundle" 3 "pinned::$others:--launch-cpus $driver_cpu" \
         "control::::native" "profiled::$others:--launch-cpus $driver_cpu --profile-launches"
+    step thread-time 120 '^==|worst run|runs in turn|^   ' env PINNED_CPUS="$driver_cpu,$caller_cpu" \
+        bash tests/bench/thread_cpu_time.sh "$bundle"
     ;;
 *)
     echo "check-all.sh: part 1 to 7" >&2

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Where the pinned launch bench spends CPU time, thread by thread (issue 9:
+# rgpu's launch thread runs 1-5% below NVIDIA's library called from a
+# second thread on the same CPU, not yet located), on the GPU host:
+#
+#   thread_cpu_time.sh BUNDLE [DAEMON_ARGS ...]
+#
+# For each DAEMON_ARGS (default: "--worker-seccomp enforce" and
+# "--worker-seccomp off"), starts a daemon on every CPU but K and M
+# (anywhere on a machine of two) with --launch-cpus K and those
+# arguments, runs rgpu_bench's launch runs with the driver called from
+# CPU K on both sides and rgpu's caller on M
+# (PINNED_CPUS=K,M, default 2,0), samples every thread of the daemon's
+# processes and of the bench every 0.2 s, and prints each thread that used
+# CPU time: user and system time (ticks of 10 ms) and voluntary and
+# involuntary context switches, as last seen before it ended. System time
+# on the worker's launch thread (rgpu-launch) that the bench's own
+# thread lacks would mean system calls per launch in the worker;
+# involuntary switches, that something else ran on CPU K. BUNDLE is a
+# folder from tests/gpu/make-bundle.sh; logs go to $OUT when set;
+# THREAD_TIME_LAUNCHES sets rgpu_bench's --launches (default 100000).
+set -uo pipefail
+bundle=$(cd "${1:?usage: thread_cpu_time.sh BUNDLE [DAEMON_ARGS ...]}" && pwd)
+shift
+variants=("$@")
+[ ${#variants[@]} -gt 0 ] || variants=("--worker-seccomp enforce" "--worker-seccomp off")
+native_lib=${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
+native_dir=$(dirname "$native_lib")
+IFS=, read -r driver_cpu caller_cpu <<<"${PINNED_CPUS:-2,0}"
+others=$(seq 0 $(($(nproc) - 1)) | grep -vxE "$driver_cpu|$caller_cpu" | paste -sd,)
+work=$(mktemp -d /tmp/rgpu-thread-time.XXXXXX)
+logs=${OUT:-$work}
+daemon_pid=
+cleanup() {
+    [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+mkdir -p "$work/lib" "$logs"
+ln -s "$bundle/libcuda.so" "$work/lib/libcuda.so.1"
+gcc -O2 -std=c11 -I "$bundle" -o "$work/rgpu_bench" "$bundle/rgpu_bench.c" -ldl || exit 1
+
+# The process and its descendants, two levels down (connection processes,
+# their workers).
+family() {
+    local children
+    children=$(pgrep -P "$1" | tr '\n' ' ')
+    echo "$1" $children
+    for child in $children; do pgrep -P "$child"; done
+}
+
+# One line per thread of PIDS: pid tid comm user system voluntary involuntary.
+thread_lines() {
+    local pid task fields
+    for pid in "$@"; do
+        for task in /proc/"$pid"/task/*; do
+            fields=$(sed 's/.*) //' "$task/stat" 2>/dev/null) || continue
+            printf '%s %s %s %s %s\n' "$pid" "${task##*/}" "$(cat "$task/comm" 2>/dev/null)" \
+                "$(awk '{ print $12, $13 }' <<<"$fields")" \
+                "$(awk '/^(non)?voluntary_ctxt_switches/ { printf "%s ", $2 }' "$task/status" 2>/dev/null)"
+        done
+    done
+}
+
+for variant in "${variants[@]}"; do
+    label=$(tr -c 'a-z0-9\n' - <<<"$variant" | sed 's/^-*//')
+    # shellcheck disable=SC2086 # the variant's words
+    env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" ${others:+taskset -c "$others"} "$bundle/vhost-device-rgpu" \
+        --executor "${RGPU_EXECUTOR:-cuda}" --socket-path "$work/$label.sock" --launch-cpus "$driver_cpu" \
+        $variant >"$logs/daemon-$label.log" 2>&1 &
+    daemon_pid=$!
+    for _ in $(seq 600); do [ -S "$work/$label.sock" ] && break; sleep 0.05; done
+    env RGPU_SOCKET="$work/$label.sock" "$work/rgpu_bench" --native "$native_lib" --rgpu "$work/lib/libcuda.so.1" \
+        --ptx "$bundle/reference_kernels.ptx" --sync-iters 1000 --launches "${THREAD_TIME_LAUNCHES:-100000}" \
+        --mib 1 --repeats 1 --driver-cpu "$driver_cpu" --caller-cpu "$caller_cpu" >"$logs/bench-$label.txt" 2>&1 &
+    bench_pid=$!
+    declare -A last=()
+    while kill -0 "$bench_pid" 2>/dev/null; do
+        # shellcheck disable=SC2046 # the pids are words
+        while read -r pid tid rest; do last[$pid/$tid]="$pid $tid $rest"; done \
+            < <(thread_lines $(family "$daemon_pid") "$bench_pid")
+        sleep 0.2
+    done
+    wait "$bench_pid"
+    echo "== $variant"
+    grep -E "worst run|runs in turn" "$logs/bench-$label.txt"
+    echo "   pid tid thread user system voluntary involuntary"
+    for line in "${last[@]}"; do echo "$line"; done | awk '$4 + $5 > 0' | sort -k4,4nr | sed 's/^/   /'
+    unset last
+    kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+    daemon_pid=
+done
