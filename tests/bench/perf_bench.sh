@@ -86,9 +86,9 @@ grep -E "worst run|runs in turn" "$logs/rgpu_bench-control-thread.txt" | sed 's/
 # The driver's launch rate differs between CPUs: rgpu's launch thread and
 # the native side pinned to the same one, the daemon's other threads and
 # rgpu's caller elsewhere.
-IFS=, read -r driver_cpu caller_cpu <<<"${PINNED_CPUS:-2,0}"
+# shellcheck source=tests/bench/pinned_cpus.sh
+source "$(dirname "$0")/pinned_cpus.sh"
 if [ -z "${RGPU_SERVER:-}" ] && [ "$(nproc)" -ge 4 ]; then
-    others=$(seq 0 $(($(nproc) - 1)) | grep -vxE "$driver_cpu|$caller_cpu" | paste -sd,)
     pinned_socket=$work/pinned.sock
     env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$native_dir" taskset -c "$others" "$bundle/vhost-device-rgpu" \
         --executor cuda --socket-path "$pinned_socket" --launch-cpus "$driver_cpu" ${RGPU_DAEMON_ARGS:-} \

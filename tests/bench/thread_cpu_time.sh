@@ -26,8 +26,8 @@ variants=("$@")
 [ ${#variants[@]} -gt 0 ] || variants=("--worker-seccomp enforce" "--worker-seccomp off")
 native_lib=${NATIVE_LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
 native_dir=$(dirname "$native_lib")
-IFS=, read -r driver_cpu caller_cpu <<<"${PINNED_CPUS:-2,0}"
-others=$(seq 0 $(($(nproc) - 1)) | grep -vxE "$driver_cpu|$caller_cpu" | paste -sd,)
+# shellcheck source=tests/bench/pinned_cpus.sh
+source "$(dirname "$0")/pinned_cpus.sh"
 work=$(mktemp -d /tmp/rgpu-thread-time.XXXXXX)
 logs=${OUT:-$work}
 daemon_pid=

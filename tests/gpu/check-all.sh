@@ -153,8 +153,8 @@ case $part in
     ;;
 7)
     need_ab_old
-    IFS=, read -r driver_cpu caller_cpu <<<"${PINNED_CPUS:-2,0}"
-    others=$(seq 0 $(($(nproc) - 1)) | grep -vxE "$driver_cpu|$caller_cpu" | paste -sd,)
+    # shellcheck source=tests/bench/pinned_cpus.sh
+    source tests/bench/pinned_cpus.sh
     pinning="--driver-cpu $driver_cpu --caller-cpu $caller_cpu"
     step placement 200 ' rep [0-9]+: ' env ROUNDS="${PLACEMENT_ROUNDS:-3}" bash tests/bench/launch_placement.sh \
         "$bundle" "new-pinned::$others:--launch-cpus $driver_cpu:$pinning" \

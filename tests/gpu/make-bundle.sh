@@ -63,7 +63,7 @@ cp tests/programs/rgpu_cuda.h tests/programs/driver_api_test.c \
     tests/programs/launch_attributes_test.c tests/programs/rgpu_launch.h tests/programs/rgpu_vmm.h \
     tests/bench/perf_bench.sh tests/bench/launch_profile.sh tests/bench/profiling.sh tests/bench/torch_train.py \
     tests/bench/torch_options.sh tests/bench/busy_cpus.sh \
-    tests/bench/pingpong.c tests/bench/cpu_distance.c tests/bench/launch_split.c tests/bench/launch_params.c tests/bench/sync_probe.c tests/bench/cuda_check.h tests/bench/ab_run.sh tests/bench/launch_placement.sh \
+    tests/bench/pingpong.c tests/bench/cpu_distance.c tests/bench/launch_split.c tests/bench/launch_params.c tests/bench/sync_probe.c tests/bench/cuda_check.h tests/bench/ab_run.sh tests/bench/launch_placement.sh tests/bench/pinned_cpus.sh \
     tests/bench/share_tenant.c tests/bench/sharing_bench.sh tests/bench/priority_options.sh \
     tests/gpu-tools/registration_probe.c tests/gpu/run-isolation-suite.sh \
     tests/gpu/multi_device_runtime.cu tests/programs/ipc_test.c \
