@@ -49,17 +49,25 @@ family() {
     for child in $children; do pgrep -P "$child"; done
 }
 
-# One line per thread of PIDS: pid tid comm user system voluntary involuntary.
+# One line per thread of PIDS: pid tid comm user system voluntary
+# involuntary; one awk for all of them, as this runs every 0.2 s beside
+# the benchmark.
 thread_lines() {
-    local pid task fields
+    local pid task files=()
     for pid in "$@"; do
-        for task in /proc/"$pid"/task/*; do
-            fields=$(sed 's/.*) //' "$task/stat" 2>/dev/null) || continue
-            printf '%s %s %s %s %s\n' "$pid" "${task##*/}" "$(cat "$task/comm" 2>/dev/null)" \
-                "$(awk '{ print $12, $13 }' <<<"$fields")" \
-                "$(awk '/^(non)?voluntary_ctxt_switches/ { printf "%s ", $2 }' "$task/status" 2>/dev/null)"
-        done
+        for task in /proc/"$pid"/task/*; do files+=("$task/stat" "$task/status"); done
     done
+    [ ${#files[@]} -gt 0 ] || return 0
+    awk '{ split(FILENAME, path, "/"); key = path[3] " " path[5] }
+        FILENAME ~ /stat$/ {
+            comm = $0; sub(/^[^(]*\(/, "", comm); sub(/\) .*/, "", comm); gsub(/ /, "_", comm)
+            rest = $0; sub(/.*\) /, "", rest); split(rest, field, " ")
+            times[key] = comm " " field[12] " " field[13]
+        }
+        /^voluntary_ctxt_switches/ { voluntary[key] = $2 }
+        /^nonvoluntary_ctxt_switches/ { involuntary[key] = $2 }
+        END { for (key in times) print key, times[key], voluntary[key], involuntary[key] }' \
+        "${files[@]}" 2>/dev/null
 }
 
 for variant in "${variants[@]}"; do
@@ -74,19 +82,21 @@ for variant in "${variants[@]}"; do
         --ptx "$bundle/reference_kernels.ptx" --sync-iters 1000 --launches "${THREAD_TIME_LAUNCHES:-100000}" \
         --mib 1 --repeats 1 --driver-cpu "$driver_cpu" --caller-cpu "$caller_cpu" >"$logs/bench-$label.txt" 2>&1 &
     bench_pid=$!
-    declare -A last=()
-    while kill -0 "$bench_pid" 2>/dev/null; do
-        # shellcheck disable=SC2046 # the pids are words
-        while read -r pid tid rest; do last[$pid/$tid]="$pid $tid $rest"; done \
-            < <(thread_lines $(family "$daemon_pid") "$bench_pid")
-        sleep 0.2
-    done
+    # The sampler stays off the pinned CPUs, whose threads it measures.
+    (
+        [ -n "$others" ] && taskset -cp "$others" "$BASHPID" >/dev/null
+        while kill -0 "$bench_pid" 2>/dev/null; do
+            # shellcheck disable=SC2046 # the pids are words
+            thread_lines $(family "$daemon_pid") "$bench_pid"
+            sleep 0.2
+        done
+    ) >"$work/samples-$label.txt"
     wait "$bench_pid"
     echo "== $variant"
     grep -E "worst run|runs in turn" "$logs/bench-$label.txt"
     echo "   pid tid thread user system voluntary involuntary"
-    for line in "${last[@]}"; do echo "$line"; done | awk '$4 + $5 > 0' | sort -k4,4nr | sed 's/^/   /'
-    unset last
+    awk '{ last[$1 " " $2] = $0 } END { for (key in last) print last[key] }' "$work/samples-$label.txt" \
+        | awk '$4 + $5 > 0' | sort -k4,4nr | sed 's/^/   /'
     kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
     daemon_pid=
 done
