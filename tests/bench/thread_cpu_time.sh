@@ -16,7 +16,9 @@
 # involuntary context switches, as last seen before it ended. System time
 # on the worker's launch thread (rgpu-launch) that the bench's own
 # thread lacks would mean system calls per launch in the worker;
-# involuntary switches, that something else ran on CPU K. BUNDLE is a
+# involuntary switches, that something else ran on CPU K; irq, softirq
+# or steal ticks on CPU K (from /proc/stat, printed per pinned CPU), that
+# interrupts or the hypervisor took its time. BUNDLE is a
 # folder from tests/gpu/make-bundle.sh; logs go to $OUT when set;
 # THREAD_TIME_LAUNCHES sets rgpu_bench's --launches (default 100000).
 set -uo pipefail
@@ -70,6 +72,23 @@ thread_lines() {
         "${files[@]}" 2>/dev/null
 }
 
+# Each pinned CPU's time, from /proc/stat before and after: interrupts
+# taken on CPU K (irq, softirq) and time the hypervisor ran something
+# else there (steal) slow the driver's calls without showing in any
+# thread's counts.
+cpu_time() {
+    awk -v k="cpu$driver_cpu" -v m="cpu$caller_cpu" '
+        NR == FNR { for (i = 2; i <= 9; i++) before[$1, i] = $i; next }
+        {
+            for (i = 2; i <= 9; i++) d[i] = $i - before[$1, i]
+            if ($1 == k || $1 == m)
+                printf "   %s (%s): user %d system %d idle %d irq %d softirq %d steal %d\n",
+                    $1, $1 == k ? "driver" : "caller", d[2] + d[3], d[4], d[5] + d[6], d[7], d[8], d[9]
+            else { irq += d[7]; softirq += d[8]; steal += d[9] }
+        }
+        END { printf "   the other CPUs together: irq %d softirq %d steal %d\n", irq, softirq, steal }' "$1" "$2"
+}
+
 for variant in "${variants[@]}"; do
     label=$(tr -c 'a-z0-9\n' - <<<"$variant" | sed 's/^-*//')
     # shellcheck disable=SC2086 # the variant's words
@@ -78,6 +97,7 @@ for variant in "${variants[@]}"; do
         $variant >"$logs/daemon-$label.log" 2>&1 &
     daemon_pid=$!
     for _ in $(seq 600); do [ -S "$work/$label.sock" ] && break; sleep 0.05; done
+    grep '^cpu[0-9]' /proc/stat >"$work/cpu-before-$label.txt"
     env RGPU_SOCKET="$work/$label.sock" "$work/rgpu_bench" --native "$native_lib" --rgpu "$work/lib/libcuda.so.1" \
         --ptx "$bundle/reference_kernels.ptx" --sync-iters 1000 --launches "${THREAD_TIME_LAUNCHES:-100000}" \
         --mib 1 --repeats 1 --driver-cpu "$driver_cpu" --caller-cpu "$caller_cpu" >"$logs/bench-$label.txt" 2>&1 &
@@ -92,8 +112,10 @@ for variant in "${variants[@]}"; do
         done
     ) >"$work/samples-$label.txt"
     wait "$bench_pid"
+    grep '^cpu[0-9]' /proc/stat >"$work/cpu-after-$label.txt"
     echo "== $variant"
     grep -E "worst run|runs in turn" "$logs/bench-$label.txt"
+    cpu_time "$work/cpu-before-$label.txt" "$work/cpu-after-$label.txt"
     echo "   pid tid thread user system voluntary involuntary"
     awk '{ last[$1 " " $2] = $0 } END { for (key in last) print last[key] }' "$work/samples-$label.txt" \
         | awk '$4 + $5 > 0' | sort -k4,4nr | sed 's/^/   /'

@@ -38,7 +38,8 @@
 #                                       launches' time goes; then each
 #                                       thread's CPU time in the pinned
 #                                       launch runs, the worker's seccomp
-#                                       filter on and off
+#                                       filter on and off, and the pinned
+#                                       CPUs' irq, softirq and steal ticks
 #                                       (thread_cpu_time.sh)
 #
 # CHECK_STEPS (a regex of step names: sharing, suite, isolation, compat,
