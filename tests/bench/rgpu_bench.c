@@ -38,7 +38,10 @@
  *     graph, the instantiated graph launched 1000 times, then one
  *     cuStreamSynchronize (kernels per second);
  *   - launch + synchronize latency: one rgpu_empty and cuCtxSynchronize
- *     (median of 2000);
+ *     (median of 2000); and the same after 1 ms idle (median of 200):
+ *     by then every thread on rgpu's way that polls for work (the
+ *     session's, the launch thread, 50 us by default) sleeps, as for the
+ *     first launch of a request to a server that idled;
  *   - a small pageable copy: 4 KiB cuMemcpyHtoDAsync from malloc'ed memory
  *     on an idle queue (median of 2000, each after a synchronize);
  *   - --mib MiB from and into malloc'ed (pageable) memory, best of
@@ -111,6 +114,8 @@ struct api {
 
 #define LAUNCH_RUNS 5
 #define LATENCY_SAMPLES 2000
+#define IDLE_SAMPLES 200
+#define IDLE_GAP_NS 1000000L
 /* Graph replay: kernels captured into the graph, and timed graph launches. */
 #define GRAPH_KERNELS 100
 #define GRAPH_LAUNCHES 1000
@@ -135,6 +140,7 @@ struct results {
     double launch_gpu_runs[LAUNCH_RUNS];
     double graph_kernels_per_s;
     double launch_sync_us;
+    double idle_launch_sync_us;
     double small_pageable_us;
     double htod_pageable_gbps;
     double dtoh_pageable_gbps;
@@ -396,6 +402,16 @@ static int measure(struct api *a, const struct config *c, const char *ptx, struc
         }
         qsort(lat, LATENCY_SAMPLES, sizeof *lat, compare_doubles);
         r->launch_sync_us = lat[LATENCY_SAMPLES / 2];
+        for (int i = 0; i < IDLE_SAMPLES; i++) {
+            struct timespec gap = {0, IDLE_GAP_NS};
+            nanosleep(&gap, NULL);
+            double t0 = now_s();
+            CALL(a->launch_kernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+            CALL(a->ctx_synchronize());
+            lat[i] = (now_s() - t0) * 1e6;
+        }
+        qsort(lat, IDLE_SAMPLES, sizeof *lat, compare_doubles);
+        r->idle_launch_sync_us = lat[IDLE_SAMPLES / 2];
         char small[4096];
         memset(small, 0x3c, sizeof small);
         CALL(a->mem_alloc(&d, bytes > sizeof small ? bytes : sizeof small));
@@ -815,6 +831,8 @@ int main(int argc, char **argv) {
         rgpu.graph_kernels_per_s, &native, &rgpu, HIGHER_RATIO, 0.95, ">= 95% of native");
     row("launch + synchronize (us)", native.launch_sync_us, rgpu.launch_sync_us, &native, &rgpu,
         LOWER_RATIO, 1.5, "(reported)");
+    row("launch + sync after 1 ms idle (us)", native.idle_launch_sync_us,
+        rgpu.idle_launch_sync_us, &native, &rgpu, LOWER_RATIO, 1.5, "(reported)");
     row("4 KiB pageable copy (us)", native.small_pageable_us, rgpu.small_pageable_us, &native,
         &rgpu, LOWER_RATIO, 1.2, "<= 1.2x native");
     row("HtoD from pinned (GB/s)", native.htod_gbps, rgpu.htod_gbps, &native, &rgpu, HIGHER_RATIO,

@@ -175,9 +175,20 @@ fn benchmark_runs_through_sim() {
             ])
             .args(&pinning);
         let outcome = GuestProcess::spawn(command).finish(RUN_TIMEOUT);
+        // The launch after idle measured on both sides: figures, not "-".
+        let idle_row_measured = outcome.stdout.lines().any(|line| {
+            line.strip_prefix("launch + sync after 1 ms idle (us)")
+                .is_some_and(|figures| {
+                    figures
+                        .split_whitespace()
+                        .take(3)
+                        .all(|figure| figure.parse::<f64>().is_ok())
+                })
+        });
         assert!(
             outcome.status.success()
                 && outcome.stdout.contains("HtoD from pinned (GB/s)")
+                && idle_row_measured
                 && outcome.stdout.contains(&in_turn),
             "rgpu_bench --rgpu-side-launcher {launcher} failed ({}):\n{}\n{}",
             outcome.status,
