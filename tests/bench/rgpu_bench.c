@@ -307,6 +307,24 @@ static int sync_median(struct api *a, long iters, double *samples, double *media
     return 0;
 }
 
+/* Median time (us) of one rgpu_empty launch and cuCtxSynchronize, of
+ * `count` (into `samples`), each after `gap_ns` idle (0: back to back). */
+static int launch_sync_median(struct api *a, CUfunction f, int count, long gap_ns, double *samples,
+                              double *median) {
+    for (int i = 0; i < count; i++) {
+        struct timespec gap = {0, gap_ns};
+        if (gap_ns > 0) nanosleep(&gap, NULL);
+        double t0 = now_s();
+        if (a->launch_kernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS ||
+            a->ctx_synchronize() != CUDA_SUCCESS)
+            return -1;
+        samples[i] = (now_s() - t0) * 1e6;
+    }
+    qsort(samples, (size_t)count, sizeof *samples, compare_doubles);
+    *median = samples[count / 2];
+    return 0;
+}
+
 static int measure(struct api *a, const struct config *c, const char *ptx, struct results *r) {
     CUdevice dev = 0;
     CUcontext ctx = NULL;
@@ -394,24 +412,11 @@ static int measure(struct api *a, const struct config *c, const char *ptx, struc
     /* Launch + synchronize, and a small pageable copy on an idle queue. */
     {
         double lat[LATENCY_SAMPLES];
-        for (int i = 0; i < LATENCY_SAMPLES; i++) {
-            double t0 = now_s();
-            CALL(a->launch_kernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
-            CALL(a->ctx_synchronize());
-            lat[i] = (now_s() - t0) * 1e6;
+        if (launch_sync_median(a, empty, LATENCY_SAMPLES, 0, lat, &r->launch_sync_us) ||
+            launch_sync_median(a, empty, IDLE_SAMPLES, IDLE_GAP_NS, lat, &r->idle_launch_sync_us)) {
+            fprintf(stderr, "%s: a launch + synchronize failed\n", a->label);
+            goto out;
         }
-        qsort(lat, LATENCY_SAMPLES, sizeof *lat, compare_doubles);
-        r->launch_sync_us = lat[LATENCY_SAMPLES / 2];
-        for (int i = 0; i < IDLE_SAMPLES; i++) {
-            struct timespec gap = {0, IDLE_GAP_NS};
-            nanosleep(&gap, NULL);
-            double t0 = now_s();
-            CALL(a->launch_kernel(empty, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
-            CALL(a->ctx_synchronize());
-            lat[i] = (now_s() - t0) * 1e6;
-        }
-        qsort(lat, IDLE_SAMPLES, sizeof *lat, compare_doubles);
-        r->idle_launch_sync_us = lat[IDLE_SAMPLES / 2];
         char small[4096];
         memset(small, 0x3c, sizeof small);
         CALL(a->mem_alloc(&d, bytes > sizeof small ? bytes : sizeof small));
@@ -690,7 +695,8 @@ static void row(const char *metric, double native, double rgpu, const struct res
         double relation = difference ? rgpu - native : rgpu / native;
         int met = kind == HIGHER_RATIO ? relation >= limit : relation <= limit;
         printf(difference ? " %+11.2fus" : " %13.3f", relation);
-        printf("   %-26s %s\n", target, met ? "met" : "NOT MET");
+        /* A row without a limit is reported, not judged. */
+        printf("   %-26s %s\n", target, limit == 0 ? "" : met ? "met" : "NOT MET");
     } else {
         printf(" %13s   %-26s\n", "-", target);
     }
@@ -830,9 +836,9 @@ int main(int argc, char **argv) {
     row("graph replay, 100 kernels (kernels/s)", native.graph_kernels_per_s,
         rgpu.graph_kernels_per_s, &native, &rgpu, HIGHER_RATIO, 0.95, ">= 95% of native");
     row("launch + synchronize (us)", native.launch_sync_us, rgpu.launch_sync_us, &native, &rgpu,
-        LOWER_RATIO, 1.5, "(reported)");
+        LOWER_RATIO, 0, "(reported)");
     row("launch + sync after 1 ms idle (us)", native.idle_launch_sync_us,
-        rgpu.idle_launch_sync_us, &native, &rgpu, LOWER_RATIO, 1.5, "(reported)");
+        rgpu.idle_launch_sync_us, &native, &rgpu, LOWER_RATIO, 0, "(reported)");
     row("4 KiB pageable copy (us)", native.small_pageable_us, rgpu.small_pageable_us, &native,
         &rgpu, LOWER_RATIO, 1.2, "<= 1.2x native");
     row("HtoD from pinned (GB/s)", native.htod_gbps, rgpu.htod_gbps, &native, &rgpu, HIGHER_RATIO,
