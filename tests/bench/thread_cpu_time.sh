@@ -97,6 +97,13 @@ for variant in "${variants[@]}"; do
         $variant >"$logs/daemon-$label.log" 2>&1 &
     daemon_pid=$!
     for _ in $(seq 600); do [ -S "$work/$label.sock" ] && break; sleep 0.05; done
+    if [ ! -S "$work/$label.sock" ]; then
+        echo "== $variant: FAIL daemon did not start"
+        tail -n 5 "$logs/daemon-$label.log"
+        kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+        daemon_pid=
+        continue
+    fi
     grep '^cpu[0-9]' /proc/stat >"$work/cpu-before-$label.txt"
     env RGPU_SOCKET="$work/$label.sock" "$work/rgpu_bench" --native "$native_lib" --rgpu "$work/lib/libcuda.so.1" \
         --ptx "$bundle/reference_kernels.ptx" --sync-iters 1000 --launches "${THREAD_TIME_LAUNCHES:-100000}" \
