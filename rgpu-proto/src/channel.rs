@@ -9,12 +9,23 @@
 //! - `produced` (guest writes): bytes of commands published in the ring;
 //! - `consumed` (host writes): bytes the host has executed (space before it
 //!   may be reused, including data carried inline in the ring);
-//! - `host_idle` (host writes 1 before it blocks): the guest must ring the
-//!   doorbell (a `SUBMIT_3D` with `Doorbell`) after publishing.
+//! - `host_idle` (host writes before it blocks): [`HOST_IDLE_DOORBELL`],
+//!   the guest must ring the doorbell (a `SUBMIT_3D` with `Doorbell`) after
+//!   publishing; [`HOST_IDLE_WAKE_WORD`], it adds one to the wake word
+//!   ([`OFFSET_WAKE`]) and wakes it (`crate::futex::wake`) instead.
 //!
 //! The guest stores `produced` then loads `host_idle`; the host stores
 //! `host_idle` then loads `produced`; both with sequentially consistent
 //! ordering, so one of them always sees the other (no lost wake-up).
+//!
+//! The wake word spares a local guest (one that shares the host's kernel
+//! and memory file: local mode) the doorbell's way in, which passes the
+//! connection process's queue thread and the worker's serving thread before
+//! it reaches the session. Such a guest sets [`GUEST_WAKES_BY_FUTEX`] in
+//! [`OFFSET_GUEST_FEATURES`] before it binds; only then does the host sleep
+//! on the word (and its own mailbox's senders bump and wake the same word).
+//! A guest that sets the flag without sharing the kernel, or stops waking,
+//! only leaves its own session asleep until the host's next look.
 //!
 //! A command never wraps around the ring's end: the guest fills the tail with
 //! a `Padding` command instead. Ring size is a power of two.
@@ -54,6 +65,21 @@ pub const OFFSET_CONSUMED: u64 = 128;
 pub const OFFSET_HOST_IDLE: u64 = 192;
 /// The guest's key for [`ring_stamp`] (written before it binds).
 pub const OFFSET_STAMP_KEY: u64 = 256;
+/// The wake word, a `u32` (a futex): bumped and woken by whoever wants the
+/// host's worker, asleep with [`HOST_IDLE_WAKE_WORD`], to look again.
+pub const OFFSET_WAKE: u64 = 320;
+/// The guest's feature bits (`u64`, written before it binds).
+pub const OFFSET_GUEST_FEATURES: u64 = 384;
+/// The guest wakes the host through [`OFFSET_WAKE`] (it shares the host's
+/// kernel and the channel's memory file).
+pub const GUEST_WAKES_BY_FUTEX: u64 = 1;
+
+/// `host_idle` values: the host is running (it will see what is published).
+pub const HOST_AWAKE: u64 = 0;
+/// The host sleeps until a `Doorbell` reaches it.
+pub const HOST_IDLE_DOORBELL: u64 = 1;
+/// The host sleeps on the wake word.
+pub const HOST_IDLE_WAKE_WORD: u64 = 2;
 
 /// The stamp of a command at ring position `position` (bytes since the
 /// channel was bound): injective in the position (commands start at

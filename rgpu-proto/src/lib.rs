@@ -15,6 +15,7 @@ pub mod command;
 pub mod cuda_result;
 pub mod elf;
 pub mod fatbin;
+pub mod futex;
 pub mod process_group;
 pub mod remote;
 pub mod reply;

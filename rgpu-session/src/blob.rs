@@ -90,27 +90,39 @@ impl std::fmt::Debug for Blob {
     }
 }
 
-/// An 8-byte-aligned word of a blob, shared with the guest, whose bounds
-/// were checked once ([`Blob::shared_word`]).
-#[derive(Debug, Clone)]
-pub struct SharedWord {
-    word: std::ptr::NonNull<AtomicU64>,
+/// An aligned atomic word of a blob (`AtomicU64` unless named), shared with
+/// the guest, whose bounds were checked once ([`Blob::shared_word`],
+/// [`Blob::shared_word32`]).
+#[derive(Debug)]
+pub struct SharedWord<A = AtomicU64> {
+    word: std::ptr::NonNull<A>,
     /// Keeps the mapping that `word` points into alive.
     _blob: Arc<Blob>,
 }
 
 // SAFETY: `word` points into guest memory that the held `Arc<Blob>` keeps
-// mapped; it is only used as an `AtomicU64`, which any thread may access.
-unsafe impl Send for SharedWord {}
+// mapped; it is only used as an atomic (`AtomicU64` or `AtomicU32`, the
+// only types built), which any thread may access.
+unsafe impl<A: Sync> Send for SharedWord<A> {}
 // SAFETY: as for `Send`: shared access goes through atomic operations only.
-unsafe impl Sync for SharedWord {}
+unsafe impl<A: Sync> Sync for SharedWord<A> {}
 
-impl std::ops::Deref for SharedWord {
-    type Target = AtomicU64;
+impl<A> Clone for SharedWord<A> {
+    fn clone(&self) -> Self {
+        SharedWord {
+            word: self.word,
+            _blob: Arc::clone(&self._blob),
+        }
+    }
+}
 
-    fn deref(&self) -> &AtomicU64 {
-        // SAFETY: checked in bounds and aligned by `Blob::atomic_u64`, and
-        // the mapping lives as long as `self` (it holds the blob).
+impl<A> std::ops::Deref for SharedWord<A> {
+    type Target = A;
+
+    fn deref(&self) -> &A {
+        // SAFETY: checked in bounds and aligned by `Blob::atomic_u64` or
+        // `Blob::atomic_u32`, and the mapping lives as long as `self` (it
+        // holds the blob).
         unsafe { self.word.as_ref() }
     }
 }
@@ -259,6 +271,18 @@ impl Blob {
     /// The `u64` at `offset`, checked now and held with the blob.
     pub fn shared_word(blob: &Arc<Blob>, offset: u64) -> Result<SharedWord, BlobError> {
         let word = std::ptr::NonNull::from(blob.atomic_u64(offset)?);
+        Ok(SharedWord {
+            word,
+            _blob: Arc::clone(blob),
+        })
+    }
+
+    /// The `u32` at `offset`, checked now and held with the blob.
+    pub fn shared_word32(
+        blob: &Arc<Blob>,
+        offset: u64,
+    ) -> Result<SharedWord<AtomicU32>, BlobError> {
+        let word = std::ptr::NonNull::from(blob.atomic_u32(offset)?);
         Ok(SharedWord {
             word,
             _blob: Arc::clone(blob),

@@ -7,12 +7,13 @@
 
 use std::cell::Cell;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rgpu_proto::channel::{
-    completion_offset, ring_stamp, validate_layout, CHANNEL_MAGIC, OFFSET_CONSUMED,
-    OFFSET_HOST_IDLE, OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_STAMP_KEY, OFFSET_VERSION,
+    completion_offset, ring_stamp, validate_layout, CHANNEL_MAGIC, GUEST_WAKES_BY_FUTEX,
+    HOST_AWAKE, HOST_IDLE_DOORBELL, HOST_IDLE_WAKE_WORD, OFFSET_CONSUMED, OFFSET_GUEST_FEATURES,
+    OFFSET_HOST_IDLE, OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_STAMP_KEY, OFFSET_VERSION, OFFSET_WAKE,
     REPLY_OFFSET_CONSOLE_LEN, REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT,
     REPLY_OFFSET_SEQ,
 };
@@ -68,6 +69,9 @@ pub struct Channel {
     produced_word: SharedWord,
     consumed_word: SharedWord,
     host_idle_word: SharedWord,
+    /// The wake word, where the guest said at bind that it wakes the host
+    /// by futex (rgpu-proto `channel`): the worker sleeps on it.
+    wake_word: Option<SharedWord<AtomicU32>>,
     consumed: u64,
     /// `produced` as last read. Everything below a value the guest
     /// published is whole commands, so the ring is read up to it without
@@ -128,6 +132,14 @@ impl Channel {
             .atomic_u64(header + OFFSET_STAMP_KEY)?
             .load(Ordering::Acquire);
         let reply_header = ReplyHeader::find(&blob, &layout)?;
+        let features = blob
+            .atomic_u64(header + OFFSET_GUEST_FEATURES)?
+            .load(Ordering::Acquire);
+        let wake_word = if features & GUEST_WAKES_BY_FUTEX != 0 {
+            Some(Blob::shared_word32(&blob, header + OFFSET_WAKE)?)
+        } else {
+            None
+        };
         let mut channel = Self {
             blob,
             layout,
@@ -135,6 +147,7 @@ impl Channel {
             produced_word,
             consumed_word,
             host_idle_word,
+            wake_word,
             consumed,
             produced_seen: Cell::new(consumed),
             scratch: Vec::new(),
@@ -241,8 +254,19 @@ impl Channel {
         };
     }
 
+    /// Tells the guest whether this side sleeps, and how to wake it.
     pub fn set_host_idle(&self, idle: bool) {
-        self.host_idle_word.store(u64::from(idle), Ordering::SeqCst);
+        let value = match (idle, self.wake_word.is_some()) {
+            (false, _) => HOST_AWAKE,
+            (true, false) => HOST_IDLE_DOORBELL,
+            (true, true) => HOST_IDLE_WAKE_WORD,
+        };
+        self.host_idle_word.store(value, Ordering::SeqCst);
+    }
+
+    /// The word to sleep on while idle, if the guest wakes it.
+    pub fn wake_word(&self) -> Option<&SharedWord<AtomicU32>> {
+        self.wake_word.as_ref()
     }
 
     /// Reads the command at the host's position (the caller checked that the

@@ -23,6 +23,7 @@ mod handles;
 pub mod ipc;
 pub mod limits;
 pub mod log_limit;
+mod mailbox_bell;
 pub mod module_cache;
 pub mod session;
 pub mod settings;

@@ -26,7 +26,7 @@
 //! Everything but `spawn` and `shutdown` only posts a message to the worker
 //! and never blocks on the GPU.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -35,6 +35,7 @@ use rgpu_executor::Executor;
 use rgpu_proto::command::{ControlCommand, Decoded};
 use rgpu_proto::cuda_result::CUDA_ERROR_INVALID_DEVICE;
 
+use crate::mailbox_bell::MailboxBell;
 use crate::worker::{Message, Worker};
 use crate::{Blob, Counters, Tenant};
 
@@ -59,8 +60,8 @@ pub struct Session {
     ctx_id: u32,
     debug_name: String,
     sender: mpsc::Sender<Message>,
-    /// A `Wake` is queued and not yet taken by the worker.
-    wake_queued: Arc<AtomicBool>,
+    /// Rung after each post (a worker may sleep on its channel's wake word).
+    bell: Arc<MailboxBell>,
     worker: Option<JoinHandle<()>>,
 }
 
@@ -110,8 +111,8 @@ impl Session {
         let (sender, receiver) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let name = debug_name.clone();
-        let wake_queued = Arc::new(AtomicBool::new(false));
-        let worker_wake = Arc::clone(&wake_queued);
+        let bell = Arc::new(MailboxBell::default());
+        let worker_bell = Arc::clone(&bell);
         let worker = std::thread::Builder::new()
             .name(format!("rgpu-ctx-{ctx_id}"))
             .spawn(move || {
@@ -123,7 +124,7 @@ impl Session {
                     tenant,
                     receiver,
                     counters,
-                    worker_wake,
+                    worker_bell,
                 );
                 let _ = ready_tx.send(());
                 worker.run();
@@ -137,7 +138,7 @@ impl Session {
             ctx_id,
             debug_name,
             sender,
-            wake_queued,
+            bell,
             worker: Some(worker),
         })
     }
@@ -174,13 +175,14 @@ impl Session {
         {
             completion.complete();
         }
+        self.bell.ring();
     }
 
     /// An unfenced doorbell: the worker looks at the ring. Coalesced: while
     /// one wake is queued, more add nothing (the worker drains the whole
     /// ring when it takes it).
     pub fn wake(&self) {
-        if !self.wake_queued.swap(true, Ordering::AcqRel) {
+        if !self.bell.wake_queued.swap(true, Ordering::AcqRel) {
             self.post(Message::Wake);
         }
     }
@@ -190,10 +192,12 @@ impl Session {
         commands: Vec<Decoded<ControlCommand>>,
         completion: Option<Box<dyn Completion>>,
     ) {
-        if let Err(mpsc::SendError(message)) = self.sender.send(Message::Submit {
+        let sent = self.sender.send(Message::Submit {
             commands,
             completion,
-        }) {
+        });
+        self.bell.ring();
+        if let Err(mpsc::SendError(message)) = sent {
             // The worker is gone: the guest must not wait for it.
             log::error!("session {}: worker gone, completing at once", self.ctx_id);
             if let Message::Submit {
@@ -216,11 +220,13 @@ impl Session {
         if self.sender.send(message).is_err() {
             log::error!("session {}: worker gone", self.ctx_id);
         }
+        self.bell.ring();
     }
 
     fn stop(&mut self) {
         if let Some(worker) = self.worker.take() {
             let _ = self.sender.send(Message::Shutdown);
+            self.bell.ring();
             if worker.join().is_err() {
                 log::error!("session {}: worker panicked", self.ctx_id);
             }

@@ -4,7 +4,7 @@
 //! doorbell protocol of rgpu_proto::channel.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +21,7 @@ use crate::command_profile::CommandProfile;
 use crate::completions::Completions;
 use crate::compute::{Admission, Fences, PROBATION};
 use crate::handles::Handles;
+use crate::mailbox_bell::MailboxBell;
 use crate::tenant::{Tenant, Usage};
 use crate::{Blob, Completion, Counters, ModuleCache};
 
@@ -59,6 +60,9 @@ const IDLE_POLL: Duration = Duration::from_micros(100);
 
 /// How long a command waits for a blob it names to be attached.
 const ATTACH_WAIT: Duration = Duration::from_secs(2);
+/// The longest sleep on a wake word between two looks at the ring and the
+/// mailbox: a bound on a wake-up lost to a guest that stopped waking.
+const WAKE_WORD_LOOK: Duration = Duration::from_secs(1);
 
 /// The blobs a command reads or writes.
 fn blobs_named(command: &Command) -> impl Iterator<Item = u32> {
@@ -167,8 +171,9 @@ impl DeviceContext {
 
 pub struct Worker {
     pub(crate) ctx_id: u32,
-    /// A `Wake` is in the mailbox (shared with the [`crate::Session`]).
-    wake_queued: Arc<AtomicBool>,
+    /// Shared with the [`crate::Session`]: whether a `Wake` is in the
+    /// mailbox, and the wake word its senders ring.
+    bell: Arc<MailboxBell>,
     debug_name: String,
     receiver: Receiver<Message>,
     pub(crate) counters: Arc<Counters>,
@@ -241,6 +246,15 @@ enum Wake {
     Idle,
 }
 
+/// What ended an idle [`Worker::sleep`].
+enum Woke {
+    Message(Message),
+    /// The guest published commands (asleep on the wake word).
+    Ring,
+    Timeout,
+    Disconnected,
+}
+
 /// What a round of draining the ring did.
 enum Drained {
     Worked,
@@ -258,7 +272,7 @@ impl Worker {
         tenant: Arc<Tenant>,
         receiver: Receiver<Message>,
         counters: Arc<Counters>,
-        wake_queued: Arc<AtomicBool>,
+        bell: Arc<MailboxBell>,
     ) -> Self {
         Counters::add(&counters.sessions_active, 1);
         Counters::add(&counters.sessions_total, 1);
@@ -266,7 +280,7 @@ impl Worker {
         let completions = Completions::looking_every(tenant.settings().look_every);
         Self {
             ctx_id,
-            wake_queued,
+            bell,
             debug_name,
             receiver,
             counters,
@@ -416,7 +430,7 @@ impl Worker {
     /// the work is done) and at the events and streams the guest may query
     /// (so it can answer them itself) now and then. `None`: nothing is left
     /// to look at (or there is no context), go to sleep.
-    fn idle_with_fences(&mut self) -> Option<Result<Message, RecvTimeoutError>> {
+    fn idle_with_fences(&mut self) -> Option<Woke> {
         if self.captures > 0 {
             return None;
         }
@@ -434,10 +448,59 @@ impl Worker {
                 (true, false) => IDLE_POLL,
                 (_, true) => self.completions.every(),
             };
-            match self.receiver.recv_timeout(wait) {
-                Err(RecvTimeoutError::Timeout) => {}
-                other => return Some(other),
+            match self.sleep(Some(wait)) {
+                Woke::Timeout => {}
+                woke => return Some(woke),
             }
+        }
+    }
+
+    /// Sleeps until a message comes, or `timeout` passes: on the mailbox,
+    /// or, where the guest wakes this thread by futex, on the channel's wake
+    /// word, which the guest bumps after publishing and the mailbox's
+    /// senders after posting (so the ring's work ends it too).
+    fn sleep(&self, timeout: Option<Duration>) -> Woke {
+        let Some((channel, word)) = self
+            .channel
+            .as_ref()
+            .and_then(|channel| Some((channel, channel.wake_word()?)))
+        else {
+            let received = match timeout {
+                Some(timeout) => self.receiver.recv_timeout(timeout),
+                None => self
+                    .receiver
+                    .recv()
+                    .map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            return match received {
+                Ok(message) => Woke::Message(message),
+                Err(RecvTimeoutError::Timeout) => Woke::Timeout,
+                Err(RecvTimeoutError::Disconnected) => Woke::Disconnected,
+            };
+        };
+        let deadline = timeout.map(|timeout| Instant::now() + timeout);
+        loop {
+            // Read before looking: a publish or post after the looks below
+            // moved it, and the wait returns at once.
+            let seen = word.load(Ordering::SeqCst);
+            // Again each time: the guest can write the flag too.
+            channel.set_host_idle(true);
+            match self.receiver.try_recv() {
+                Ok(message) => return Woke::Message(message),
+                Err(TryRecvError::Disconnected) => return Woke::Disconnected,
+                Err(TryRecvError::Empty) => {}
+            }
+            if channel.has_work() {
+                return Woke::Ring;
+            }
+            let left = match deadline {
+                Some(deadline) => deadline.saturating_duration_since(Instant::now()),
+                None => WAKE_WORD_LOOK,
+            };
+            if left.is_zero() {
+                return Woke::Timeout;
+            }
+            rgpu_proto::futex::wait(word, seen, left.min(WAKE_WORD_LOOK));
         }
     }
 
@@ -533,18 +596,21 @@ impl Worker {
                     continue;
                 }
             }
-            let message = match self.idle_with_fences() {
-                Some(received) => received.map_err(|_| ()),
-                None => self.receiver.recv().map_err(|_| ()),
+            let woke = match self.idle_with_fences() {
+                Some(woke) => woke,
+                None => self.sleep(None),
             };
             if let Some(channel) = &self.channel {
                 channel.set_host_idle(false);
             }
-            let Ok(message) = message else {
-                break;
-            };
-            if !self.handle(message) {
-                break;
+            match woke {
+                Woke::Message(message) => {
+                    if !self.handle(message) {
+                        break;
+                    }
+                }
+                Woke::Ring | Woke::Timeout => {}
+                Woke::Disconnected => break,
             }
         }
         self.finish();
@@ -567,7 +633,7 @@ impl Worker {
                 commands,
                 completion,
             } => self.submit(commands, completion),
-            Message::Wake => self.wake_queued.store(false, Ordering::Release),
+            Message::Wake => self.bell.wake_queued.store(false, Ordering::Release),
             Message::Shutdown => return false,
         }
         true
@@ -596,6 +662,7 @@ impl Worker {
             .is_some_and(|c| c.resource_id() == resource_id)
         {
             log::debug!("ctx {}: channel blob {resource_id} detached", self.ctx_id);
+            self.bell.hang(None);
             self.channel = None;
             self.usage.set_reply_target(None);
             self.complete_all();
@@ -673,6 +740,7 @@ impl Worker {
                     layout.ring_offset,
                     channel.consumed()
                 );
+                self.bell.hang(channel.wake_word().cloned());
                 self.channel = Some(channel);
             }
             Err(e) => {
@@ -1094,6 +1162,7 @@ impl Worker {
             self.fences.destroy(ctx);
         }
         self.report_busy();
+        self.bell.hang(None);
         self.channel = None;
         self.usage.set_reply_target(None);
         self.blobs.clear();

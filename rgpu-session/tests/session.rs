@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use guest::*;
 use rgpu_executor::sim::{SimExecutor, SIM_TOTAL_MEM};
-use rgpu_proto::channel::{OFFSET_HOST_IDLE, OFFSET_MAGIC};
+use rgpu_proto::channel::{HOST_IDLE_WAKE_WORD, OFFSET_HOST_IDLE, OFFSET_MAGIC};
 use rgpu_proto::command::{CommandHeader, Launch, COMMAND_HEADER_SIZE, COMMAND_STAMP_OFFSET};
 use rgpu_proto::cuda_result::{
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS,
@@ -693,6 +693,65 @@ fn idle_host_needs_a_doorbell() {
     }
     assert_eq!(guest.reply().1, CUDA_SUCCESS);
     session.shutdown();
+}
+
+/// A guest that announced the wake word (local mode) wakes its sleeping
+/// worker through it, with no doorbell; the worker, asleep on the word and
+/// not on its mailbox, still takes a doorbell, a blob and its shutdown at
+/// once, as every post rings the word too.
+#[test]
+fn a_host_asleep_on_the_wake_word_wakes_for_the_guest_and_the_mailbox() {
+    let guest = Guest::new();
+    guest.announce_wake_word();
+    let session = guest.start(Arc::new(SimExecutor::new()), Arc::new(Counters::default()));
+    let mut guest = guest;
+    let await_sleep = |guest: &Guest| {
+        let deadline = Instant::now() + WAIT;
+        while guest.counter(OFFSET_HOST_IDLE) != HOST_IDLE_WAKE_WORD {
+            assert!(
+                Instant::now() < deadline,
+                "host never slept on the wake word"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    await_sleep(&guest);
+    let seq = 500;
+    guest.push(&session, &Command::CtxSynchronize, seq);
+    guest.publish();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_ne!(guest.reply().0, seq, "the host ran without being woken");
+    guest.wake_word();
+    let deadline = Instant::now() + WAIT;
+    while guest.reply().0 != seq {
+        assert!(
+            Instant::now() < deadline,
+            "the wake word did not wake the host"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(guest.reply().1, CUDA_SUCCESS);
+    // A mailbox message: a fenced doorbell for commands published without
+    // a wake. The worker looks at the word at most once a second unwoken.
+    await_sleep(&guest);
+    guest.push(&session, &Command::CtxSynchronize, seq + 1);
+    guest.publish();
+    let started = Instant::now();
+    guest.kick(&session);
+    assert_eq!(guest.reply().0, seq + 1);
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "a posted doorbell waited {:?} for the worker's own look",
+        started.elapsed()
+    );
+    await_sleep(&guest);
+    let started = Instant::now();
+    session.shutdown();
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "shutdown waited {:?} for the worker's own look",
+        started.elapsed()
+    );
 }
 
 #[test]

@@ -17,15 +17,16 @@
 //! answers from the host's completion table ([`Channel::completion`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rgpu_proto::batch::encode_batch;
 use rgpu_proto::channel::{
     self as proto, completion_offset, completion_tag, ring_stamp, CompletionKind, CHANNEL_MAGIC,
-    COMPLETION_FAILED, HEADER_SIZE, OFFSET_CONSUMED, OFFSET_HOST_IDLE, OFFSET_MAGIC,
-    OFFSET_PRODUCED, OFFSET_STAMP_KEY, OFFSET_VERSION, REPLY_OFFSET_CONSOLE_LEN, REPLY_OFFSET_LEN,
+    COMPLETION_FAILED, GUEST_WAKES_BY_FUTEX, HEADER_SIZE, HOST_AWAKE, HOST_IDLE_WAKE_WORD,
+    OFFSET_CONSUMED, OFFSET_GUEST_FEATURES, OFFSET_HOST_IDLE, OFFSET_MAGIC, OFFSET_PRODUCED,
+    OFFSET_STAMP_KEY, OFFSET_VERSION, OFFSET_WAKE, REPLY_OFFSET_CONSOLE_LEN, REPLY_OFFSET_LEN,
     REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
 };
 use rgpu_proto::command::{
@@ -71,9 +72,15 @@ pub struct ChannelConfig {
     pub bounce_size: u64,
     /// How long to poll for a reply or ring space before sleeping on a fence.
     pub spin: Duration,
+    /// How long, at most, to keep polling while the host wakes up.
+    pub wake_spin: Duration,
     /// Threads a large pageable copy uses, the caller's included
     /// (`RGPU_COPY_THREADS`).
     pub copy_threads: usize,
+    /// Wake a sleeping host through the channel's wake word where the
+    /// carrier shares the host's kernel (`RGPU_WAKE_WORD=0`: always ring
+    /// the doorbell).
+    pub wake_word: bool,
 }
 
 impl Default for ChannelConfig {
@@ -83,7 +90,9 @@ impl Default for ChannelConfig {
             reply_size: REPLY_AREA_SIZE,
             bounce_size: BOUNCE_AREA_SIZE,
             spin: Duration::from_micros(DEFAULT_SPIN_US),
+            wake_spin: DEFAULT_WAKE_SPIN,
             copy_threads: 1,
+            wake_word: true,
         }
     }
 }
@@ -98,8 +107,8 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 impl ChannelConfig {
-    /// The defaults, with `RGPU_RING_KB`, `RGPU_SPIN_US` and
-    /// `RGPU_COPY_THREADS` applied.
+    /// The defaults, with `RGPU_RING_KB`, `RGPU_SPIN_US`,
+    /// `RGPU_COPY_THREADS` and `RGPU_WAKE_WORD` applied.
     pub fn from_env() -> Self {
         let mut config = Self {
             copy_threads: crate::copy_crew::copy_threads_from_env(),
@@ -117,6 +126,9 @@ impl ChannelConfig {
         }
         if let Some(us) = env_u64("RGPU_SPIN_US") {
             config.spin = Duration::from_micros(us);
+        }
+        if let Some(on) = env_u64("RGPU_WAKE_WORD") {
+            config.wake_word = on != 0;
         }
         config
     }
@@ -243,6 +255,7 @@ pub struct Channel {
     blob: BlobMapping,
     layout: ChannelLayout,
     spin: Duration,
+    wake_spin: Duration,
     copy_threads: usize,
     state: Mutex<State>,
     notes: Mutex<QueryNotes>,
@@ -251,6 +264,8 @@ pub struct Channel {
     console: Mutex<Option<Vec<u8>>>,
     /// The key of this channel's ring stamps (rgpu-proto `channel`).
     stamp_key: u64,
+    /// A sleeping host is woken through the wake word (announced at bind).
+    wakes_by_futex: bool,
 }
 
 impl Channel {
@@ -274,12 +289,14 @@ impl Channel {
                 return Err(e);
             }
         };
+        let wakes_by_futex = config.wake_word && carrier.shares_host_kernel();
         let channel = Self {
             layout: config.layout(blob.resource_id),
             carrier,
             ctx_id,
             blob,
             spin: config.spin,
+            wake_spin: config.wake_spin,
             copy_threads: config.copy_threads,
             state: Mutex::new(State {
                 produced: 0,
@@ -292,6 +309,7 @@ impl Channel {
             notes: Mutex::default(),
             console: Mutex::new(None),
             stamp_key: random_key(),
+            wakes_by_futex,
         };
         if let Err(e) = channel.bind() {
             let _ = channel.close();
@@ -320,6 +338,14 @@ impl Channel {
             self.at(self.layout.header_offset + OFFSET_STAMP_KEY)
                 .cast::<u64>()
                 .write_volatile(self.stamp_key.to_le());
+            let features = if self.wakes_by_futex {
+                GUEST_WAKES_BY_FUTEX
+            } else {
+                0
+            };
+            self.at(self.layout.header_offset + OFFSET_GUEST_FEATURES)
+                .cast::<u64>()
+                .write_volatile(features.to_le());
         }
         std::sync::atomic::fence(Ordering::SeqCst);
         let batch = encode_batch(&[(
@@ -548,9 +574,9 @@ impl Channel {
         until: u64,
         expected: Duration,
     ) -> Result<(), CarrierError> {
-        let spin_until = Instant::now() + self.spin + expected;
+        let mut window = SpinWindow::new(self.spin + expected, self.wake_spin);
         while self.consumed(state)? < until {
-            if Instant::now() >= spin_until {
+            if window.over(|| self.host_asleep()) {
                 self.ring_doorbell(state, true)?;
                 if self.consumed(state)? < until {
                     return Err(CarrierError::Protocol(
@@ -680,10 +706,30 @@ impl Channel {
     fn publish(&self, state: &State) -> Result<(), CarrierError> {
         self.counter(OFFSET_PRODUCED)
             .store(state.produced, Ordering::SeqCst);
-        if self.counter(OFFSET_HOST_IDLE).load(Ordering::SeqCst) == 1 {
-            self.ring_doorbell(state, false)?;
+        match self.counter(OFFSET_HOST_IDLE).load(Ordering::SeqCst) {
+            HOST_AWAKE => {}
+            HOST_IDLE_WAKE_WORD if self.wakes_by_futex => self.wake_host(),
+            // A doorbell, or a value this side does not know: the doorbell
+            // wakes any host.
+            _ => self.ring_doorbell(state, false)?,
         }
         Ok(())
+    }
+
+    /// Wakes a host asleep on the wake word (rgpu-proto `channel`).
+    fn wake_host(&self) {
+        // SAFETY: the wake word is 4-aligned inside the header, which lies
+        // inside the blob; both sides access it only atomically.
+        let word =
+            unsafe { AtomicU32::from_ptr(self.at(self.layout.header_offset + OFFSET_WAKE).cast()) };
+        word.fetch_add(1, Ordering::SeqCst);
+        rgpu_proto::futex::wake(word);
+    }
+
+    /// Whether the host's worker is (going) asleep: a command published now
+    /// waits for the doorbell's wake-up.
+    fn host_asleep(&self) -> bool {
+        self.counter(OFFSET_HOST_IDLE).load(Ordering::SeqCst) != 0
     }
 
     /// Waits until `len` bytes of the ring are free.
@@ -995,7 +1041,7 @@ impl Channel {
         seq: u64,
         spin: Duration,
     ) -> Result<Reply, CarrierError> {
-        let spin_until = Instant::now() + spin;
+        let mut window = SpinWindow::new(spin, self.wake_spin);
         'spin: loop {
             // The clock is read once per batch of polls: a read per poll
             // made each poll, and so the answer's notice, slower.
@@ -1005,7 +1051,7 @@ impl Channel {
                 }
                 std::hint::spin_loop();
             }
-            if Instant::now() >= spin_until {
+            if window.over(|| self.host_asleep()) {
                 break;
             }
         }
@@ -1094,6 +1140,57 @@ fn random_key() -> u64 {
 
 /// Polls of a counter between two reads of the clock while spinning.
 const POLLS_PER_CLOCK_READ: u32 = 16;
+
+/// The longest a caller polls for an answer while the host is still
+/// waking up (its doorbell passes several threads after idle: 0.25-0.35 ms
+/// on an H100 host, ARCHITECTURE 7.9), before it sleeps on a fence, whose
+/// wake-up comes back the same way.
+pub const DEFAULT_WAKE_SPIN: Duration = Duration::from_millis(2);
+
+/// How long a caller polls before it sleeps on a fence: `spin` from the
+/// moment the host is seen awake, so a host that had gone to sleep is given
+/// its wake-up on top (at most `wake_spin` in all).
+struct SpinWindow {
+    /// When polling ends whatever the host does.
+    last: Instant,
+    until: Instant,
+    spin: Duration,
+    /// The host was asleep at the last look.
+    waking: bool,
+}
+
+impl SpinWindow {
+    fn new(spin: Duration, wake_spin: Duration) -> SpinWindow {
+        let started = Instant::now();
+        SpinWindow {
+            last: started + wake_spin.max(spin),
+            until: started + spin,
+            spin,
+            waking: false,
+        }
+    }
+
+    /// Whether to stop polling (reads the clock). A spin time of zero
+    /// (`RGPU_SPIN_US=0`) polls not at all, wake-up or not.
+    fn over(&mut self, host_asleep: impl FnOnce() -> bool) -> bool {
+        let now = Instant::now();
+        if now < self.until {
+            return false;
+        }
+        if self.spin.is_zero() || now >= self.last {
+            return true;
+        }
+        // Asleep: wait for it. Just seen awake after that: the spin starts
+        // now (it may have woken an instant ago).
+        let asleep = host_asleep();
+        if asleep || std::mem::take(&mut self.waking) {
+            self.waking = asleep;
+            self.until = now + self.spin;
+            return false;
+        }
+        true
+    }
+}
 
 /// Copy-engine speed assumed for a copy the caller waits for (a little
 /// under what the host's GPU does from pinned memory).

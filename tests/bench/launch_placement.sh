@@ -10,7 +10,8 @@
 # (with BENCH_ARGS) against each layout's daemon in turn, ROUNDS times
 # (default 3), printing
 # the five launch runs in turn (native/rgpu, 1/s), their worst and mean
-# ratio, and the sync round trip (native, rgpu, difference). BUILD is a
+# ratio, the sync round trip (native, rgpu, difference) and launch + sync
+# after 1 ms idle (native, rgpu, ratio; us). BUILD is a
 # folder in BUNDLE with another build's vhost-device-rgpu and
 # libcuda.so.1 (ab-old, from make-bundle.sh with RGPU_AB_OLD), or
 # `native`: no daemon, NVIDIA's library on the rgpu side too (a control).
@@ -67,6 +68,7 @@ for rep in $(seq "${ROUNDS:-3}"); do
         ratios=$(tr ' ' '\n' <<<"$runs" | awk -F/ 'NF == 2 { r = $2 / $1; s += r; n++
             if (n == 1 || r < w) w = r } END { if (n) printf "worst %.3f mean %.3f", w, s / n }')
         echo "$label rep $rep: $runs | $ratios | sync" \
-            "$(grep 'sync round trip, median' "$out" | awk '{print $6, $7, $8}')"
+            "$(grep 'sync round trip, median' "$out" | awk '{print $6, $7, $8}')" \
+            "| after idle $(grep 'after 1 ms idle' "$out" | awk '{print $9, $10, $11}')"
     done
 done

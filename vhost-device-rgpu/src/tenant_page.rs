@@ -18,6 +18,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use rgpu_proto::futex;
 use rgpu_proto::reply::SessionUsage;
 use rgpu_session::ipc::{IpcHandle, IPC_HANDLE_BYTES, MAX_IPC_EXPORTS};
 use rgpu_session::{Admission, ComputeGate, IpcKind, IpcRegistry, MemoryBudget};
@@ -216,33 +217,6 @@ pub fn monotonic_ns() -> u64 {
         .saturating_add(u64::try_from(now.tv_nsec).unwrap_or(0))
 }
 
-/// Waits while `word` holds `expected`, at most `timeout` (shared futex:
-/// the page is mapped by several processes).
-pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let timeout = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
-    };
-    // SAFETY: `word` is a live, aligned u32; the kernel reads it and the
-    // timeout only. A spurious or interrupted return is fine: callers look
-    // again.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &timeout as *const libc::timespec,
-        )
-    };
-}
-
-/// Wakes every waiter on `word`.
-pub fn futex_wake(word: &AtomicU32) {
-    // SAFETY: `word` is a live, aligned u32; waking touches nothing else.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
-}
-
 /// What the scheduler reads of a tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ComputeUse {
@@ -420,7 +394,7 @@ impl TenantPage {
         let word = &self.layout().grant;
         let before = word.swap(grant, Ordering::AcqRel);
         if before == GRANT_WAIT && grant != GRANT_WAIT {
-            futex_wake(word);
+            futex::wake(word);
         }
     }
 
@@ -458,7 +432,7 @@ impl TenantPage {
         let word = &self.layout().busy_sessions;
         let busy = word.load(Ordering::Acquire);
         if busy != 0 {
-            futex_wait(word, busy, timeout);
+            futex::wait(word, busy, timeout);
         }
     }
 
@@ -483,7 +457,7 @@ impl TenantPage {
                 .fetch_add(monotonic_ns().saturating_sub(since), Ordering::AcqRel);
             // Only a tenant told to wait is being drained (and waited for).
             if b.grant.load(Ordering::Acquire) == GRANT_WAIT {
-                futex_wake(&b.busy_sessions);
+                futex::wake(&b.busy_sessions);
             }
         }
     }
@@ -578,7 +552,7 @@ impl ComputeGate for TenantPage {
         let word = &self.layout().grant;
         let grant = word.load(Ordering::Acquire);
         if grant == GRANT_WAIT {
-            futex_wait(word, GRANT_WAIT, timeout);
+            futex::wait(word, GRANT_WAIT, timeout);
             return admission_of(word.load(Ordering::Acquire));
         }
         admission_of(grant)

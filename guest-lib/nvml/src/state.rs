@@ -31,7 +31,9 @@ const CHANNEL: ChannelConfig = ChannelConfig {
     reply_size: rgpu_proto::channel::MIN_REPLY_SIZE,
     bounce_size: 0,
     spin: Duration::from_micros(50),
+    wake_spin: rgpu_transport::channel::DEFAULT_WAKE_SPIN,
     copy_threads: 1,
+    wake_word: true,
 };
 
 /// An initialised NVML: the capset and the channel to the host.

@@ -14,8 +14,9 @@ use rgpu_executor::sim::SimExecutor;
 use rgpu_executor::{ContextExecutor, CuResult, DeviceStatus, Executor, HostRun};
 use rgpu_proto::capset::DeviceInfo;
 use rgpu_proto::channel::{
-    ring_stamp, CHANNEL_MAGIC, OFFSET_CONSUMED, OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_STAMP_KEY,
-    OFFSET_VERSION, REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
+    ring_stamp, CHANNEL_MAGIC, GUEST_WAKES_BY_FUTEX, OFFSET_CONSUMED, OFFSET_GUEST_FEATURES,
+    OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_STAMP_KEY, OFFSET_VERSION, OFFSET_WAKE, REPLY_OFFSET_LEN,
+    REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
 };
 use rgpu_proto::command::{
     ChannelLayout, CommandHeader, Decoded, COMMAND_HEADER_SIZE, COMMAND_STAMP_OFFSET,
@@ -213,6 +214,28 @@ impl Guest {
 
     pub fn consumed(&self) -> u64 {
         self.counter(OFFSET_CONSUMED)
+    }
+
+    /// Says, before the channel is bound, that this guest wakes the host
+    /// through the wake word (as a local guest-lib does).
+    pub fn announce_wake_word(&self) {
+        self.channel
+            .write(
+                HEADER_OFFSET + OFFSET_GUEST_FEATURES,
+                &GUEST_WAKES_BY_FUTEX.to_le_bytes(),
+            )
+            .unwrap();
+    }
+
+    /// Bumps and wakes the wake word, as a local guest-lib does after
+    /// publishing to a host asleep on it.
+    pub fn wake_word(&self) {
+        let word = self
+            .channel
+            .atomic_u32(HEADER_OFFSET + OFFSET_WAKE)
+            .unwrap();
+        word.fetch_add(1, Ordering::SeqCst);
+        rgpu_proto::futex::wake(word);
     }
 
     pub fn publish(&self) {

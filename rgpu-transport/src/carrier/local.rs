@@ -690,6 +690,10 @@ impl Carrier for LocalCarrier {
         &self.capset
     }
 
+    fn shares_host_kernel(&self) -> bool {
+        true
+    }
+
     fn create_context(&self, debug_name: &str) -> Result<u32, CarrierError> {
         let ctx_id = self.next_ctx.fetch_add(1, Ordering::Relaxed);
         // The tag groups this process's contexts in one host worker.

@@ -176,6 +176,11 @@ pub trait Carrier: Send + Sync {
     /// Sends raw virtio-gpu control-queue bytes and returns the raw response
     /// (tests of the device's input checking use this).
     fn raw_control(&self, request: &[u8], response_len: usize) -> Result<Vec<u8>, CarrierError>;
+    /// Whether this process shares the host daemon's kernel and the memory
+    /// files of its blobs (local mode): a futex in a blob wakes the host.
+    fn shares_host_kernel(&self) -> bool {
+        false
+    }
     /// The network carrier, which shares no memory with the host: channels
     /// open connections of their own, and there are no blobs.
     fn remote(&self) -> Option<&remote::RemoteCarrier> {

@@ -4,7 +4,7 @@
 //! fenced doorbells once consumed reaches their `until`.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use rgpu_proto::batch::decode_batch;
 use rgpu_proto::capset::Capset;
 use rgpu_proto::channel::{
-    CHANNEL_MAGIC, OFFSET_CONSUMED, OFFSET_HOST_IDLE, OFFSET_MAGIC, OFFSET_PRODUCED,
-    OFFSET_VERSION, REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
+    CHANNEL_MAGIC, GUEST_WAKES_BY_FUTEX, HOST_IDLE_DOORBELL, HOST_IDLE_WAKE_WORD, OFFSET_CONSUMED,
+    OFFSET_GUEST_FEATURES, OFFSET_HOST_IDLE, OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_VERSION,
+    OFFSET_WAKE, REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
 };
 use rgpu_proto::command::{padded, ChannelLayout, CommandHeader, COMMAND_HEADER_SIZE};
 use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
@@ -55,6 +56,12 @@ struct Shared {
     reply_delay: Duration,
     /// How long the worker polls `produced` before going idle.
     host_spin: Duration,
+    /// How long a woken worker takes before it runs (the real host's
+    /// doorbell passes several threads), still announcing itself idle.
+    wake_delay: Duration,
+    /// Sleep on the wake word where the guest announced it (a host sharing
+    /// the guest's kernel).
+    shares_kernel: bool,
     bound: AtomicBool,
 }
 
@@ -80,6 +87,10 @@ impl Bound {
         // SAFETY: header counters inside the live channel blob, 8-aligned.
         unsafe { AtomicU64::from_ptr(self.ptr(self.layout.header_offset + offset).cast()) }
     }
+    fn word32(&self, offset: u64) -> &AtomicU32 {
+        // SAFETY: a 4-aligned header word inside the live channel blob.
+        unsafe { AtomicU32::from_ptr(self.ptr(self.layout.header_offset + offset).cast()) }
+    }
     fn ring(&self, pos: u64, len: usize) -> Vec<u8> {
         let mut out = vec![0u8; len];
         // SAFETY: callers check pos + len <= ring size.
@@ -96,6 +107,18 @@ impl Bound {
 
 impl FakeHost {
     fn new(reply_delay: Duration, host_spin: Duration) -> Arc<Self> {
+        Self::waking(reply_delay, host_spin, Duration::ZERO, false)
+    }
+
+    /// [`FakeHost::new`] whose worker takes `wake_delay` to wake, and
+    /// sleeps on the wake word where the guest announced it and
+    /// `shares_kernel`.
+    fn waking(
+        reply_delay: Duration,
+        host_spin: Duration,
+        wake_delay: Duration,
+        shares_kernel: bool,
+    ) -> Arc<Self> {
         Arc::new(Self {
             memory: GuestMemory::new(64 << 20).unwrap(),
             capset: Capset {
@@ -114,6 +137,8 @@ impl FakeHost {
                 consumed: AtomicU64::new(0),
                 reply_delay,
                 host_spin,
+                wake_delay,
+                shares_kernel,
                 bound: AtomicBool::new(false),
             }),
             worker: Mutex::new(None),
@@ -292,17 +317,39 @@ fn worker(shared: Arc<Shared>, bound: Bound) {
         if busy {
             continue;
         }
-        bound.counter(OFFSET_HOST_IDLE).store(1, Ordering::SeqCst);
-        if bound.counter(OFFSET_PRODUCED).load(Ordering::SeqCst) == produced {
-            let mut state = shared.state.lock().unwrap();
-            while !state.wake && !state.stop {
-                state = shared.cv.wait(state).unwrap();
+        let by_word = shared.shares_kernel
+            && bound.counter(OFFSET_GUEST_FEATURES).load(Ordering::SeqCst) & GUEST_WAKES_BY_FUTEX
+                != 0;
+        if by_word {
+            let word = bound.word32(OFFSET_WAKE);
+            let seen = word.load(Ordering::SeqCst);
+            bound
+                .counter(OFFSET_HOST_IDLE)
+                .store(HOST_IDLE_WAKE_WORD, Ordering::SeqCst);
+            if bound.counter(OFFSET_PRODUCED).load(Ordering::SeqCst) == produced {
+                while word.load(Ordering::SeqCst) == seen {
+                    if shared.state.lock().unwrap().stop {
+                        return;
+                    }
+                    rgpu_proto::futex::wait(word, seen, Duration::from_millis(10));
+                }
             }
-            state.wake = false;
-            if state.stop {
-                return;
+        } else {
+            bound
+                .counter(OFFSET_HOST_IDLE)
+                .store(HOST_IDLE_DOORBELL, Ordering::SeqCst);
+            if bound.counter(OFFSET_PRODUCED).load(Ordering::SeqCst) == produced {
+                let mut state = shared.state.lock().unwrap();
+                while !state.wake && !state.stop {
+                    state = shared.cv.wait(state).unwrap();
+                }
+                state.wake = false;
+                if state.stop {
+                    return;
+                }
             }
         }
+        std::thread::sleep(shared.wake_delay);
         bound.counter(OFFSET_HOST_IDLE).store(0, Ordering::SeqCst);
     }
 }
@@ -370,6 +417,10 @@ fn execute(
 impl Carrier for FakeHost {
     fn capset(&self) -> &Capset {
         &self.capset
+    }
+
+    fn shares_host_kernel(&self) -> bool {
+        self.shared.shares_kernel
     }
 
     fn create_context(&self, _debug_name: &str) -> Result<u32, CarrierError> {
@@ -493,7 +544,9 @@ fn config(ring_size: u64, bounce_size: u64, spin: Duration) -> ChannelConfig {
         reply_size: 4096,
         bounce_size,
         spin,
+        wake_spin: super::DEFAULT_WAKE_SPIN,
         copy_threads: 1,
+        wake_word: true,
     }
 }
 
@@ -662,6 +715,86 @@ fn idle_host_is_woken_by_a_doorbell() {
         channel.call(&Command::MemGetInfo).unwrap().result,
         CUDA_SUCCESS
     );
+}
+
+/// Makes the host go idle and waits until it says so with `flag`.
+fn await_host_idle(channel: &Channel, flag: u64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while channel.counter(OFFSET_HOST_IDLE).load(Ordering::SeqCst) != flag {
+        assert!(Instant::now() < deadline, "the host never went idle");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A call to a host that went idle keeps polling while the host wakes up
+/// (its doorbell passes threads that slept), then its usual spin time,
+/// instead of sleeping on a fence whose wake-up comes back the same way.
+#[test]
+fn a_call_polls_through_the_hosts_wake_up() {
+    let host = FakeHost::waking(
+        Duration::ZERO,
+        Duration::from_micros(20),
+        Duration::from_millis(1),
+        false,
+    );
+    // Polling through a wake-up of any length: a loaded test machine may
+    // take milliseconds to run the host's thread.
+    let channel = open(
+        &host,
+        ChannelConfig {
+            wake_spin: Duration::from_secs(5),
+            ..config(64 << 10, 4096, Duration::from_micros(50))
+        },
+    );
+    for _ in 0..3 {
+        await_host_idle(&channel, HOST_IDLE_DOORBELL);
+        assert_eq!(
+            channel.call(&Command::MemGetInfo).unwrap().result,
+            CUDA_SUCCESS
+        );
+    }
+    let state = host.state();
+    assert_eq!(
+        state.fenced_doorbells, 0,
+        "a call slept through the wake-up"
+    );
+    assert_eq!(state.unfenced_doorbells, 3);
+}
+
+/// A guest sharing the host's kernel wakes an idle host through the wake
+/// word: no doorbell is rung; with `RGPU_WAKE_WORD=0` (or a carrier that
+/// does not share the kernel) the doorbell is.
+#[test]
+fn a_local_channel_wakes_the_host_by_the_wake_word() {
+    for wake_word in [true, false] {
+        let host = FakeHost::waking(
+            Duration::ZERO,
+            Duration::from_micros(20),
+            Duration::ZERO,
+            true,
+        );
+        let channel = open(
+            &host,
+            ChannelConfig {
+                wake_word,
+                wake_spin: Duration::from_secs(5),
+                ..config(64 << 10, 4096, Duration::from_micros(50))
+            },
+        );
+        let flag = if wake_word {
+            HOST_IDLE_WAKE_WORD
+        } else {
+            HOST_IDLE_DOORBELL
+        };
+        for size in 1..=3u64 {
+            await_host_idle(&channel, flag);
+            let reply = channel.call(&Command::MemAlloc { size }).unwrap();
+            assert_eq!(reply.result, CUDA_SUCCESS);
+        }
+        let state = host.state();
+        assert_eq!(state.fenced_doorbells, 0);
+        assert_eq!(state.unfenced_doorbells, if wake_word { 0 } else { 3 });
+    }
 }
 
 #[test]
