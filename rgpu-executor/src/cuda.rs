@@ -1622,6 +1622,9 @@ impl ContextExecutor for CudaContext {
         };
         match &mut self.launcher {
             Some(launcher) if !per_thread && !self.launch_here => {
+                if launcher.wake_if_parked_idle() {
+                    return launch_with_params(&launch, &params);
+                }
                 match launcher.queue(launch, params) {
                     Ok(()) => Ok(()),
                     Err((launch, params)) => launch_with_params(&launch, &params),
