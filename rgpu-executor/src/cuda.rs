@@ -1622,7 +1622,7 @@ impl ContextExecutor for CudaContext {
         };
         match &mut self.launcher {
             Some(launcher) if !per_thread && !self.launch_here => {
-                if launcher.wake_if_parked_idle() {
+                if launcher.launch_here_after_idle() {
                     return launch_with_params(&launch, &params);
                 }
                 match launcher.queue(launch, params) {

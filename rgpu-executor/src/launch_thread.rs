@@ -188,6 +188,8 @@ pub(crate) struct LaunchThread {
     /// How long a full queue is polled before the session naps between
     /// looks.
     spin: Duration,
+    /// When the caller last launched itself ([`Self::launch_here_after_idle`]).
+    launched_here_at: Option<Instant>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
@@ -263,6 +265,7 @@ impl LaunchThread {
             done_seen: 0,
             streams: vec![std::ptr::null_mut(); QUEUE_DEPTH].into_boxed_slice(),
             spin,
+            launched_here_at: None,
             shared,
             thread: Some(thread),
         })
@@ -336,12 +339,13 @@ impl LaunchThread {
         Ok(())
     }
 
-    /// Whether the thread is parked with nothing queued; if so, it is
-    /// woken, for the launches that follow. A launch that finds it so is
-    /// the first after an idle spell: the caller makes it itself, at once,
-    /// rather than wait for the thread's wake-up on another CPU (tens of
-    /// microseconds on a VM's idle vCPU), which then runs beside it.
-    pub fn wake_if_parked_idle(&mut self) -> bool {
+    /// Whether the caller should make this launch itself: the thread is
+    /// parked with nothing queued, and the caller made none so within the
+    /// spin time. The first launch after an idle spell then runs at once
+    /// instead of after the thread's wake-up on another CPU (tens of
+    /// microseconds on a VM's idle vCPU), and a lone launch wakes nobody;
+    /// the next one of a burst is queued, which wakes the thread.
+    pub fn launch_here_after_idle(&mut self) -> bool {
         if !self.shared.parked.0.load(Ordering::SeqCst) {
             return false;
         }
@@ -349,9 +353,14 @@ impl LaunchThread {
         if self.done_seen < self.queued {
             return false;
         }
-        if let Some(thread) = &self.thread {
-            thread.thread().unpark();
+        let now = Instant::now();
+        if self
+            .launched_here_at
+            .is_some_and(|at| now.saturating_duration_since(at) < self.spin)
+        {
+            return false;
         }
+        self.launched_here_at = Some(now);
         true
     }
 
@@ -679,15 +688,20 @@ mod tests {
     }
 
     /// After an idle spell the caller makes the first launch itself (the
-    /// thread is parked, nothing queued); while a launch is queued it never
-    /// does.
+    /// thread is parked, nothing queued), and leaves the next of a burst to
+    /// the thread; while a launch is queued it never launches itself.
     #[test]
-    fn a_launch_after_idle_is_the_callers_while_nothing_is_queued() {
+    fn a_launch_after_idle_is_the_callers_and_the_rest_of_a_burst_the_threads() {
+        // A spin long enough that the burst below falls within it.
+        let options = LaunchThreadOptions {
+            spin: Duration::from_millis(200),
+            ..options()
+        };
         let mut launcher = LaunchThread::start(
             std::ptr::null_mut(),
             made_current,
             launch_of_test_12,
-            &options(),
+            &options,
         )
         .unwrap_or_else(|e| panic!("no thread: {e}"));
         let parked = |launcher: &LaunchThread| launcher.shared.parked.0.load(Ordering::SeqCst);
@@ -696,10 +710,15 @@ mod tests {
             assert!(Instant::now() < deadline, "the thread never parked");
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert!(launcher.wake_if_parked_idle());
+        assert!(launcher.launch_here_after_idle());
+        assert!(parked(&launcher), "a lone launch woke the thread");
+        assert!(
+            !launcher.launch_here_after_idle(),
+            "a burst stayed on the caller"
+        );
         // Held at the gate: queued and not done, parked or not.
         assert!(launcher.queue(launch(12, 0), params()).is_ok());
-        assert!(!launcher.wake_if_parked_idle());
+        assert!(!launcher.launch_here_after_idle());
         GATE_OF_TEST_12.store(true, Ordering::Release);
         launcher.fence();
         assert_eq!(launcher.take_failure(), None);
