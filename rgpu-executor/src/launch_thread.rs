@@ -879,11 +879,14 @@ mod tests {
     /// Test 10's launches wait until this opens.
     static GATE_OF_TEST_10: AtomicBool = AtomicBool::new(false);
 
+    /// Each launch takes 1 ms once the gate opens, so every stored count
+    /// stays up for 16 ms: an observer on a loaded machine (20 µs each
+    /// let a busy two-core host skip the step between) still sees it.
     fn gated_launch(_: &Launch, _: &[u8]) -> CuResult<()> {
         while !GATE_OF_TEST_10.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_micros(50));
         }
-        std::thread::sleep(Duration::from_micros(20));
+        std::thread::sleep(Duration::from_millis(1));
         Ok(())
     }
 

@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, OnceLock};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::accounting::Accounting;
@@ -33,8 +33,9 @@ pub struct WorkerLauncher {
     /// How long workers may take to end their sessions on their own when
     /// the connection ends, before they are killed (zero: killed at once).
     end_grace: Duration,
-    /// The thread that starts every worker, from its first start on.
-    spawner: OnceLock<mpsc::Sender<SpawnRequest>>,
+    /// The thread that starts every worker, from its first start on (one,
+    /// however many threads ask for the first worker at once).
+    spawner: Mutex<Option<mpsc::Sender<SpawnRequest>>>,
 }
 
 /// What a worker process is started with.
@@ -77,7 +78,7 @@ impl WorkerLauncher {
             },
             accounting,
             end_grace: Duration::ZERO,
-            spawner: OnceLock::new(),
+            spawner: Mutex::new(None),
         }
     }
 
@@ -120,19 +121,22 @@ impl WorkerLauncher {
     /// workers end their sessions.
     pub fn spawn(&self, worker: u64) -> io::Result<Started> {
         let gone = || io::Error::other("the worker spawner thread is gone");
-        let spawner = match self.spawner.get() {
-            Some(spawner) => spawner,
-            None => {
-                let (requests, incoming) = mpsc::channel::<SpawnRequest>();
-                let settings = self.settings.clone();
-                std::thread::Builder::new()
-                    .name("rgpu-spawner".into())
-                    .spawn(move || {
-                        for (worker, reply) in incoming {
-                            let _ = reply.send(settings.start(worker));
-                        }
-                    })?;
-                self.spawner.get_or_init(|| requests)
+        let spawner = {
+            let mut spawner = self.spawner.lock().unwrap_or_else(PoisonError::into_inner);
+            match spawner.as_ref() {
+                Some(requests) => requests.clone(),
+                None => {
+                    let (requests, incoming) = mpsc::channel::<SpawnRequest>();
+                    let settings = self.settings.clone();
+                    std::thread::Builder::new()
+                        .name("rgpu-spawner".into())
+                        .spawn(move || {
+                            for (worker, reply) in incoming {
+                                let _ = reply.send(settings.start(worker));
+                            }
+                        })?;
+                    spawner.insert(requests).clone()
+                }
             }
         };
         let (reply, answer) = mpsc::sync_channel(1);
