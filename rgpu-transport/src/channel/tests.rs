@@ -753,12 +753,15 @@ fn a_call_polls_through_the_hosts_wake_up() {
             CUDA_SUCCESS
         );
     }
+    // Each call found the host asleep, but a doorbell left over from a
+    // publish that raced the host's going idle may have woken it before
+    // the next: at least one doorbell, and never a fence.
     let state = host.state();
     assert_eq!(
         state.fenced_doorbells, 0,
         "a call slept through the wake-up"
     );
-    assert_eq!(state.unfenced_doorbells, 3);
+    assert!(state.unfenced_doorbells >= 1);
 }
 
 /// A guest sharing the host's kernel wakes an idle host through the wake
@@ -793,7 +796,11 @@ fn a_local_channel_wakes_the_host_by_the_wake_word() {
         }
         let state = host.state();
         assert_eq!(state.fenced_doorbells, 0);
-        assert_eq!(state.unfenced_doorbells, if wake_word { 0 } else { 3 });
+        if wake_word {
+            assert_eq!(state.unfenced_doorbells, 0);
+        } else {
+            assert!(state.unfenced_doorbells >= 1);
+        }
     }
 }
 
