@@ -731,19 +731,20 @@ fn await_host_idle(channel: &Channel, flag: u64) {
 /// instead of sleeping on a fence whose wake-up comes back the same way.
 #[test]
 fn a_call_polls_through_the_hosts_wake_up() {
+    // A wake-up (50 ms) longer than the caller's spin (20 ms), which is
+    // still long enough that a host preempted on a loaded test machine
+    // after it woke answers within it.
     let host = FakeHost::waking(
         Duration::ZERO,
         Duration::from_micros(20),
-        Duration::from_millis(1),
+        Duration::from_millis(50),
         false,
     );
-    // Polling through a wake-up of any length: a loaded test machine may
-    // take milliseconds to run the host's thread.
     let channel = open(
         &host,
         ChannelConfig {
             wake_spin: Duration::from_secs(5),
-            ..config(64 << 10, 4096, Duration::from_micros(50))
+            ..config(64 << 10, 4096, Duration::from_millis(20))
         },
     );
     for _ in 0..3 {
@@ -781,7 +782,8 @@ fn a_local_channel_wakes_the_host_by_the_wake_word() {
             ChannelConfig {
                 wake_word,
                 wake_spin: Duration::from_secs(5),
-                ..config(64 << 10, 4096, Duration::from_micros(50))
+                // Long enough for a host preempted after it woke.
+                ..config(64 << 10, 4096, Duration::from_millis(20))
             },
         );
         let flag = if wake_word {
