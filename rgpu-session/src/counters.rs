@@ -50,6 +50,13 @@ pub struct CounterPage {
     pub gpu_busy_sessions: AtomicU64,
     /// Sessions waiting for their tenant's turn on the GPU.
     pub gpu_waiting_sessions: AtomicU64,
+    /// Times a sleeping session was woken through its channel's wake word
+    /// and found commands (a local guest published them).
+    pub wake_word_wakeups: AtomicU64,
+    /// Times a sleeping session was woken by a doorbell that came through
+    /// the device's control queue (VM mode, or a guest without the wake
+    /// word, or one that waits on a fence).
+    pub doorbell_wakeups: AtomicU64,
 }
 
 // The page is shared as one 4 KiB page, and read as atomics by the other
@@ -69,7 +76,7 @@ pub enum CounterKind {
 impl CounterPage {
     /// Every counter with its name (as the stats socket prints it) and
     /// kind, in declaration order.
-    pub fn fields(&self) -> [(&'static str, CounterKind, &AtomicU64); 17] {
+    pub fn fields(&self) -> [(&'static str, CounterKind, &AtomicU64); 19] {
         use CounterKind::{Gauge, Total};
         [
             ("connections_active", Gauge, &self.connections_active),
@@ -93,6 +100,8 @@ impl CounterPage {
             ("workers_total", Total, &self.workers_total),
             ("gpu_busy_sessions", Gauge, &self.gpu_busy_sessions),
             ("gpu_waiting_sessions", Gauge, &self.gpu_waiting_sessions),
+            ("wake_word_wakeups", Total, &self.wake_word_wakeups),
+            ("doorbell_wakeups", Total, &self.doorbell_wakeups),
         ]
     }
 

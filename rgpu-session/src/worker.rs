@@ -603,6 +603,7 @@ impl Worker {
             if let Some(channel) = &self.channel {
                 channel.set_host_idle(false);
             }
+            self.count_wakeup(&woke);
             match woke {
                 Woke::Message(message) => {
                     if !self.handle(message) {
@@ -614,6 +615,23 @@ impl Worker {
             }
         }
         self.finish();
+    }
+
+    /// Counts how a sleeping session was woken to look at its ring.
+    fn count_wakeup(&self, woke: &Woke) {
+        let counter = match woke {
+            Woke::Ring => &self.counters.wake_word_wakeups,
+            Woke::Message(Message::Wake) => &self.counters.doorbell_wakeups,
+            Woke::Message(Message::Submit { commands, .. })
+                if commands
+                    .iter()
+                    .any(|c| matches!(c.command, ControlCommand::Doorbell { .. })) =>
+            {
+                &self.counters.doorbell_wakeups
+            }
+            _ => return,
+        };
+        Counters::add(counter, 1);
     }
 
     /// Handles one message; false means shut down.

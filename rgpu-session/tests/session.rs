@@ -661,7 +661,7 @@ fn an_unarbitrated_burst_of_launches_is_not_drained_for_fence_samples() {
 
 #[test]
 fn idle_host_needs_a_doorbell() {
-    let (mut guest, session, _counters, _executor) = setup();
+    let (mut guest, session, counters, _executor) = setup();
     let (result, _) = guest.call(&session, Command::CtxSynchronize);
     assert_eq!(result, CUDA_SUCCESS);
     // Past the bounded spin the worker announces that it sleeps.
@@ -692,6 +692,8 @@ fn idle_host_needs_a_doorbell() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(guest.reply().1, CUDA_SUCCESS);
+    assert!(Counters::get(&counters.doorbell_wakeups) >= 1);
+    assert_eq!(Counters::get(&counters.wake_word_wakeups), 0);
     session.shutdown();
 }
 
@@ -703,7 +705,8 @@ fn idle_host_needs_a_doorbell() {
 fn a_host_asleep_on_the_wake_word_wakes_for_the_guest_and_the_mailbox() {
     let guest = Guest::new();
     guest.announce_wake_word();
-    let session = guest.start(Arc::new(SimExecutor::new()), Arc::new(Counters::default()));
+    let counters = Arc::new(Counters::default());
+    let session = guest.start(Arc::new(SimExecutor::new()), counters.clone());
     let mut guest = guest;
     let await_sleep = |guest: &Guest| {
         let deadline = Instant::now() + WAIT;
@@ -731,6 +734,8 @@ fn a_host_asleep_on_the_wake_word_wakes_for_the_guest_and_the_mailbox() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(guest.reply().1, CUDA_SUCCESS);
+    assert_eq!(Counters::get(&counters.wake_word_wakeups), 1);
+    assert_eq!(Counters::get(&counters.doorbell_wakeups), 0);
     // A mailbox message: a fenced doorbell for commands published without
     // a wake. The worker looks at the word at most once a second unwoken.
     await_sleep(&guest);
@@ -744,6 +749,7 @@ fn a_host_asleep_on_the_wake_word_wakes_for_the_guest_and_the_mailbox() {
         "a posted doorbell waited {:?} for the worker's own look",
         started.elapsed()
     );
+    assert_eq!(Counters::get(&counters.doorbell_wakeups), 1);
     await_sleep(&guest);
     let started = Instant::now();
     session.shutdown();

@@ -73,7 +73,8 @@ mod tests {
              \"commands_executed\":0,\"command_errors\":0,\"zero_copy_bytes\":1099511627776,\
              \"staged_bytes\":0,\"host_cpu_copy_bytes\":0,\"dma_registered_bytes\":0,\
              \"unregistered_copy_bytes\":0,\"module_cache_hits\":0,\"workers_active\":0,\
-             \"workers_total\":0,\"gpu_busy_sessions\":0,\"gpu_waiting_sessions\":0}\n"
+             \"workers_total\":0,\"gpu_busy_sessions\":0,\"gpu_waiting_sessions\":0,\
+             \"wake_word_wakeups\":0,\"doorbell_wakeups\":0}\n"
         );
         assert_eq!(json_escape("a\"b\n"), "a\\\"b\\u000a");
     }
