@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use guest::*;
 use rgpu_executor::sim::{SimExecutor, SIM_TOTAL_MEM};
-use rgpu_proto::channel::{HOST_IDLE_WAKE_WORD, OFFSET_HOST_IDLE, OFFSET_MAGIC};
+use rgpu_proto::channel::{HOST_IDLE_WAKE_WORD, OFFSET_HOST_IDLE, OFFSET_MAGIC, OFFSET_WAKE};
 use rgpu_proto::command::{CommandHeader, Launch, COMMAND_HEADER_SIZE, COMMAND_STAMP_OFFSET};
 use rgpu_proto::cuda_result::{
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS,
@@ -756,6 +756,75 @@ fn a_host_asleep_on_the_wake_word_wakes_for_the_guest_and_the_mailbox() {
     assert!(
         started.elapsed() < Duration::from_millis(500),
         "shutdown waited {:?} for the worker's own look",
+        started.elapsed()
+    );
+}
+
+/// A guest that announces the wake word and then never wakes the worker
+/// (a VM guest claiming to share the host's kernel) only slows itself:
+/// its published commands run at the worker's next look (within a
+/// second), and its session still shuts down at once. One that bumps and
+/// wakes the word without pause only spins its own worker, which keeps
+/// answering.
+#[test]
+fn a_guest_that_lies_about_the_wake_word_or_floods_it_only_slows_itself() {
+    let guest = Guest::new();
+    guest.announce_wake_word();
+    let session = guest.start(Arc::new(SimExecutor::new()), Arc::new(Counters::default()));
+    let mut guest = guest;
+    let await_sleep = |guest: &Guest| {
+        let deadline = Instant::now() + WAIT;
+        while guest.counter(OFFSET_HOST_IDLE) != HOST_IDLE_WAKE_WORD {
+            assert!(
+                Instant::now() < deadline,
+                "host never slept on the wake word"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    await_sleep(&guest);
+    let seq = 700;
+    guest.push(&session, &Command::CtxSynchronize, seq);
+    guest.publish();
+    let deadline = Instant::now() + WAIT;
+    while guest.reply().0 != seq {
+        assert!(
+            Instant::now() < deadline,
+            "an unwoken worker never looked again"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(guest.reply().1, CUDA_SUCCESS);
+
+    // The flooder's own view of the channel blob (the guest's is borrowed
+    // mutably by its calls).
+    let view = Blob::new(
+        CHANNEL_BLOB,
+        CHANNEL_SIZE,
+        &channel_entries(),
+        &guest.memory,
+    )
+    .unwrap();
+    let word = view.atomic_u32(HEADER_OFFSET + OFFSET_WAKE).unwrap();
+    let flooding = std::sync::atomic::AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while flooding.load(std::sync::atomic::Ordering::Relaxed) {
+                word.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                rgpu_proto::futex::wake(word);
+            }
+        });
+        for i in 1..=20 {
+            let (result, _) = guest.call(&session, Command::CtxSynchronize);
+            assert_eq!(result, CUDA_SUCCESS, "call {i} under a flood of wake-ups");
+        }
+        flooding.store(false, std::sync::atomic::Ordering::Relaxed);
+    });
+    let started = Instant::now();
+    session.shutdown();
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "shutdown took {:?}",
         started.elapsed()
     );
 }
