@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use guest::*;
 use rgpu_executor::sim::{SimExecutor, SIM_TOTAL_MEM};
-use rgpu_proto::channel::{HOST_IDLE_WAKE_WORD, OFFSET_HOST_IDLE, OFFSET_MAGIC, OFFSET_WAKE};
+use rgpu_proto::channel::{HOST_IDLE_DOORBELL, HOST_IDLE_WAKE_WORD, OFFSET_MAGIC, OFFSET_WAKE};
 use rgpu_proto::command::{CommandHeader, Launch, COMMAND_HEADER_SIZE, COMMAND_STAMP_OFFSET};
 use rgpu_proto::cuda_result::{
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS,
@@ -624,11 +624,7 @@ fn an_unarbitrated_burst_of_launches_is_not_drained_for_fence_samples() {
         },
     );
     assert_eq!(result, CUDA_SUCCESS);
-    let deadline = Instant::now() + WAIT;
-    while guest.counter(OFFSET_HOST_IDLE) != 1 {
-        assert!(Instant::now() < deadline, "host never went idle");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    guest.await_host_idle(HOST_IDLE_DOORBELL);
     let empty = Command::LaunchKernel {
         launch: Launch {
             function: 10,
@@ -665,11 +661,7 @@ fn idle_host_needs_a_doorbell() {
     let (result, _) = guest.call(&session, Command::CtxSynchronize);
     assert_eq!(result, CUDA_SUCCESS);
     // Past the bounded spin the worker announces that it sleeps.
-    let deadline = Instant::now() + WAIT;
-    while guest.counter(OFFSET_HOST_IDLE) != 1 {
-        assert!(Instant::now() < deadline, "host never went idle");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    guest.await_host_idle(HOST_IDLE_DOORBELL);
     let seq = 500;
     guest.push(&session, &Command::CtxSynchronize, seq);
     guest.publish();
@@ -697,6 +689,18 @@ fn idle_host_needs_a_doorbell() {
     session.shutdown();
 }
 
+/// Shuts `session` down, which must not wait for its worker's own look
+/// at a wake word (once a second): the shutdown rings it.
+fn shutdown_at_once(session: Session) {
+    let started = Instant::now();
+    session.shutdown();
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "shutdown waited {:?} for the worker's own look",
+        started.elapsed()
+    );
+}
+
 /// A guest that announced the wake word (local mode) wakes its sleeping
 /// worker through it, with no doorbell; the worker, asleep on the word and
 /// not on its mailbox, still takes a doorbell, a blob and its shutdown at
@@ -708,17 +712,7 @@ fn a_host_asleep_on_the_wake_word_wakes_for_the_guest_and_the_mailbox() {
     let counters = Arc::new(Counters::default());
     let session = guest.start(Arc::new(SimExecutor::new()), counters.clone());
     let mut guest = guest;
-    let await_sleep = |guest: &Guest| {
-        let deadline = Instant::now() + WAIT;
-        while guest.counter(OFFSET_HOST_IDLE) != HOST_IDLE_WAKE_WORD {
-            assert!(
-                Instant::now() < deadline,
-                "host never slept on the wake word"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    };
-    await_sleep(&guest);
+    guest.await_host_idle(HOST_IDLE_WAKE_WORD);
     let seq = 500;
     guest.push(&session, &Command::CtxSynchronize, seq);
     guest.publish();
@@ -738,7 +732,7 @@ fn a_host_asleep_on_the_wake_word_wakes_for_the_guest_and_the_mailbox() {
     assert_eq!(Counters::get(&counters.doorbell_wakeups), 0);
     // A mailbox message: a fenced doorbell for commands published without
     // a wake. The worker looks at the word at most once a second unwoken.
-    await_sleep(&guest);
+    guest.await_host_idle(HOST_IDLE_WAKE_WORD);
     guest.push(&session, &Command::CtxSynchronize, seq + 1);
     guest.publish();
     let started = Instant::now();
@@ -750,14 +744,8 @@ fn a_host_asleep_on_the_wake_word_wakes_for_the_guest_and_the_mailbox() {
         started.elapsed()
     );
     assert_eq!(Counters::get(&counters.doorbell_wakeups), 1);
-    await_sleep(&guest);
-    let started = Instant::now();
-    session.shutdown();
-    assert!(
-        started.elapsed() < Duration::from_millis(500),
-        "shutdown waited {:?} for the worker's own look",
-        started.elapsed()
-    );
+    guest.await_host_idle(HOST_IDLE_WAKE_WORD);
+    shutdown_at_once(session);
 }
 
 /// A guest that announces the wake word and then never wakes the worker
@@ -772,17 +760,7 @@ fn a_guest_that_lies_about_the_wake_word_or_floods_it_only_slows_itself() {
     guest.announce_wake_word();
     let session = guest.start(Arc::new(SimExecutor::new()), Arc::new(Counters::default()));
     let mut guest = guest;
-    let await_sleep = |guest: &Guest| {
-        let deadline = Instant::now() + WAIT;
-        while guest.counter(OFFSET_HOST_IDLE) != HOST_IDLE_WAKE_WORD {
-            assert!(
-                Instant::now() < deadline,
-                "host never slept on the wake word"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    };
-    await_sleep(&guest);
+    guest.await_host_idle(HOST_IDLE_WAKE_WORD);
     let seq = 700;
     guest.push(&session, &Command::CtxSynchronize, seq);
     guest.publish();
@@ -820,13 +798,7 @@ fn a_guest_that_lies_about_the_wake_word_or_floods_it_only_slows_itself() {
         }
         flooding.store(false, std::sync::atomic::Ordering::Relaxed);
     });
-    let started = Instant::now();
-    session.shutdown();
-    assert!(
-        started.elapsed() < Duration::from_millis(500),
-        "shutdown took {:?}",
-        started.elapsed()
-    );
+    shutdown_at_once(session);
 }
 
 #[test]

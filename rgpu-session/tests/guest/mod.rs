@@ -8,15 +8,15 @@
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rgpu_executor::sim::SimExecutor;
 use rgpu_executor::{ContextExecutor, CuResult, DeviceStatus, Executor, HostRun};
 use rgpu_proto::capset::DeviceInfo;
 use rgpu_proto::channel::{
     ring_stamp, CHANNEL_MAGIC, GUEST_WAKES_BY_FUTEX, OFFSET_CONSUMED, OFFSET_GUEST_FEATURES,
-    OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_STAMP_KEY, OFFSET_VERSION, OFFSET_WAKE, REPLY_OFFSET_LEN,
-    REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
+    OFFSET_HOST_IDLE, OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_STAMP_KEY, OFFSET_VERSION, OFFSET_WAKE,
+    REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
 };
 use rgpu_proto::command::{
     ChannelLayout, CommandHeader, Decoded, COMMAND_HEADER_SIZE, COMMAND_STAMP_OFFSET,
@@ -214,6 +214,16 @@ impl Guest {
 
     pub fn consumed(&self) -> u64 {
         self.counter(OFFSET_CONSUMED)
+    }
+
+    /// Waits until the host says it sleeps, and how to wake it (`flag`,
+    /// a `host_idle` value).
+    pub fn await_host_idle(&self, flag: u64) {
+        let deadline = Instant::now() + WAIT;
+        while self.counter(OFFSET_HOST_IDLE) != flag {
+            assert!(Instant::now() < deadline, "host never went idle ({flag})");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Says, before the channel is bound, that this guest wakes the host
