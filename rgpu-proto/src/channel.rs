@@ -27,6 +27,15 @@
 //! A guest that sets the flag without sharing the kernel, or stops waking,
 //! only leaves its own session asleep until the host's next look.
 //!
+//! A guest that sets [`GUEST_READS_IDLE_EPOCH`] gets the host's idle spells
+//! numbered: `host_idle` is then [`idle_value`]`(mode, epoch)`, a new epoch
+//! (from 1) each time the host goes idle, the mode in the low two bits
+//! ([`idle_mode`]). The guest rings (or wakes) once per epoch: a second
+//! publish before the host is awake needs no second doorbell, as the host
+//! stores a new epoch, then loads `produced`, before it sleeps again. A
+//! value without an epoch (1 or 2, from a host that does not number them)
+//! is rung every time.
+//!
 //! A command never wraps around the ring's end: the guest fills the tail with
 //! a `Padding` command instead. Ring size is a power of two.
 //!
@@ -73,6 +82,8 @@ pub const OFFSET_GUEST_FEATURES: u64 = 384;
 /// The guest wakes the host through [`OFFSET_WAKE`] (it shares the host's
 /// kernel and the channel's memory file).
 pub const GUEST_WAKES_BY_FUTEX: u64 = 1;
+/// The guest reads numbered idle spells in `host_idle` ([`idle_value`]).
+pub const GUEST_READS_IDLE_EPOCH: u64 = 2;
 
 /// `host_idle` values: the host is running (it will see what is published).
 pub const HOST_AWAKE: u64 = 0;
@@ -80,6 +91,17 @@ pub const HOST_AWAKE: u64 = 0;
 pub const HOST_IDLE_DOORBELL: u64 = 1;
 /// The host sleeps on the wake word.
 pub const HOST_IDLE_WAKE_WORD: u64 = 2;
+
+/// `host_idle` for idle spell `epoch` (0: not numbered) in `mode`
+/// ([`HOST_IDLE_DOORBELL`] or [`HOST_IDLE_WAKE_WORD`]).
+pub const fn idle_value(mode: u64, epoch: u64) -> u64 {
+    (epoch << 2) | mode
+}
+
+/// The mode of a `host_idle` value ([`HOST_AWAKE`] for 0).
+pub const fn idle_mode(value: u64) -> u64 {
+    value & 3
+}
 
 /// The stamp of a command at ring position `position` (bytes since the
 /// channel was bound): injective in the position (commands start at

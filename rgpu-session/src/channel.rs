@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rgpu_proto::channel::{
-    completion_offset, ring_stamp, validate_layout, CHANNEL_MAGIC, GUEST_WAKES_BY_FUTEX,
-    HOST_AWAKE, HOST_IDLE_DOORBELL, HOST_IDLE_WAKE_WORD, OFFSET_CONSUMED, OFFSET_GUEST_FEATURES,
-    OFFSET_HOST_IDLE, OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_STAMP_KEY, OFFSET_VERSION, OFFSET_WAKE,
-    REPLY_OFFSET_CONSOLE_LEN, REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT,
-    REPLY_OFFSET_SEQ,
+    completion_offset, idle_value, ring_stamp, validate_layout, CHANNEL_MAGIC,
+    GUEST_READS_IDLE_EPOCH, GUEST_WAKES_BY_FUTEX, HOST_AWAKE, HOST_IDLE_DOORBELL,
+    HOST_IDLE_WAKE_WORD, OFFSET_CONSUMED, OFFSET_GUEST_FEATURES, OFFSET_HOST_IDLE, OFFSET_MAGIC,
+    OFFSET_PRODUCED, OFFSET_STAMP_KEY, OFFSET_VERSION, OFFSET_WAKE, REPLY_OFFSET_CONSOLE_LEN,
+    REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
 };
 use rgpu_proto::command::{
     decode_one, ChannelLayout, CommandHeader, Decoded, Opcode, COMMAND_ALIGN, COMMAND_HEADER_SIZE,
@@ -72,6 +72,12 @@ pub struct Channel {
     /// The wake word, where the guest said at bind that it wakes the host
     /// by futex (rgpu-proto `channel`): the worker sleeps on it.
     wake_word: Option<SharedWord<AtomicU32>>,
+    /// The guest reads numbered idle spells (rgpu-proto `channel`).
+    numbers_idle: bool,
+    /// The current or last idle spell's number; `None` while awake.
+    idle_epoch: Cell<Option<u64>>,
+    /// The last idle spell's number.
+    last_epoch: Cell<u64>,
     consumed: u64,
     /// `produced` as last read. Everything below a value the guest
     /// published is whole commands, so the ring is read up to it without
@@ -140,6 +146,7 @@ impl Channel {
         } else {
             None
         };
+        let last_epoch = host_idle_word.load(Ordering::Acquire) >> 2;
         let mut channel = Self {
             blob,
             layout,
@@ -148,6 +155,11 @@ impl Channel {
             consumed_word,
             host_idle_word,
             wake_word,
+            numbers_idle: features & GUEST_READS_IDLE_EPOCH != 0,
+            idle_epoch: Cell::new(None),
+            // A channel bound again in the same blob goes on numbering
+            // where the last host left (the guest may hold its last number).
+            last_epoch: Cell::new(last_epoch),
             consumed,
             produced_seen: Cell::new(consumed),
             scratch: Vec::new(),
@@ -254,14 +266,33 @@ impl Channel {
         };
     }
 
-    /// Tells the guest whether this side sleeps, and how to wake it.
+    /// Tells the guest whether this side sleeps, and how to wake it; an
+    /// idle spell keeps its number however often this is said during it.
     pub fn set_host_idle(&self, idle: bool) {
-        let value = match (idle, self.wake_word.is_some()) {
-            (false, _) => HOST_AWAKE,
-            (true, false) => HOST_IDLE_DOORBELL,
-            (true, true) => HOST_IDLE_WAKE_WORD,
+        if !idle {
+            self.idle_epoch.set(None);
+            self.host_idle_word.store(HOST_AWAKE, Ordering::SeqCst);
+            return;
+        }
+        let mode = match self.wake_word.is_some() {
+            false => HOST_IDLE_DOORBELL,
+            true => HOST_IDLE_WAKE_WORD,
         };
-        self.host_idle_word.store(value, Ordering::SeqCst);
+        let epoch = match (self.numbers_idle, self.idle_epoch.get()) {
+            (false, _) => 0,
+            (true, Some(epoch)) => epoch,
+            (true, None) => {
+                // Never 0 (a value without a number); wraps after 2^62
+                // spells, which a guest sees as one more new number.
+                let epoch = (self.last_epoch.get() + 1) & (u64::MAX >> 2);
+                let epoch = epoch.max(1);
+                self.last_epoch.set(epoch);
+                self.idle_epoch.set(Some(epoch));
+                epoch
+            }
+        };
+        self.host_idle_word
+            .store(idle_value(mode, epoch), Ordering::SeqCst);
     }
 
     /// The word to sleep on while idle, if the guest wakes it.

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use guest::*;
 use rgpu_executor::sim::{SimExecutor, SIM_TOTAL_MEM};
-use rgpu_proto::channel::{HOST_IDLE_DOORBELL, HOST_IDLE_WAKE_WORD, OFFSET_MAGIC, OFFSET_WAKE};
+use rgpu_proto::channel::{
+    GUEST_READS_IDLE_EPOCH, HOST_IDLE_DOORBELL, HOST_IDLE_WAKE_WORD, OFFSET_MAGIC, OFFSET_WAKE,
+};
 use rgpu_proto::command::{CommandHeader, Launch, COMMAND_HEADER_SIZE, COMMAND_STAMP_OFFSET};
 use rgpu_proto::cuda_result::{
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS,
@@ -689,6 +691,34 @@ fn idle_host_needs_a_doorbell() {
     session.shutdown();
 }
 
+/// A guest that reads numbered idle spells sees each spell of the host
+/// numbered anew (the mode in the low bits), however often the host says
+/// it is idle during one; a guest that does not sees the plain value.
+#[test]
+fn the_host_numbers_its_idle_spells_for_a_guest_that_reads_them() {
+    for numbered in [true, false] {
+        let guest = Guest::new();
+        if numbered {
+            guest.announce_features(GUEST_READS_IDLE_EPOCH);
+        }
+        let session = guest.start(Arc::new(SimExecutor::new()), Arc::new(Counters::default()));
+        let mut guest = guest;
+        let mut seen = vec![];
+        for _ in 0..3 {
+            seen.push(guest.await_host_idle(HOST_IDLE_DOORBELL));
+            let (result, _) = guest.call(&session, Command::CtxSynchronize);
+            assert_eq!(result, CUDA_SUCCESS);
+        }
+        if numbered {
+            assert!(seen.iter().all(|&v| v >> 2 >= 1), "{seen:?}");
+            assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+        } else {
+            assert_eq!(seen, vec![HOST_IDLE_DOORBELL; 3]);
+        }
+        session.shutdown();
+    }
+}
+
 /// Shuts `session` down, which must not wait for its worker's own look
 /// at a wake word (once a second): the shutdown rings it.
 fn shutdown_at_once(session: Session) {
@@ -713,6 +743,10 @@ fn a_host_asleep_on_the_wake_word_wakes_for_the_guest_and_the_mailbox() {
     let session = guest.start(Arc::new(SimExecutor::new()), counters.clone());
     let mut guest = guest;
     guest.await_host_idle(HOST_IDLE_WAKE_WORD);
+    // The flag is up before the worker's last look at the ring: let it
+    // reach its sleep, or it finds the command without a wake (as it
+    // should).
+    std::thread::sleep(Duration::from_millis(20));
     let seq = 500;
     guest.push(&session, &Command::CtxSynchronize, seq);
     guest.publish();

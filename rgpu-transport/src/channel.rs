@@ -23,11 +23,12 @@ use std::time::{Duration, Instant};
 
 use rgpu_proto::batch::encode_batch;
 use rgpu_proto::channel::{
-    self as proto, completion_offset, completion_tag, ring_stamp, CompletionKind, CHANNEL_MAGIC,
-    COMPLETION_FAILED, GUEST_WAKES_BY_FUTEX, HEADER_SIZE, HOST_AWAKE, HOST_IDLE_WAKE_WORD,
-    OFFSET_CONSUMED, OFFSET_GUEST_FEATURES, OFFSET_HOST_IDLE, OFFSET_MAGIC, OFFSET_PRODUCED,
-    OFFSET_STAMP_KEY, OFFSET_VERSION, OFFSET_WAKE, REPLY_OFFSET_CONSOLE_LEN, REPLY_OFFSET_LEN,
-    REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
+    self as proto, completion_offset, completion_tag, idle_mode, ring_stamp, CompletionKind,
+    CHANNEL_MAGIC, COMPLETION_FAILED, GUEST_READS_IDLE_EPOCH, GUEST_WAKES_BY_FUTEX, HEADER_SIZE,
+    HOST_AWAKE, HOST_IDLE_WAKE_WORD, OFFSET_CONSUMED, OFFSET_GUEST_FEATURES, OFFSET_HOST_IDLE,
+    OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_STAMP_KEY, OFFSET_VERSION, OFFSET_WAKE,
+    REPLY_OFFSET_CONSOLE_LEN, REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT,
+    REPLY_OFFSET_SEQ,
 };
 use rgpu_proto::command::{
     padded, ChannelLayout, CommandHeader, COMMAND_HEADER_SIZE, COMMAND_STAMP_OFFSET,
@@ -183,6 +184,9 @@ struct State {
     /// The name of the last command written that asks for a reply (for
     /// the profile's waits).
     awaited: &'static str,
+    /// The numbered `host_idle` value last rung or woken for: the host's
+    /// idle spell that needs no second doorbell.
+    rung_for: u64,
 }
 
 impl State {
@@ -305,6 +309,7 @@ impl Channel {
                 encoded: WireWriter::with_capacity(256),
                 calls: CallProfile::wanted().then(CallProfile::default),
                 awaited: "",
+                rung_for: HOST_AWAKE,
             }),
             notes: Mutex::default(),
             console: Mutex::new(None),
@@ -338,11 +343,12 @@ impl Channel {
             self.at(self.layout.header_offset + OFFSET_STAMP_KEY)
                 .cast::<u64>()
                 .write_volatile(self.stamp_key.to_le());
-            let features = if self.wakes_by_futex {
-                GUEST_WAKES_BY_FUTEX
-            } else {
-                0
-            };
+            let features = GUEST_READS_IDLE_EPOCH
+                | if self.wakes_by_futex {
+                    GUEST_WAKES_BY_FUTEX
+                } else {
+                    0
+                };
             self.at(self.layout.header_offset + OFFSET_GUEST_FEATURES)
                 .cast::<u64>()
                 .write_volatile(features.to_le());
@@ -703,11 +709,19 @@ impl Channel {
 
     /// Publishes what was written up to `state.produced` and wakes the host
     /// if it went idle (rgpu-proto `channel`: store, then load, both SeqCst).
-    fn publish(&self, state: &State) -> Result<(), CarrierError> {
+    /// Once per numbered idle spell: the host stores the next number
+    /// before it loads `produced` again, so what is published during this
+    /// one is seen.
+    fn publish(&self, state: &mut State) -> Result<(), CarrierError> {
         self.counter(OFFSET_PRODUCED)
             .store(state.produced, Ordering::SeqCst);
-        match self.counter(OFFSET_HOST_IDLE).load(Ordering::SeqCst) {
-            HOST_AWAKE => {}
+        let idle = self.counter(OFFSET_HOST_IDLE).load(Ordering::SeqCst);
+        let numbered = idle > HOST_IDLE_WAKE_WORD;
+        if idle == HOST_AWAKE || (numbered && idle == state.rung_for) {
+            return Ok(());
+        }
+        state.rung_for = idle;
+        match idle_mode(idle) {
             HOST_IDLE_WAKE_WORD if self.wakes_by_futex => self.wake_host(),
             // A doorbell, or a value this side does not know: the doorbell
             // wakes any host.

@@ -14,9 +14,10 @@ use rgpu_executor::sim::SimExecutor;
 use rgpu_executor::{ContextExecutor, CuResult, DeviceStatus, Executor, HostRun};
 use rgpu_proto::capset::DeviceInfo;
 use rgpu_proto::channel::{
-    ring_stamp, CHANNEL_MAGIC, GUEST_WAKES_BY_FUTEX, OFFSET_CONSUMED, OFFSET_GUEST_FEATURES,
-    OFFSET_HOST_IDLE, OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_STAMP_KEY, OFFSET_VERSION, OFFSET_WAKE,
-    REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
+    idle_mode, ring_stamp, CHANNEL_MAGIC, GUEST_WAKES_BY_FUTEX, OFFSET_CONSUMED,
+    OFFSET_GUEST_FEATURES, OFFSET_HOST_IDLE, OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_STAMP_KEY,
+    OFFSET_VERSION, OFFSET_WAKE, REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT,
+    REPLY_OFFSET_SEQ,
 };
 use rgpu_proto::command::{
     ChannelLayout, CommandHeader, Decoded, COMMAND_HEADER_SIZE, COMMAND_STAMP_OFFSET,
@@ -217,10 +218,14 @@ impl Guest {
     }
 
     /// Waits until the host says it sleeps, and how to wake it (`flag`,
-    /// a `host_idle` value).
-    pub fn await_host_idle(&self, flag: u64) {
+    /// a `host_idle` mode, numbered or not); returns the value.
+    pub fn await_host_idle(&self, flag: u64) -> u64 {
         let deadline = Instant::now() + WAIT;
-        while self.counter(OFFSET_HOST_IDLE) != flag {
+        loop {
+            let value = self.counter(OFFSET_HOST_IDLE);
+            if idle_mode(value) == flag {
+                return value;
+            }
             assert!(Instant::now() < deadline, "host never went idle ({flag})");
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -229,10 +234,15 @@ impl Guest {
     /// Says, before the channel is bound, that this guest wakes the host
     /// through the wake word (as a local guest-lib does).
     pub fn announce_wake_word(&self) {
+        self.announce_features(GUEST_WAKES_BY_FUTEX);
+    }
+
+    /// Writes the guest's feature bits, before the channel is bound.
+    pub fn announce_features(&self, features: u64) {
         self.channel
             .write(
                 HEADER_OFFSET + OFFSET_GUEST_FEATURES,
-                &GUEST_WAKES_BY_FUTEX.to_le_bytes(),
+                &features.to_le_bytes(),
             )
             .unwrap();
     }

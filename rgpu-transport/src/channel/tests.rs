@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use rgpu_proto::batch::decode_batch;
 use rgpu_proto::capset::Capset;
 use rgpu_proto::channel::{
-    CHANNEL_MAGIC, GUEST_WAKES_BY_FUTEX, HOST_IDLE_DOORBELL, HOST_IDLE_WAKE_WORD, OFFSET_CONSUMED,
-    OFFSET_GUEST_FEATURES, OFFSET_HOST_IDLE, OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_VERSION,
-    OFFSET_WAKE, REPLY_OFFSET_LEN, REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
+    idle_mode, idle_value, CHANNEL_MAGIC, GUEST_READS_IDLE_EPOCH, GUEST_WAKES_BY_FUTEX,
+    HOST_IDLE_DOORBELL, HOST_IDLE_WAKE_WORD, OFFSET_CONSUMED, OFFSET_GUEST_FEATURES,
+    OFFSET_HOST_IDLE, OFFSET_MAGIC, OFFSET_PRODUCED, OFFSET_VERSION, OFFSET_WAKE, REPLY_OFFSET_LEN,
+    REPLY_OFFSET_PAYLOAD, REPLY_OFFSET_RESULT, REPLY_OFFSET_SEQ,
 };
 use rgpu_proto::command::{padded, ChannelLayout, CommandHeader, COMMAND_HEADER_SIZE};
 use rgpu_proto::cuda_result::{CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
@@ -62,6 +63,9 @@ struct Shared {
     /// Sleep on the wake word where the guest announced it (a host sharing
     /// the guest's kernel).
     shares_kernel: bool,
+    /// Number the idle spells where the guest reads them (a host that
+    /// does not: one older than the numbers).
+    numbers_idle: bool,
     bound: AtomicBool,
 }
 
@@ -110,6 +114,12 @@ impl FakeHost {
         Self::waking(reply_delay, host_spin, Duration::ZERO, false)
     }
 
+    /// [`FakeHost::waking`] (doorbells only) that does not number its
+    /// idle spells, as a host older than the numbers.
+    fn unnumbered(reply_delay: Duration, host_spin: Duration, wake_delay: Duration) -> Arc<Self> {
+        Self::build(reply_delay, host_spin, wake_delay, false, false)
+    }
+
     /// [`FakeHost::new`] whose worker takes `wake_delay` to wake, and
     /// sleeps on the wake word where the guest announced it and
     /// `shares_kernel`.
@@ -118,6 +128,16 @@ impl FakeHost {
         host_spin: Duration,
         wake_delay: Duration,
         shares_kernel: bool,
+    ) -> Arc<Self> {
+        Self::build(reply_delay, host_spin, wake_delay, shares_kernel, true)
+    }
+
+    fn build(
+        reply_delay: Duration,
+        host_spin: Duration,
+        wake_delay: Duration,
+        shares_kernel: bool,
+        numbers_idle: bool,
     ) -> Arc<Self> {
         Arc::new(Self {
             memory: GuestMemory::new(64 << 20).unwrap(),
@@ -139,6 +159,7 @@ impl FakeHost {
                 host_spin,
                 wake_delay,
                 shares_kernel,
+                numbers_idle,
                 bound: AtomicBool::new(false),
             }),
             worker: Mutex::new(None),
@@ -214,6 +235,7 @@ fn worker(shared: Arc<Shared>, bound: Bound) {
     let ring = bound.layout.ring_size;
     let mut device = vec![0u8; DEVICE_BYTES];
     let mut next_alloc = 0x1000u64;
+    let mut epoch = 0u64;
     loop {
         let produced = bound.counter(OFFSET_PRODUCED).load(Ordering::SeqCst);
         let consumed = shared.consumed.load(Ordering::SeqCst);
@@ -317,15 +339,18 @@ fn worker(shared: Arc<Shared>, bound: Bound) {
         if busy {
             continue;
         }
-        let by_word = shared.shares_kernel
-            && bound.counter(OFFSET_GUEST_FEATURES).load(Ordering::SeqCst) & GUEST_WAKES_BY_FUTEX
-                != 0;
+        let features = bound.counter(OFFSET_GUEST_FEATURES).load(Ordering::SeqCst);
+        let by_word = shared.shares_kernel && features & GUEST_WAKES_BY_FUTEX != 0;
+        // Numbered idle spells where the guest reads them, as the host's.
+        if shared.numbers_idle && features & GUEST_READS_IDLE_EPOCH != 0 {
+            epoch += 1;
+        }
         if by_word {
             let word = bound.word32(OFFSET_WAKE);
             let seen = word.load(Ordering::SeqCst);
             bound
                 .counter(OFFSET_HOST_IDLE)
-                .store(HOST_IDLE_WAKE_WORD, Ordering::SeqCst);
+                .store(idle_value(HOST_IDLE_WAKE_WORD, epoch), Ordering::SeqCst);
             if bound.counter(OFFSET_PRODUCED).load(Ordering::SeqCst) == produced {
                 while word.load(Ordering::SeqCst) == seen {
                     if shared.state.lock().unwrap().stop {
@@ -337,7 +362,7 @@ fn worker(shared: Arc<Shared>, bound: Bound) {
         } else {
             bound
                 .counter(OFFSET_HOST_IDLE)
-                .store(HOST_IDLE_DOORBELL, Ordering::SeqCst);
+                .store(idle_value(HOST_IDLE_DOORBELL, epoch), Ordering::SeqCst);
             if bound.counter(OFFSET_PRODUCED).load(Ordering::SeqCst) == produced {
                 let mut state = shared.state.lock().unwrap();
                 while !state.wake && !state.stop {
@@ -717,10 +742,10 @@ fn idle_host_is_woken_by_a_doorbell() {
     );
 }
 
-/// Makes the host go idle and waits until it says so with `flag`.
+/// Waits until the host says it is idle, in mode `flag`.
 fn await_host_idle(channel: &Channel, flag: u64) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    while channel.counter(OFFSET_HOST_IDLE).load(Ordering::SeqCst) != flag {
+    while idle_mode(channel.counter(OFFSET_HOST_IDLE).load(Ordering::SeqCst)) != flag {
         assert!(Instant::now() < deadline, "the host never went idle");
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -803,6 +828,48 @@ fn a_local_channel_wakes_the_host_by_the_wake_word() {
         } else {
             assert!(state.unfenced_doorbells >= 1);
         }
+    }
+}
+
+/// Two publishes before an idle host is awake (a launch, then its
+/// synchronize) ring one doorbell where the host numbers its idle spells,
+/// two where it does not (an older host, whose value says nothing about
+/// whether this spell was rung for).
+#[test]
+fn a_guest_rings_once_per_numbered_idle_spell() {
+    for numbered in [true, false] {
+        // A wake-up (50 ms) that both publishes fall within.
+        let (reply, spin, wake) = (
+            Duration::ZERO,
+            Duration::from_micros(20),
+            Duration::from_millis(50),
+        );
+        let host = match numbered {
+            true => FakeHost::waking(reply, spin, wake, false),
+            false => FakeHost::unnumbered(reply, spin, wake),
+        };
+        let channel = open(
+            &host,
+            ChannelConfig {
+                wake_spin: Duration::from_secs(5),
+                ..config(64 << 10, 4096, Duration::from_millis(20))
+            },
+        );
+        for _ in 0..3 {
+            await_host_idle(&channel, HOST_IDLE_DOORBELL);
+            channel.send(&Command::CtxSynchronize).unwrap();
+            assert_eq!(
+                channel.call(&Command::MemGetInfo).unwrap().result,
+                CUDA_SUCCESS
+            );
+        }
+        let state = host.state();
+        assert_eq!(state.fenced_doorbells, 0);
+        assert_eq!(
+            state.unfenced_doorbells,
+            if numbered { 3 } else { 6 },
+            "numbered idle spells: {numbered}"
+        );
     }
 }
 
