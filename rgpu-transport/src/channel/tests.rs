@@ -742,6 +742,19 @@ fn idle_host_is_woken_by_a_doorbell() {
     );
 }
 
+/// A channel that polls 20 ms once the host is awake (long enough for a
+/// fake host preempted after it woke) and through a wake-up of any length.
+fn open_patient(host: &Arc<FakeHost>, wake_word: bool) -> Channel {
+    open(
+        host,
+        ChannelConfig {
+            wake_word,
+            wake_spin: Duration::from_secs(5),
+            ..config(64 << 10, 4096, Duration::from_millis(20))
+        },
+    )
+}
+
 /// Waits until the host says it is idle, in mode `flag`.
 fn await_host_idle(channel: &Channel, flag: u64) {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -765,13 +778,7 @@ fn a_call_polls_through_the_hosts_wake_up() {
         Duration::from_millis(50),
         false,
     );
-    let channel = open(
-        &host,
-        ChannelConfig {
-            wake_spin: Duration::from_secs(5),
-            ..config(64 << 10, 4096, Duration::from_millis(20))
-        },
-    );
+    let channel = open_patient(&host, true);
     for _ in 0..3 {
         await_host_idle(&channel, HOST_IDLE_DOORBELL);
         assert_eq!(
@@ -802,15 +809,7 @@ fn a_local_channel_wakes_the_host_by_the_wake_word() {
             Duration::ZERO,
             true,
         );
-        let channel = open(
-            &host,
-            ChannelConfig {
-                wake_word,
-                wake_spin: Duration::from_secs(5),
-                // Long enough for a host preempted after it woke.
-                ..config(64 << 10, 4096, Duration::from_millis(20))
-            },
-        );
+        let channel = open_patient(&host, wake_word);
         let flag = if wake_word {
             HOST_IDLE_WAKE_WORD
         } else {
@@ -848,13 +847,7 @@ fn a_guest_rings_once_per_numbered_idle_spell() {
             true => FakeHost::waking(reply, spin, wake, false),
             false => FakeHost::unnumbered(reply, spin, wake),
         };
-        let channel = open(
-            &host,
-            ChannelConfig {
-                wake_spin: Duration::from_secs(5),
-                ..config(64 << 10, 4096, Duration::from_millis(20))
-            },
-        );
+        let channel = open_patient(&host, true);
         for _ in 0..3 {
             await_host_idle(&channel, HOST_IDLE_DOORBELL);
             channel.send(&Command::CtxSynchronize).unwrap();
