@@ -169,13 +169,11 @@ impl Session {
     /// the session can touch the blob any more (at once if the worker is
     /// gone).
     pub fn detach_blob_then(&self, resource_id: u32, completion: Box<dyn Completion>) {
-        if let Err(mpsc::SendError(Message::Detach(_, Some(completion)))) = self
-            .sender
-            .send(Message::Detach(resource_id, Some(completion)))
+        if let Err(mpsc::SendError(Message::Detach(_, Some(completion)))) =
+            self.send(Message::Detach(resource_id, Some(completion)))
         {
             completion.complete();
         }
-        self.bell.ring();
     }
 
     /// An unfenced doorbell: the worker looks at the ring. Coalesced: while
@@ -192,12 +190,10 @@ impl Session {
         commands: Vec<Decoded<ControlCommand>>,
         completion: Option<Box<dyn Completion>>,
     ) {
-        let sent = self.sender.send(Message::Submit {
+        if let Err(mpsc::SendError(message)) = self.send(Message::Submit {
             commands,
             completion,
-        });
-        self.bell.ring();
-        if let Err(mpsc::SendError(message)) = sent {
+        }) {
             // The worker is gone: the guest must not wait for it.
             log::error!("session {}: worker gone, completing at once", self.ctx_id);
             if let Message::Submit {
@@ -217,16 +213,22 @@ impl Session {
     }
 
     fn post(&self, message: Message) {
-        if self.sender.send(message).is_err() {
+        if self.send(message).is_err() {
             log::error!("session {}: worker gone", self.ctx_id);
         }
+    }
+
+    /// Every message to the worker goes here: it rings the bell after
+    /// posting, for a worker asleep on its channel's wake word.
+    fn send(&self, message: Message) -> Result<(), mpsc::SendError<Message>> {
+        let sent = self.sender.send(message);
         self.bell.ring();
+        sent
     }
 
     fn stop(&mut self) {
         if let Some(worker) = self.worker.take() {
-            let _ = self.sender.send(Message::Shutdown);
-            self.bell.ring();
+            let _ = self.send(Message::Shutdown);
             if worker.join().is_err() {
                 log::error!("session {}: worker panicked", self.ctx_id);
             }
