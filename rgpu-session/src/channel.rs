@@ -74,10 +74,10 @@ pub struct Channel {
     wake_word: Option<SharedWord<AtomicU32>>,
     /// The guest reads numbered idle spells (rgpu-proto `channel`).
     numbers_idle: bool,
-    /// The current or last idle spell's number; `None` while awake.
-    idle_epoch: Cell<Option<u64>>,
-    /// The last idle spell's number.
-    last_epoch: Cell<u64>,
+    /// An idle spell is on (said since the host last said it is awake).
+    in_idle_spell: Cell<bool>,
+    /// The current or last idle spell's number.
+    idle_epoch: Cell<u64>,
     consumed: u64,
     /// `produced` as last read. Everything below a value the guest
     /// published is whole commands, so the ring is read up to it without
@@ -156,10 +156,10 @@ impl Channel {
             host_idle_word,
             wake_word,
             numbers_idle: features & GUEST_READS_IDLE_EPOCH != 0,
-            idle_epoch: Cell::new(None),
+            in_idle_spell: Cell::new(false),
             // A channel bound again in the same blob goes on numbering
             // where the last host left (the guest may hold its last number).
-            last_epoch: Cell::new(last_epoch),
+            idle_epoch: Cell::new(last_epoch),
             consumed,
             produced_seen: Cell::new(consumed),
             scratch: Vec::new(),
@@ -270,26 +270,24 @@ impl Channel {
     /// idle spell keeps its number however often this is said during it.
     pub fn set_host_idle(&self, idle: bool) {
         if !idle {
-            self.idle_epoch.set(None);
+            self.in_idle_spell.set(false);
             self.host_idle_word.store(HOST_AWAKE, Ordering::SeqCst);
             return;
+        }
+        if !self.in_idle_spell.replace(true) {
+            // Never 0 (a value without a number); wraps after 2^62 spells,
+            // which a guest sees as one more new number.
+            let next = ((self.idle_epoch.get() + 1) & (u64::MAX >> 2)).max(1);
+            self.idle_epoch.set(next);
         }
         let mode = match self.wake_word.is_some() {
             false => HOST_IDLE_DOORBELL,
             true => HOST_IDLE_WAKE_WORD,
         };
-        let epoch = match (self.numbers_idle, self.idle_epoch.get()) {
-            (false, _) => 0,
-            (true, Some(epoch)) => epoch,
-            (true, None) => {
-                // Never 0 (a value without a number); wraps after 2^62
-                // spells, which a guest sees as one more new number.
-                let epoch = (self.last_epoch.get() + 1) & (u64::MAX >> 2);
-                let epoch = epoch.max(1);
-                self.last_epoch.set(epoch);
-                self.idle_epoch.set(Some(epoch));
-                epoch
-            }
+        let epoch = if self.numbers_idle {
+            self.idle_epoch.get()
+        } else {
+            0
         };
         self.host_idle_word
             .store(idle_value(mode, epoch), Ordering::SeqCst);
