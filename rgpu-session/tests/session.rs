@@ -642,12 +642,10 @@ fn an_unarbitrated_burst_of_launches_is_not_drained_for_fence_samples() {
     guest.push(&session, &Command::CtxSynchronize, 900);
     guest.publish();
     guest.kick(&session);
-    let deadline = Instant::now() + WAIT;
-    while guest.reply().0 != 900 {
-        assert!(Instant::now() < deadline, "the burst never finished");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    assert_eq!(guest.reply().1, CUDA_SUCCESS);
+    assert_eq!(
+        guest.await_reply(900, "the burst never finished"),
+        CUDA_SUCCESS
+    );
     assert_eq!(observer.launches(), launches);
     assert_eq!(
         observer.deferred_batches(),
@@ -680,12 +678,10 @@ fn idle_host_needs_a_doorbell() {
         })],
         None,
     );
-    let deadline = Instant::now() + WAIT;
-    while guest.reply().0 != seq {
-        assert!(Instant::now() < deadline, "doorbell did not wake the host");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    assert_eq!(guest.reply().1, CUDA_SUCCESS);
+    assert_eq!(
+        guest.await_reply(seq, "doorbell did not wake the host"),
+        CUDA_SUCCESS
+    );
     assert!(Counters::get(&counters.doorbell_wakeups) >= 1);
     assert_eq!(Counters::get(&counters.wake_word_wakeups), 0);
     session.shutdown();
@@ -753,15 +749,10 @@ fn a_host_asleep_on_the_wake_word_wakes_for_the_guest_and_the_mailbox() {
     std::thread::sleep(Duration::from_millis(50));
     assert_ne!(guest.reply().0, seq, "the host ran without being woken");
     guest.wake_word();
-    let deadline = Instant::now() + WAIT;
-    while guest.reply().0 != seq {
-        assert!(
-            Instant::now() < deadline,
-            "the wake word did not wake the host"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    assert_eq!(guest.reply().1, CUDA_SUCCESS);
+    assert_eq!(
+        guest.await_reply(seq, "the wake word did not wake the host"),
+        CUDA_SUCCESS
+    );
     assert_eq!(Counters::get(&counters.wake_word_wakeups), 1);
     assert_eq!(Counters::get(&counters.doorbell_wakeups), 0);
     // A mailbox message: a fenced doorbell for commands published without
@@ -798,15 +789,10 @@ fn a_guest_that_lies_about_the_wake_word_or_floods_it_only_slows_itself() {
     let seq = 700;
     guest.push(&session, &Command::CtxSynchronize, seq);
     guest.publish();
-    let deadline = Instant::now() + WAIT;
-    while guest.reply().0 != seq {
-        assert!(
-            Instant::now() < deadline,
-            "an unwoken worker never looked again"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert_eq!(guest.reply().1, CUDA_SUCCESS);
+    assert_eq!(
+        guest.await_reply(seq, "an unwoken worker never looked again"),
+        CUDA_SUCCESS
+    );
 
     // The flooder's own view of the channel blob (the guest's is borrowed
     // mutably by its calls).

@@ -217,6 +217,20 @@ impl Guest {
         self.counter(OFFSET_CONSUMED)
     }
 
+    /// Waits until the reply numbered `seq` is in, failing with `what`
+    /// after [`WAIT`]; returns its result.
+    pub fn await_reply(&self, seq: u64, what: &str) -> u32 {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let (got, result, _) = self.reply();
+            if got == seq {
+                return result;
+            }
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Waits until the host says it sleeps, and how to wake it (`flag`,
     /// a `host_idle` mode, numbered or not); returns the value.
     pub fn await_host_idle(&self, flag: u64) -> u64 {
